@@ -1,0 +1,180 @@
+"""The `flowtrial` command line: a thin layer over the library.
+
+Every command reports bad input as one line per problem on stderr and exits with code 2,
+having written nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+from rich.console import Console
+from rich.table import Table
+from typer.core import TyperGroup
+
+from study.config import example_study_text, load_study
+from study.errors import FlowtrialError
+
+
+class _Group(TyperGroup):
+    """Turns user errors raised anywhere below a command into one-line messages, exit 2."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except FlowtrialError as exc:
+            raise fail(str(exc)) from None
+
+
+app = typer.Typer(
+    cls=_Group,
+    name="flowtrial",
+    help="Latency-controlled trials of AI coding assistants.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+StudyOpt = Annotated[Path, typer.Option("--study", help="The study file (study.toml).")]
+DbOpt = Annotated[
+    str, typer.Option("--db", help="Study database: a SQLite path or a SQLAlchemy URL.")
+]
+
+
+def fail(message: str) -> typer.Exit:
+    """Print a one-line problem to stderr and return the exit to raise (code 2)."""
+    for line in message.splitlines():
+        err_console.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+@app.command()
+def init(
+    path: Annotated[Path, typer.Argument(help="Where to write the example study file.")] = Path(
+        "study.toml"
+    ),
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+) -> None:
+    """Write a commented example study file to edit."""
+    if path.exists() and not force:
+        raise fail(f"{path} already exists: pass --force to overwrite it, or choose another path")
+    path.write_text(example_study_text(), encoding="utf-8")
+    console.print(f"Wrote {path}. Edit it, then enroll participants with `flowtrial enroll`.")
+
+
+@app.command()
+def enroll(
+    study: StudyOpt,
+    db: DbOpt,
+    participant: Annotated[str, typer.Option("--participant", help="Pseudonymous id, e.g. p01.")],
+    consent_at: Annotated[
+        str | None, typer.Option("--consent-at", help="ISO time consent was given (default now).")
+    ] = None,
+) -> None:
+    """Enroll a participant: assigns arms and prints their API key once (only a hash is kept)."""
+    from study.participants import enroll as do_enroll
+    from study.storage import init_db
+
+    config = load_study(study)
+    consent = None
+    if consent_at is not None:
+        try:
+            consent = datetime.fromisoformat(consent_at)
+        except ValueError:
+            msg = f"--consent-at {consent_at!r} is not an ISO time like 2026-11-21T10:00"
+            raise fail(msg) from None
+    database = init_db(db, config, study.read_text(encoding="utf-8"))
+    p, key, assignments = do_enroll(database, config, participant, consent_at=consent)
+    arms = ", ".join(f"period {a.period}: {a.arm}" for a in assignments) or "per-prompt draws"
+    console.print(f"Enrolled [bold]{p.id}[/bold] ({arms}).")
+    console.print("API key (shown once, give it to the participant):")
+    # The key goes to stdout alone on its line so scripts can capture it.
+    print(key)
+
+
+@app.command()
+def status(
+    db: DbOpt,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+) -> None:
+    """Show enrollment, assignments and cycles per arm, and the sample-ratio-mismatch check."""
+    from study.status import study_status
+    from study.storage import open_db
+
+    st = study_status(open_db(db))
+    if as_json:
+        print(json.dumps(st.to_dict(), indent=2))
+        return
+    console.print(
+        f"[bold]{st.name}[/bold]  design={st.design} unit={st.unit} "
+        f"time_scale={st.time_scale:g}  participants={st.participants}  tasks={st.tasks}  "
+        f"events={st.events}"
+    )
+    t = Table(title="Arms")
+    t.add_column("arm")
+    t.add_column("assigned", justify="right")
+    statuses = sorted({s for c in st.cycles.values() for s in c} | {"ok"})
+    for s_ in statuses:
+        t.add_column(f"cycles {s_}", justify="right")
+    for arm, counts in st.cycles.items():
+        t.add_row(
+            arm, str(st.assignments.get(arm, "-")), *(str(counts.get(s_, 0)) for s_ in statuses)
+        )
+    console.print(t)
+    if st.srm is not None:
+        flag = "[red]MISMATCH[/red]" if st.srm.flagged else "[green]ok[/green]"
+        console.print(
+            f"Sample-ratio check: χ²={st.srm.chi2:.2f} p={st.srm.p_value:.3g} {flag} "
+            "(flagged below p=0.001)"
+        )
+
+
+@app.command()
+def export(
+    db: DbOpt,
+    out: Annotated[Path, typer.Option("--out", help="Directory for the exported files.")] = Path(
+        "flowtrial-export"
+    ),
+    fmt: Annotated[str, typer.Option("--format", help="csv or parquet.")] = "csv",
+    deidentify: Annotated[
+        bool,
+        typer.Option("--deidentify", help="Drop content, hash titles and participant ids."),
+    ] = False,
+) -> None:
+    """Export every table as CSV or Parquet (keys and their hashes are never exported)."""
+    from study.export import export_tables
+    from study.storage import open_db
+
+    if fmt not in ("csv", "parquet"):
+        raise fail(f"--format {fmt!r} is not supported: use csv or parquet")
+    database = open_db(db)
+    counts = export_tables(database, out, fmt, deidentify)  # type: ignore[arg-type]
+    t = Table(title=f"Exported to {out}")
+    t.add_column("table")
+    t.add_column("rows", justify="right")
+    for name, n in counts.items():
+        t.add_row(name, str(n))
+    console.print(t)
+
+
+def _register_optional_commands() -> None:
+    """Commands that live with their own package (kept thin; heavy imports happen inside)."""
+
+
+_register_optional_commands()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

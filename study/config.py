@@ -1,0 +1,325 @@
+"""The study configuration (`study.toml`), validated with pydantic.
+
+A study file names the design, the arms and their latency profiles, the upstream model and
+what is captured. Every problem is reported as one line naming its key, e.g.
+``arms[1].tokens_per_second: must be > 0``, so a researcher can fix them all in one go.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from study.errors import FlowtrialError
+
+Design = Literal["parallel", "crossover", "per_prompt"]
+Unit = Literal["participant", "task", "session", "prompt"]
+Delivery = Literal["stream", "all_at_once"]
+ContentMode = Literal["none", "fingerprint", "full"]
+UpstreamKind = Literal["mock", "openai", "anthropic"]
+
+# Which randomization units make sense for each design.
+ALLOWED_UNITS: dict[str, tuple[str, ...]] = {
+    "parallel": ("participant",),
+    "crossover": ("task", "session"),
+    "per_prompt": ("prompt",),
+}
+
+DEFAULT_WORKING_APPS = [
+    # Editors and IDEs
+    "code", "code - insiders", "cursor", "windsurf", "vscodium", "zed", "sublime_text",
+    "pycharm", "intellij idea", "webstorm", "goland", "clion", "rider", "android studio",
+    "xcode", "vim", "nvim", "neovim", "emacs", "helix",
+    # Terminals
+    "terminal", "iterm2", "alacritty", "kitty", "wezterm", "gnome-terminal",
+    "konsole", "windowsterminal", "warp", "ghostty", "tmux",
+]
+
+ENV_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Shapes of real secrets people paste by mistake where an env var *name* belongs.
+SECRET_RE = re.compile(r"^(sk-|sk_|ft_|xai-|gsk_|AIza)|^[A-Za-z0-9_\-]{40,}$")
+
+
+class ConfigError(FlowtrialError):
+    """A study file that cannot be used; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str], source: str = "study.toml") -> None:
+        self.problems = problems
+        self.source = source
+        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: a typo such as `tokens_per_secnd` must not silently do nothing.
+    model_config = ConfigDict(extra="forbid")
+
+
+class StudySection(_Strict):
+    name: str = Field(min_length=1)
+    seed: int = 0
+    design: Design = "per_prompt"
+    unit: Unit | None = None
+    time_scale: float = Field(default=1.0, gt=0)
+    idle_limit_s: float = Field(default=600.0, gt=0)
+    periods: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _default_unit(self) -> StudySection:
+        if self.unit is None:
+            self.unit = ALLOWED_UNITS[self.design][0]  # type: ignore[assignment]
+        elif self.unit not in ALLOWED_UNITS[self.design]:
+            allowed = " or ".join(repr(u) for u in ALLOWED_UNITS[self.design])
+            raise ValueError(
+                f"unit {self.unit!r} does not fit design {self.design!r}: use {allowed}"
+            )
+        return self
+
+
+class Endpoint(_Strict):
+    base_url: str
+    api_key_env: str
+
+    @model_validator(mode="after")
+    def _check(self) -> Endpoint:
+        _check_endpoint(self.base_url, self.api_key_env)
+        return self
+
+
+def _check_endpoint(base_url: str | None, api_key_env: str | None) -> None:
+    if base_url is not None and not re.match(r"^https?://", base_url):
+        raise ValueError("base_url must start with http:// or https://")
+    if api_key_env is not None:
+        if SECRET_RE.search(api_key_env):
+            raise ValueError(
+                "api_key_env looks like a key itself: put the *name* of the environment "
+                "variable that holds the key (e.g. OPENAI_API_KEY), never the key"
+            )
+        if not ENV_VAR_RE.match(api_key_env):
+            raise ValueError("api_key_env must be an environment variable name like OPENAI_API_KEY")
+
+
+class MockSettings(_Strict):
+    tokens_per_second: float = Field(default=2000.0, gt=0)
+    ttft_ms: float = Field(default=20.0, ge=0)
+    seed: int = 0
+
+
+class UpstreamSection(_Strict):
+    kind: UpstreamKind = "mock"
+    base_url: str | None = None
+    api_key_env: str | None = None
+    timeout_s: float = Field(default=600.0, gt=0)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    mock: MockSettings = MockSettings()
+    # Optional side-by-side endpoints: OpenAI-protocol paths go to `openai`, Anthropic
+    # Messages to `anthropic` (issue: real agents speak different protocols).
+    openai: Endpoint | None = None
+    anthropic: Endpoint | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> UpstreamSection:
+        _check_endpoint(self.base_url, self.api_key_env)
+        if self.kind != "mock":
+            side = getattr(self, self.kind)
+            if self.base_url is None and side is None:
+                raise ValueError(f"kind {self.kind!r} needs base_url (and api_key_env)")
+            if self.base_url is not None and self.api_key_env is None:
+                raise ValueError(f"kind {self.kind!r} needs api_key_env (the variable's name)")
+        return self
+
+
+class Range(_Strict):
+    min: float = Field(gt=0)
+    max: float = Field(gt=0)
+    scale: Literal["log", "linear"] = "log"
+
+    @model_validator(mode="after")
+    def _order(self) -> Range:
+        if self.max < self.min:
+            raise ValueError("max must be >= min")
+        return self
+
+
+class PerPromptSection(_Strict):
+    ttft_ms: Range | None = None
+    tokens_per_second: Range | None = None
+    jitter: float = Field(default=0.0, ge=0)
+    delivery: Delivery = "stream"
+
+
+class ArmConfig(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    ttft_ms: float | None = Field(default=None, ge=0)
+    tokens_per_second: float | None = Field(default=None, gt=0)
+    jitter: float = Field(default=0.0, ge=0)
+    delivery: Delivery = "stream"
+    weight: float = Field(default=1.0, gt=0)
+
+    @property
+    def shaped(self) -> bool:
+        """An arm with no latency settings passes traffic through unshaped (team mode)."""
+        return (
+            self.ttft_ms is not None
+            or self.tokens_per_second is not None
+            or self.delivery == "all_at_once"
+        )
+
+
+class CaptureSection(_Strict):
+    content: ContentMode = "fingerprint"
+    switch_min_away_s: float = Field(default=10.0, gt=0)
+    switch_sensitivity_s: list[float] = Field(default_factory=lambda: [2.0, 10.0, 30.0])
+    working_apps: list[str] = Field(default_factory=lambda: list(DEFAULT_WORKING_APPS))
+    persistence_intervals_s: list[float] = Field(
+        default_factory=lambda: [30.0, 120.0, 300.0, 600.0]
+    )
+
+
+class ProxySection(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8787, ge=0, le=65535)
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
+    keepalive_s: float = Field(default=5.0, gt=0)
+
+
+class StudyConfig(_Strict):
+    """The whole study file."""
+
+    study: StudySection
+    upstream: UpstreamSection = UpstreamSection()
+    per_prompt: PerPromptSection | None = None
+    arms: list[ArmConfig] = Field(default_factory=list)
+    capture: CaptureSection = CaptureSection()
+    proxy: ProxySection = ProxySection()
+
+    @model_validator(mode="after")
+    def _design(self) -> StudyConfig:
+        design = self.study.design
+        names = [a.name for a in self.arms]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"arms: duplicate arm name {dupes[0]!r}: names must be unique")
+        if design == "per_prompt":
+            pp = self.per_prompt
+            if pp is None or (pp.ttft_ms is None and pp.tokens_per_second is None):
+                raise ValueError(
+                    "per_prompt: design 'per_prompt' needs [per_prompt] with ttft_ms and/or "
+                    "tokens_per_second ranges"
+                )
+        elif design == "parallel" and len(self.arms) < 1:
+            raise ValueError("arms: design 'parallel' needs at least one [[arms]] table")
+        elif design == "crossover" and len(self.arms) < 2:
+            raise ValueError("arms: design 'crossover' needs at least two [[arms]] tables")
+        return self
+
+    @property
+    def arm_names(self) -> list[str]:
+        return [a.name for a in self.arms]
+
+    def arm(self, name: str) -> ArmConfig:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    def randomization_fingerprint(self) -> str:
+        """Hash of the parts that fix who gets which latency; they must not change mid-study."""
+        part = {
+            "seed": self.study.seed,
+            "design": self.study.design,
+            "unit": self.study.unit,
+            "arms": [a.model_dump() for a in self.arms],
+            "per_prompt": self.per_prompt.model_dump() if self.per_prompt else None,
+        }
+        return hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("function-after", "function-before") or "[" in str(part):
+            continue  # pydantic's validator/union labels carry no meaning for the user
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _message(err: dict[str, Any]) -> str:
+    ctx = err.get("ctx") or {}
+    kind = err["type"]
+    if kind == "greater_than":
+        return f"must be > {ctx['gt']:g}"
+    if kind == "greater_than_equal":
+        return f"must be >= {ctx['ge']:g}"
+    if kind == "less_than_equal":
+        return f"must be <= {ctx['le']:g}"
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        return "unknown key (check its spelling against `flowtrial init`'s example)"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return "must be a whole number"
+    if kind in ("float_parsing", "float_type"):
+        return "must be a number"
+    if kind in ("string_type",):
+        return "must be a string"
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind == "string_pattern_mismatch":
+        return "may contain only letters, digits, '_', '.' and '-'"
+    if kind in ("list_type",):
+        return "must be a list"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return "must be a table"
+    if kind == "value_error":
+        msg = str(err.get("msg", ""))
+        return msg.removeprefix("Value error, ")
+    return str(err.get("msg", kind))
+
+
+def format_validation_error(exc: ValidationError) -> list[str]:
+    """One line per problem, each naming the key (``arms[1].tokens_per_second: must be > 0``)."""
+    lines = []
+    for err in exc.errors():
+        loc = _loc(tuple(err["loc"]))
+        msg = _message(err)
+        # Model-level validators already name their key in the message.
+        lines.append(f"{loc}: {msg}" if loc and not msg.startswith(f"{loc}:") else msg)
+    return lines
+
+
+def parse_study(data: dict[str, Any], source: str = "study.toml") -> StudyConfig:
+    """Validate a parsed study mapping; raise ConfigError listing every problem."""
+    try:
+        return StudyConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc), source) from None
+
+
+def load_study(path: str | Path) -> StudyConfig:
+    """Read and validate a study file."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(
+            ["file not found: create one with `flowtrial init`"], str(p)
+        )
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"not valid TOML: {exc}"], str(p)) from None
+    return parse_study(data, str(p))
+
+
+def example_study_text() -> str:
+    """The commented example study file that `flowtrial init` writes."""
+    return (Path(__file__).parent / "example_study.toml").read_text(encoding="utf-8")

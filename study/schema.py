@@ -1,0 +1,224 @@
+"""The study database schema (SQLModel): one database per study.
+
+Times on the proxy's timeline are integers in nanoseconds of one monotonic clock
+(``t_*_ns``); each cycle carries the wall-clock anchor of the process that recorded it
+(``wall_anchor_ns`` at ``mono_anchor_ns``), so ``wall = wall_anchor_ns + (t - mono_anchor_ns)``
+joins them with ActivityWatch and client events, whose ``ts_ns`` is UTC epoch ns.
+
+Durations are stored *raw*: a study run with ``time_scale`` > 1 compresses them, and analysis
+multiplies by the study's ``time_scale`` to get back to real seconds.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+SCHEMA_VERSION = 1
+
+
+def _big() -> Column:  # type: ignore[type-arg]
+    return Column(BigInteger, nullable=True)
+
+
+class Meta(SQLModel, table=True):
+    """Key/value facts about the database itself (schema version, creator)."""
+
+    __tablename__ = "meta"
+    key: str = Field(primary_key=True)
+    value: str
+
+
+class Study(SQLModel, table=True):
+    """The study this database belongs to (exactly one row)."""
+
+    __tablename__ = "studies"
+    id: int | None = Field(default=None, primary_key=True)
+    name: str
+    seed: int
+    design: str
+    unit: str
+    time_scale: float = 1.0
+    config_json: str = Field(sa_column=Column(Text, nullable=False))
+    config_toml: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    randomization_fingerprint: str
+    created_at: datetime
+
+
+class Arm(SQLModel, table=True):
+    __tablename__ = "arms"
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(unique=True)
+    ttft_ms: float | None = None
+    tokens_per_second: float | None = None
+    jitter: float = 0.0
+    delivery: str = "stream"
+    weight: float = 1.0
+    shaped: bool = True
+
+
+class Participant(SQLModel, table=True):
+    """A pseudonymous participant. Only a salted hash of the API key is kept."""
+
+    __tablename__ = "participants"
+    id: str = Field(primary_key=True)
+    key_id: str = Field(unique=True, index=True)
+    key_salt: str
+    key_hash: str
+    enrolled_index: int
+    consent_at: datetime | None = None
+    created_at: datetime
+    simulated: bool = False
+    working_apps_json: str | None = None  # per-participant override of the study's list
+
+
+class Assignment(SQLModel, table=True):
+    """Which arm a participant gets, per period (parallel designs have period 0 only)."""
+
+    __tablename__ = "assignments"
+    __table_args__ = (UniqueConstraint("participant_id", "period"),)
+    id: int | None = Field(default=None, primary_key=True)
+    participant_id: str = Field(foreign_key="participants.id", index=True)
+    period: int = 0
+    arm: str
+    sequence: int | None = None  # crossover: which Williams sequence
+    block: int | None = None
+    created_at: datetime
+
+
+class Task(SQLModel, table=True):
+    """A unit of work; forecasts are entered before the arm is revealed (METR-style)."""
+
+    __tablename__ = "tasks"
+    __table_args__ = (UniqueConstraint("participant_id", "name"),)
+    id: int | None = Field(default=None, primary_key=True)
+    participant_id: str = Field(foreign_key="participants.id", index=True)
+    name: str
+    description: str | None = None
+    period: int | None = None
+    arm: str | None = None
+    forecast_fast_s: float | None = None  # forecast with the fast arm
+    forecast_slow_s: float | None = None  # forecast without it (the slow / control arm)
+    started_at_ns: int | None = Field(default=None, sa_column=_big())
+    ended_at_ns: int | None = Field(default=None, sa_column=_big())
+    status: str = "planned"  # planned | started | done | abandoned
+    time_s: float | None = None  # imported task time, when start/end are not observed
+    created_at: datetime
+
+
+class Cycle(SQLModel, table=True):
+    """One prompt -> wait -> review -> decision cycle, as the proxy saw it."""
+
+    __tablename__ = "cycles"
+    __table_args__ = (Index("ix_cycles_participant_request", "participant_id", "t_request_ns"),)
+    id: str = Field(primary_key=True)
+    participant_id: str = Field(foreign_key="participants.id", index=True)
+    arm: str = Field(index=True)
+    task_id: int | None = None
+    period: int | None = None
+    protocol: str  # chat | completions | responses | messages
+    transport: str = "http"  # http | websocket
+    stream: bool = True
+    turn: int = 1
+    connection_id: str | None = None
+    model: str | None = None
+    upstream: str = "mock"
+    upstream_response_id: str | None = None
+    # The DESIGN.md timeline (monotonic ns) and the wall-clock anchor of the process.
+    mono_anchor_ns: int = Field(sa_column=Column(BigInteger, nullable=False))
+    wall_anchor_ns: int = Field(sa_column=Column(BigInteger, nullable=False))
+    t_request_ns: int = Field(sa_column=Column(BigInteger, nullable=False))
+    t_upstream_first_ns: int | None = Field(default=None, sa_column=_big())
+    t_first_sent_ns: int | None = Field(default=None, sa_column=_big())
+    t_last_sent_ns: int | None = Field(default=None, sa_column=_big())
+    t_done_ns: int | None = Field(default=None, sa_column=_big())
+    started_at: datetime
+    # What was targeted, and what the participant experienced (raw, not time-scaled).
+    shaped: bool = True
+    target_ttft_ms: float | None = None
+    target_tps: float | None = None
+    target_jitter: float | None = None
+    target_delivery: str | None = None
+    draw_json: str | None = None  # per-prompt randomization draw
+    experienced_ttft_ms: float | None = None
+    generation_wait_ms: float | None = None
+    achieved_tps: float | None = None
+    violation: bool = False
+    violation_ms: float | None = None  # how far the upstream made us miss the target
+    # Token counts: exact from upstream usage when given, else approximated.
+    tokens_prompt: int | None = None
+    tokens_completion: int | None = None
+    tokens_sent: int | None = None  # content pieces delivered to the client
+    usage_exact: bool = False
+    tool_calls: int = 0
+    status: str = "ok"  # ok | error | upstream_error | abandoned
+    http_status: int | None = None
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    # Content per the study's capture setting.
+    prompt_fingerprint: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    content_fingerprint: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    prompt_text: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    content_text: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    content_chars: int | None = None
+    simulated: bool = False
+
+
+class Event(SQLModel, table=True):
+    """A client, page, simulator or ActivityWatch event on a participant's timeline."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_participant_ts", "participant_id", "ts_ns"),)
+    id: int | None = Field(default=None, primary_key=True)
+    participant_id: str = Field(foreign_key="participants.id", index=True)
+    cycle_id: str | None = Field(default=None, index=True)
+    kind: str = Field(index=True)
+    ts_ns: int = Field(sa_column=Column(BigInteger, nullable=False))  # UTC epoch ns
+    duration_s: float | None = None
+    source: str = "client"  # client | page | simulator | activitywatch | continue
+    payload_json: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    # Makes imports idempotent: importing the same event twice adds nothing.
+    dedupe_key: str | None = Field(default=None, unique=True)
+    received_at: datetime
+
+
+class QuestionnaireAnswer(SQLModel, table=True):
+    __tablename__ = "questionnaire_answers"
+    id: int | None = Field(default=None, primary_key=True)
+    participant_id: str = Field(foreign_key="participants.id", index=True)
+    task_id: int | None = None
+    instrument: str  # e.g. flow_short_scale | nasa_tlx
+    item: str
+    value: float
+    answered_at: datetime
+
+
+class Persistence(SQLModel, table=True):
+    """Whether a completion's text persisted in later prompts (passive acceptance)."""
+
+    __tablename__ = "persistence"
+    __table_args__ = (UniqueConstraint("cycle_id", "interval_s"),)
+    id: int | None = Field(default=None, primary_key=True)
+    cycle_id: str = Field(index=True)
+    interval_s: float
+    score: float
+    persisted: bool
+    checked_against: str | None = None  # id of the later cycle whose prompt was compared
+
+
+class GroundTruth(SQLModel, table=True):
+    """Simulator ground truth, so analysis can be scored against what was really there."""
+
+    __tablename__ = "ground_truth"
+    id: int | None = Field(default=None, primary_key=True)
+    scope: str  # population | participant
+    participant_id: str | None = None
+    truth_model: str
+    params_json: str = Field(sa_column=Column(Text, nullable=False))
+
+
+TABLES: list[type[SQLModel]] = [
+    Meta, Study, Arm, Participant, Assignment, Task, Cycle, Event,
+    QuestionnaireAnswer, Persistence, GroundTruth,
+]

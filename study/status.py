@@ -1,0 +1,82 @@
+"""What `flowtrial status` shows: enrollment, assignments and cycles per arm, SRM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, select
+
+from study.participants import PER_PROMPT_ARM
+from study.randomization import SRMResult, srm_check
+from study.schema import Assignment, Cycle, Event, Participant, Task
+from study.storage import Database
+
+
+@dataclass
+class StudyStatus:
+    name: str
+    design: str
+    unit: str
+    time_scale: float
+    participants: int
+    assignments: dict[str, int] = field(default_factory=dict)
+    cycles: dict[str, dict[str, int]] = field(default_factory=dict)  # arm -> status -> n
+    events: int = 0
+    tasks: int = 0
+    srm: SRMResult | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "design": self.design,
+            "unit": self.unit,
+            "time_scale": self.time_scale,
+            "participants": self.participants,
+            "assignments": self.assignments,
+            "cycles": self.cycles,
+            "events": self.events,
+            "tasks": self.tasks,
+            "srm": self.srm.to_dict() if self.srm else None,
+        }
+
+
+def study_status(database: Database) -> StudyStatus:
+    """Counts that tell whether a study is running as planned."""
+    config = database.config()
+    with database.session() as s:
+        n_part = s.execute(select(func.count()).select_from(Participant)).scalar_one()
+        assign_rows = s.execute(
+            select(Assignment.arm, func.count()).where(Assignment.period == 0)
+            .group_by(Assignment.arm)
+        ).all()
+        cycle_rows = s.execute(
+            select(Cycle.arm, Cycle.status, func.count()).group_by(Cycle.arm, Cycle.status)
+        ).all()
+        n_events = s.execute(select(func.count()).select_from(Event)).scalar_one()
+        n_tasks = s.execute(select(func.count()).select_from(Task)).scalar_one()
+    st = StudyStatus(
+        name=config.study.name,
+        design=config.study.design,
+        unit=str(config.study.unit),
+        time_scale=config.study.time_scale,
+        participants=int(n_part),
+        events=int(n_events),
+        tasks=int(n_tasks),
+    )
+    per_prompt = config.study.design == "per_prompt"
+    arm_names = [PER_PROMPT_ARM] if per_prompt else config.arm_names
+    st.assignments = {} if per_prompt else {a: 0 for a in config.arm_names}
+    for arm, n in assign_rows:
+        st.assignments[arm] = int(n)
+    for arm in arm_names:
+        st.cycles.setdefault(arm, {})
+    for arm, status, n in cycle_rows:
+        st.cycles.setdefault(arm, {})[status] = int(n)
+    planned = {a.name: a.weight for a in config.arms}
+    if config.study.design == "parallel" and len(planned) > 1:
+        st.srm = srm_check(st.assignments, planned)
+    elif config.study.design == "crossover" and len(planned) > 1:
+        # Crossover: every period's arm should be used equally often across cycles.
+        observed = {a: sum(st.cycles.get(a, {}).values()) for a in planned}
+        st.srm = srm_check(observed, {a: 1.0 for a in planned})
+    return st

@@ -1,0 +1,323 @@
+"""Opening a study database, and the single writer thread that makes records durable.
+
+SQLite is used the way datasette/sqlite-utils use it: WAL mode, so readers (dashboard,
+analysis) never block the writer, and one writer thread fed by a queue, so concurrent
+streams share a commit (group commit) instead of fighting over the write lock.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, inspect, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.pool import NullPool
+from sqlmodel import Session, SQLModel
+
+from study.config import StudyConfig, parse_study
+from study.errors import FlowtrialError
+from study.schema import SCHEMA_VERSION, TABLES, Arm, Meta, Study
+
+
+class StorageError(FlowtrialError):
+    """The database cannot be used as asked (wrong version, wrong study, missing)."""
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def database_url(db: str | Path) -> str:
+    """A SQLAlchemy URL for ``db``: a URL is kept, a path becomes a SQLite file URL."""
+    s = str(db)
+    if "://" in s:
+        return s
+    return f"sqlite:///{Path(s).expanduser().resolve()}"
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    # FULL: a committed cycle survives power loss too; group commit amortizes the fsync.
+    cur.execute("PRAGMA synchronous=FULL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def create_db_engine(db: str | Path) -> Engine:
+    """Engine for a path or URL; SQLite gets WAL and a busy timeout."""
+    url = database_url(db)
+    if url.startswith("sqlite"):
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 10}, poolclass=NullPool
+        )
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def _read_version(engine: Engine) -> int | None:
+    if not inspect(engine).has_table("meta"):
+        return None
+    with engine.connect() as conn:
+        row = conn.execute(
+            text("SELECT value FROM meta WHERE key = 'schema_version'")
+        ).first()
+    return int(row[0]) if row else None
+
+
+@dataclass
+class Database:
+    """An open study database."""
+
+    url: str
+    engine: Engine
+
+    def session(self) -> Session:
+        return Session(self.engine, expire_on_commit=False)
+
+    def study(self) -> Study | None:
+        with self.session() as s:
+            return s.exec(select(Study)).scalars().first()  # type: ignore[call-overload]
+
+    def config(self) -> StudyConfig:
+        """The study configuration stored when the database was created."""
+        st = self.study()
+        if st is None:
+            raise StorageError(f"{self.url}: no study in this database")
+        return parse_study(json.loads(st.config_json), source=self.url)
+
+    def time_scale(self) -> float:
+        st = self.study()
+        return st.time_scale if st else 1.0
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def open_db(db: str | Path, *, must_exist: bool = True) -> Database:
+    """Open a study database, checking that its schema version is the one we speak."""
+    url = database_url(db)
+    if must_exist and url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        if not path.exists():
+            raise StorageError(
+                f"{path}: no such database: create it with `flowtrial enroll --study …` "
+                "or `flowtrial simulate`"
+            )
+    engine = create_db_engine(url)
+    version = _read_version(engine)
+    if version is None and must_exist:
+        raise StorageError(f"{url}: not a flowtrial database (no schema version)")
+    if version is not None and version != SCHEMA_VERSION:
+        raise StorageError(
+            f"{url}: database schema version {version}, but this flowtrial uses "
+            f"{SCHEMA_VERSION}: open it with the flowtrial version that created it"
+        )
+    return Database(url=url, engine=engine)
+
+
+def init_db(db: str | Path, config: StudyConfig, config_toml: str | None = None) -> Database:
+    """Create (or reopen) the database for ``config``.
+
+    Reopening checks that the database belongs to the same study and that nothing that
+    fixes the randomization (seed, design, arms, per-prompt ranges) has changed.
+    """
+    if "://" not in str(db):
+        Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    database = open_db(db, must_exist=False)
+    SQLModel.metadata.create_all(database.engine, tables=[t.__table__ for t in TABLES])
+    with database.session() as s:
+        version = s.get(Meta, "schema_version")
+        if version is None:
+            s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+        existing = s.exec(select(Study)).scalars().first()  # type: ignore[call-overload]
+        if existing is None:
+            s.add(
+                Study(
+                    name=config.study.name,
+                    seed=config.study.seed,
+                    design=config.study.design,
+                    unit=str(config.study.unit),
+                    time_scale=config.study.time_scale,
+                    config_json=config.model_dump_json(),
+                    config_toml=config_toml,
+                    randomization_fingerprint=config.randomization_fingerprint(),
+                    created_at=utcnow(),
+                )
+            )
+            for a in config.arms:
+                s.add(
+                    Arm(
+                        name=a.name,
+                        ttft_ms=a.ttft_ms,
+                        tokens_per_second=a.tokens_per_second,
+                        jitter=a.jitter,
+                        delivery=a.delivery,
+                        weight=a.weight,
+                        shaped=a.shaped,
+                    )
+                )
+        else:
+            if existing.name != config.study.name:
+                raise StorageError(
+                    f"{database.url}: belongs to study {existing.name!r}, not "
+                    f"{config.study.name!r}: use another --db"
+                )
+            if existing.randomization_fingerprint != config.randomization_fingerprint():
+                raise StorageError(
+                    f"{database.url}: the study file's seed, design, arms or per-prompt ranges "
+                    "changed since this database was created: start a new database "
+                    "(changing them mid-study breaks the randomization)"
+                )
+            # Capture/proxy settings may evolve; keep the stored copy current.
+            existing.config_json = config.model_dump_json()
+            if config_toml is not None:
+                existing.config_toml = config_toml
+            s.add(existing)
+        s.commit()
+    return database
+
+
+# --------------------------------------------------------------------------- writer
+
+
+@dataclass
+class WriteBatch:
+    """Rows for one table. ``ignore_conflicts`` makes re-inserts no-ops (idempotent imports)."""
+
+    table: Any
+    rows: Sequence[dict[str, Any]]
+    ignore_conflicts: bool = False
+
+
+def insert_batch(conn: Any, b: WriteBatch) -> None:
+    """Insert one batch on an open connection (idempotently if asked)."""
+    table = b.table.__table__ if hasattr(b.table, "__table__") else b.table
+    if not b.rows:
+        return
+    if not b.ignore_conflicts:
+        conn.execute(table.insert(), list(b.rows))
+        return
+    dialect = conn.dialect.name
+    if dialect == "sqlite":
+        stmt = sqlite_insert(table).on_conflict_do_nothing()
+    elif dialect == "postgresql":
+        stmt = pg_insert(table).on_conflict_do_nothing()
+    else:  # pragma: no cover - other dialects are not supported for imports
+        raise StorageError(f"idempotent insert not supported on {dialect}")
+    conn.execute(stmt, list(b.rows))
+
+
+@dataclass
+class _Item:
+    batches: list[WriteBatch]
+    future: Future[None] = field(default_factory=Future)
+
+
+_STOP = object()
+
+
+class RecordWriter:
+    """One thread owns all writes; callers get a Future that resolves once rows are durable.
+
+    Items queued while a commit is in flight are committed together in the next transaction
+    (group commit), so many concurrent streams cost one fsync, not one each. A failed commit
+    fails every future in it: the caller must then not pretend the record exists.
+    """
+
+    def __init__(self, engine: Engine, max_batch: int = 2000, name: str = "flowtrial-writer"):
+        self.engine = engine
+        self.max_batch = max_batch
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._closed = False
+        self.commits = 0
+        self.rows_written = 0
+        self.last_error: BaseException | None = None
+        self._thread.start()
+
+    def submit(self, *batches: WriteBatch) -> Future[None]:
+        """Queue rows; the returned future resolves when they are committed."""
+        item = _Item(list(batches))
+        if self._closed:
+            item.future.set_exception(StorageError("record writer is closed"))
+            return item.future
+        self._queue.put(item)
+        return item.future
+
+    def write(self, *batches: WriteBatch, timeout: float | None = 30.0) -> None:
+        """Submit and wait (for code that is not on a latency-sensitive path)."""
+        self.submit(*batches).result(timeout=timeout)
+
+    def _commit(self, items: list[_Item]) -> None:
+        try:
+            with self.engine.begin() as conn:
+                for it in items:
+                    for b in it.batches:
+                        insert_batch(conn, b)
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the callers
+            if len(items) > 1:
+                # One bad item must not fail its neighbours: retry them one by one.
+                for it in items:
+                    self._commit([it])
+                return
+            self.last_error = exc
+            for it in items:
+                if not it.future.done():
+                    it.future.set_exception(exc)
+            return
+        self.commits += 1
+        for it in items:
+            self.rows_written += sum(len(b.rows) for b in it.batches)
+            if not it.future.done():
+                it.future.set_result(None)
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            items: list[_Item] = [first]
+            stop_after = False
+            while len(items) < self.max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stop_after = True
+                    break
+                items.append(nxt)
+            self._commit(items)
+            if stop_after:
+                return
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write everything queued, then stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+
+def write_rows(database: Database, batches: Iterable[WriteBatch]) -> None:
+    """Write batches in one transaction, synchronously (CLI and simulator paths)."""
+    with database.engine.begin() as conn:
+        for b in batches:
+            insert_batch(conn, b)
