@@ -63,13 +63,14 @@ def enroll(
             working_apps_json=json.dumps(working_apps) if working_apps else None,
         )
         s.add(p)
-        assignments = _assignments(config, participant_id, index, now)
-        for a in assignments:
-            s.add(a)
         try:
-            s.commit()
+            # Flush the participant first: assignments reference it by foreign key.
+            s.flush()
         except IntegrityError as exc:  # a concurrent enrollment took the id
             raise EnrollmentError(f"participant {participant_id!r} is already enrolled") from exc
+        assignments = _assignments(config, participant_id, index, now)
+        s.add_all(assignments)
+        s.commit()
     return p, k.key, assignments
 
 

@@ -1,0 +1,222 @@
+"""Parameters of simulated participants and the truth models of switching (DESIGN.md §7).
+
+Everything a simulated study depends on lives in :class:`SimParams`, with the literature
+anchors of DESIGN.md §7 as defaults. Durations are *real* seconds (as a person experiences
+them); a study with ``time_scale`` > 1 compresses them when they are acted out or recorded.
+
+The truth models give P(context switch during a wait) as a function of the **idle wait** w
+(DESIGN.md §2: TTFT plus the time by which delivery lags behind the reader) and the person's
+threshold ψᵢ:
+
+``hinge``  logit p = a + b·max(0, log w − log ψᵢ)
+           a = logit(p_low); b = (logit(p_high) − a) / log(m), so p = p_low for every
+           w ≤ ψᵢ and p = p_high exactly at w = m·ψᵢ (m = ``hinge_multiple``, default 4).
+           Beyond m·ψᵢ the formula keeps rising (it is the model the analysis fits, so no cap).
+``smooth`` logit p = c + d·(log w − log ψᵢ), no breakpoint: the logistic through
+           (ψᵢ/m, p_low) and (m·ψᵢ, p_high), i.e. c = (logit p_low + logit p_high)/2 and
+           d = (logit p_high − logit p_low) / (2·log m). Over the waits a study covers it spans
+           the same probabilities as the hinge, but bends nowhere.
+``flat``   p = p_flat for every wait (the null: waiting does not matter).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from scipy.special import expit, logit
+
+TruthModel = Literal["hinge", "smooth", "flat"]
+TRUTH_MODELS: tuple[str, ...] = ("hinge", "smooth", "flat")
+
+IDLE_WAIT_DEFINITION = (
+    "idle wait = TTFT + max(0, (n_tokens - 1) * (1/tokens_per_second - 1/reading_tps)) for a "
+    "stream (the time the reader has nothing new to read); all_at_once: TTFT + n/tps"
+)
+
+
+class LogNormal(BaseModel):
+    """A log-normal duration or count: ``median`` and ``logsd`` (sd of its natural log)."""
+
+    model_config = ConfigDict(extra="forbid")
+    median: float = Field(gt=0)
+    logsd: float = Field(default=0.5, ge=0)
+
+
+class SimParams(BaseModel):
+    """Behaviour of simulated participants. Defaults follow DESIGN.md §7."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    truth: TruthModel = "hinge"
+    # Reading speed: 5.3 tokens/s (238 words/min, Brysbaert 2019), log-sd 0.2 across people.
+    reading_tps: float = Field(default=5.3, gt=0)
+    reading_tps_logsd: float = Field(default=0.2, ge=0)
+    # Population threshold ψ of idle wait (the hypothesis under test), log-sd across people.
+    threshold_s: float = Field(default=8.0, gt=0)
+    threshold_logsd: float = Field(default=0.35, ge=0)
+    # P(switch) well below / well above ψ, and where the hinge reaches p_high (multiple of ψ).
+    p_low: float = Field(default=0.03, gt=0, lt=1)
+    p_high: float = Field(default=0.60, gt=0, lt=1)
+    hinge_multiple: float = Field(default=4.0, gt=1)
+    p_flat: float = Field(default=0.15, gt=0, lt=1)
+    # Where in the idle wait the switch happens: a uniform fraction in this range (the edges
+    # are avoided so the focus change falls clearly inside t_request..t_last_sent).
+    switch_at_fraction: tuple[float, float] = (0.05, 0.95)
+    # After a switch: time away (window-switch baseline ~17 s, Meyer et al.; median 30 s).
+    time_away: LogNormal = LogNormal(median=30.0, logsd=0.8)
+    # Resumption cost on return: median 15 s at the median time away, growing as
+    # (away / time_away.median) ** resumption_growth (Monk/Trafton 2008, Jackson et al. 2003).
+    resumption: LogNormal = LogNormal(median=15.0, logsd=0.5)
+    resumption_growth: float = Field(default=0.5, ge=0)
+    # Where focus goes: category -> (weight, apps). Apps are not in the working-apps list.
+    away_apps: dict[str, list[str]] = Field(
+        default_factory=lambda: {
+            "browser": ["firefox", "google-chrome"],
+            "chat": ["slack", "discord"],
+            "mail": ["thunderbird", "outlook"],
+        }
+    )
+    away_weights: dict[str, float] = Field(
+        default_factory=lambda: {"browser": 0.5, "chat": 0.3, "mail": 0.2}
+    )
+    working_app: str = "code"  # where focus returns (must be a working app of the study)
+    # Decisions: acceptance 0.3 on average (Copilot 27 %, Google 25-34 %), varying across
+    # people as Beta with this concentration; a share of partial accepts; the rest rejects.
+    acceptance: float = Field(default=0.3, gt=0, lt=1)
+    acceptance_concentration: float = Field(default=20.0, gt=0)
+    partial_accept: float = Field(default=0.1, ge=0, lt=1)
+    # Response length (tokens): median 300 for chat, 30 for inline completions.
+    response_tokens_chat: LogNormal = LogNormal(median=300.0, logsd=0.6)
+    response_tokens_inline: LogNormal = LogNormal(median=30.0, logsd=0.6)
+    prompt_tokens: LogNormal = LogNormal(median=600.0, logsd=0.7)
+    # Human durations (s). Person medians vary with `person_logsd`; cycles vary with `logsd`.
+    prompt_crafting: LogNormal = LogNormal(median=20.0, logsd=0.6)
+    review_verify: LogNormal = LogNormal(median=15.0, logsd=0.6)  # after reading the answer
+    person_logsd: float = Field(default=0.3, ge=0)
+    own_coding: LogNormal = LogNormal(median=60.0, logsd=0.9)  # between cycles
+    # Switches unrelated to the assistant, during own coding (noise the analysis must ignore).
+    p_switch_while_coding: float = Field(default=0.1, ge=0, le=1)
+    task_gap: LogNormal = LogNormal(median=120.0, logsd=0.5)  # break between tasks
+    participant_stagger_s: float = Field(default=300.0, ge=0)  # start offsets in the session
+    forecast_logsd: float = Field(default=0.4, ge=0)  # METR-style task-time forecast error
+    # Proxy realism in virtual mode: TTFT overhead (exponential mean, ms) and tps shortfall.
+    ttft_overhead_ms: float = Field(default=2.0, ge=0)
+    tps_shortfall_sd: float = Field(default=0.01, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> SimParams:
+        if self.truth != "flat" and self.p_high <= self.p_low:
+            raise ValueError("p_high must be greater than p_low")
+        lo, hi = self.switch_at_fraction
+        if not 0 <= lo <= hi <= 1:
+            raise ValueError("switch_at_fraction must be 0 <= lo <= hi <= 1")
+        if set(self.away_weights) - set(self.away_apps):
+            raise ValueError("away_weights names a category that away_apps lacks")
+        if self.acceptance + self.partial_accept >= 1:
+            raise ValueError("acceptance + partial_accept must be < 1")
+        return self
+
+    # ------------------------------------------------------------------ truth model
+
+    def hinge_coefficients(self) -> tuple[float, float]:
+        """(a, b) of the hinge: logit p = a + b·max(0, log w − log ψ)."""
+        a = float(logit(self.p_low))
+        b = (float(logit(self.p_high)) - a) / math.log(self.hinge_multiple)
+        return a, b
+
+    def smooth_coefficients(self) -> tuple[float, float]:
+        """(c, d) of the smooth model: logit p = c + d·(log w − log ψ)."""
+        lo, hi = float(logit(self.p_low)), float(logit(self.p_high))
+        return (lo + hi) / 2, (hi - lo) / (2 * math.log(self.hinge_multiple))
+
+    def truth_summary(self) -> dict[str, Any]:
+        """What the analysis is scored against (stored as the population ground truth)."""
+        a, b = self.hinge_coefficients()
+        c, d = self.smooth_coefficients()
+        return {
+            "truth_model": self.truth,
+            "formula": {
+                "hinge": "logit p = a + b*max(0, log w - log psi_i)",
+                "smooth": "logit p = c + d*(log w - log psi_i)",
+                "flat": "p = p_flat",
+            }[self.truth],
+            "threshold_s": self.threshold_s,
+            "threshold_logsd": self.threshold_logsd,
+            "hinge": {"a": a, "b": b, "p_high_at_multiple": self.hinge_multiple},
+            "smooth": {"c": c, "d": d},
+            "p_flat": self.p_flat,
+            "has_threshold": self.truth == "hinge",
+            "idle_wait": IDLE_WAIT_DEFINITION,
+        }
+
+
+def switch_probability(
+    idle_wait: Any, threshold: Any, params: SimParams, truth: TruthModel | None = None
+) -> np.ndarray:
+    """P(switch during a wait) for idle wait(s) ``idle_wait`` (s) and threshold(s) ψᵢ (s)."""
+    truth = truth or params.truth
+    w = np.maximum(np.asarray(idle_wait, dtype=float), 1e-6)
+    psi = np.asarray(threshold, dtype=float)
+    if truth == "hinge":
+        a, b = params.hinge_coefficients()
+        return expit(a + b * np.maximum(0.0, np.log(w) - np.log(psi)))
+    if truth == "smooth":
+        c, d = params.smooth_coefficients()
+        return expit(c + d * (np.log(w) - np.log(psi)))
+    if truth == "flat":
+        return np.full(np.broadcast(w, psi).shape, params.p_flat)
+    raise ValueError(f"unknown truth model {truth!r}: use hinge, smooth or flat")
+
+
+def idle_wait_s(
+    ttft_s: Any,
+    n_tokens: Any,
+    tokens_per_second: Any,
+    reading_tps: Any,
+    *,
+    all_at_once: Any = False,
+) -> np.ndarray:
+    """Idle wait (s): the part of a wait in which the reader has nothing new to read.
+
+    DESIGN.md §2: TTFT plus the time by which delivery lags behind the reader. Token k (k = 0
+    .. n−1) arrives at TTFT + k/tps; a reader at ``reading_tps`` reading every token as soon as
+    it is there finishes at max(TTFT + n/r, TTFT + (n−1)/tps + 1/r) (the maximum over k of
+    arrival_k + (n − k)/r is at an end, arrivals being linear in k). Idle wait is that finish
+    time minus the n/r spent reading:
+
+        idle = TTFT + max(0, (n − 1)·(1/tps − 1/r))
+
+    so delivery faster than reading adds nothing, and slower delivery adds the lag. An
+    unshaped pace (``tokens_per_second`` None, NaN or inf) adds nothing. With
+    ``all_at_once`` the whole answer appears at TTFT + n/tps, all of it idle. Works on scalars
+    and numpy arrays alike (broadcasting).
+    """
+    ttft = np.asarray(ttft_s, dtype=float)
+    n = np.maximum(np.asarray(n_tokens, dtype=float), 1.0)
+    tps = np.asarray(
+        np.nan if tokens_per_second is None else tokens_per_second, dtype=float
+    )
+    inv_tps = np.where(np.isfinite(tps) & (tps > 0), 1.0 / np.where(tps > 0, tps, 1.0), 0.0)
+    inv_r = 1.0 / np.asarray(reading_tps, dtype=float)
+    streamed = ttft + np.maximum(0.0, (n - 1.0) * (inv_tps - inv_r))
+    held = ttft + n * inv_tps
+    return np.where(np.asarray(all_at_once, dtype=bool), held, streamed)
+
+
+def idle_wait_from_arrivals(
+    arrival_s: Any, tokens: Any, reading_tps: float
+) -> float:
+    """Idle wait (s) from observed arrivals: chunk j with ``tokens[j]`` tokens at ``arrival_s[j]``
+    (seconds since the request). Same reader as :func:`idle_wait_s`, for any delivery pattern:
+    finish = max_j(arrival_j + tokens from j on / r); idle = finish − n/r.
+    """
+    t = np.asarray(arrival_s, dtype=float)
+    c = np.asarray(tokens, dtype=float)
+    if t.size == 0:
+        return float("nan")
+    remaining = np.cumsum(c[::-1])[::-1]  # tokens from chunk j to the end
+    n = float(c.sum())
+    return float(np.max(t + remaining / reading_tps) - n / reading_tps)

@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from study.config import StudyConfig, example_study_text, parse_study
+
+
+def make_config(**study: object) -> StudyConfig:
+    data = tomllib.loads(example_study_text())
+    data["study"].update(study)
+    return parse_study(data)
+
+
+@pytest.fixture
+def study_file(tmp_path: Path) -> Path:
+    p = tmp_path / "study.toml"
+    p.write_text(example_study_text())
+    return p
+
+
+@pytest.fixture
+def parallel_file(tmp_path: Path) -> Path:
+    text = example_study_text().replace('design = "per_prompt"', 'design = "parallel"').replace(
+        'unit = "prompt"', 'unit = "participant"'
+    )
+    p = tmp_path / "parallel.toml"
+    p.write_text(text)
+    return p

@@ -1,0 +1,145 @@
+"""Study-file validation: every documented error message, and the example file."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from study.config import ConfigError, example_study_text, load_study, parse_study
+
+
+def base() -> dict:
+    return tomllib.loads(example_study_text())
+
+
+def problems(data: dict) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        parse_study(data)
+    return exc.value.problems
+
+
+def test_example_is_valid() -> None:
+    cfg = parse_study(base())
+    assert cfg.study.design == "per_prompt"
+    assert cfg.study.unit == "prompt"
+    assert cfg.per_prompt is not None and cfg.per_prompt.ttft_ms is not None
+    assert cfg.per_prompt.ttft_ms.scale == "log"
+    assert cfg.capture.content == "fingerprint"
+    assert cfg.capture.switch_min_away_s == 10
+    assert [a.name for a in cfg.arms] == ["fast", "slow"]
+
+
+def test_negative_rate_names_the_key() -> None:
+    d = base()
+    d["arms"][1]["tokens_per_second"] = 0
+    assert problems(d) == ["arms[1].tokens_per_second: must be > 0"]
+
+
+def test_every_problem_is_listed_at_once() -> None:
+    d = base()
+    d["arms"][0]["ttft_ms"] = -5
+    d["arms"][1]["delivery"] = "fast"
+    d["capture"]["content"] = "everything"
+    d["study"]["time_scale"] = 0
+    lines = problems(d)
+    assert "arms[0].ttft_ms: must be >= 0" in lines
+    assert "arms[1].delivery: must be one of 'stream' or 'all_at_once'" in lines
+    assert "capture.content: must be one of 'none', 'fingerprint' or 'full'" in lines
+    assert "study.time_scale: must be > 0" in lines
+    assert len(lines) == 4
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: d["study"].pop("name"), "study.name: is required"),
+        (lambda d: d["study"].update(seed="x"), "study.seed: must be a whole number"),
+        (lambda d: d["study"].update(design="latin"),
+         "study.design: must be one of 'parallel', 'crossover' or 'per_prompt'"),
+        (lambda d: d["study"].update(unit="participant"),
+         "study: unit 'participant' does not fit design 'per_prompt': use 'prompt'"),
+        (lambda d: d["arms"][0].update(tokens_per_secnd=5),
+         "arms[0].tokens_per_secnd: unknown key (check its spelling against `flowtrial init`'s "
+         "example)"),
+        (lambda d: d["arms"][0].update(name="fast arm"),
+         "arms[0].name: may contain only letters, digits, '_', '.' and '-'"),
+        (lambda d: d["arms"][1].update(name="fast"),
+         "arms: duplicate arm name 'fast': names must be unique"),
+        (lambda d: d.pop("per_prompt"),
+         "per_prompt: design 'per_prompt' needs [per_prompt] with ttft_ms and/or "
+         "tokens_per_second ranges"),
+        (lambda d: d["per_prompt"].update(ttft_ms={"min": 500, "max": 100}),
+         "per_prompt.ttft_ms: max must be >= min"),
+        (lambda d: d["per_prompt"].update(ttft_ms={"min": 0, "max": 100}),
+         "per_prompt.ttft_ms.min: must be > 0"),
+        (lambda d: d["upstream"].update(kind="openai"),
+         "upstream: kind 'openai' needs base_url (and api_key_env)"),
+        (lambda d: d["upstream"].update(kind="openai", base_url="https://x/v1"),
+         "upstream: kind 'openai' needs api_key_env (the variable's name)"),
+        (lambda d: d["upstream"].update(kind="openai", base_url="ftp://x", api_key_env="K"),
+         "upstream: base_url must start with http:// or https://"),
+        (lambda d: d["upstream"].update(
+            kind="openai", base_url="https://x/v1", api_key_env="sk-proj-abcdef123"),
+         "upstream: api_key_env looks like a key itself: put the *name* of the environment "
+         "variable that holds the key (e.g. OPENAI_API_KEY), never the key"),
+        (lambda d: d["upstream"].update(
+            kind="openai", base_url="https://x/v1", api_key_env="my key"),
+         "upstream: api_key_env must be an environment variable name like OPENAI_API_KEY"),
+        (lambda d: d["upstream"].update(kind="gemini"),
+         "upstream.kind: must be one of 'mock', 'openai' or 'anthropic'"),
+        (lambda d: d["capture"].update(switch_min_away_s=0),
+         "capture.switch_min_away_s: must be > 0"),
+        (lambda d: d["proxy"].update(port=70000), "proxy.port: must be <= 65535"),
+        (lambda d: d.update(arms={"name": "x"}), "arms: must be a list"),
+    ],
+)
+def test_documented_error_messages(mutate, expected: str) -> None:
+    d = base()
+    mutate(d)
+    assert problems(d) == [expected]
+
+
+def test_design_needs_arms() -> None:
+    d = base()
+    d["study"].update(design="parallel", unit="participant")
+    d["arms"] = []
+    assert problems(d) == ["arms: design 'parallel' needs at least one [[arms]] table"]
+    d["study"].update(design="crossover", unit="task")
+    d["arms"] = [{"name": "a"}]
+    assert problems(d) == ["arms: design 'crossover' needs at least two [[arms]] tables"]
+
+
+def test_unit_defaults_from_design() -> None:
+    d = base()
+    d["study"].pop("unit")
+    d["study"]["design"] = "crossover"
+    assert parse_study(d).study.unit == "task"
+
+
+def test_unshaped_arm_is_team_mode() -> None:
+    d = base()
+    d["study"].update(design="parallel", unit="participant")
+    d["arms"] = [{"name": "team"}]
+    cfg = parse_study(d)
+    assert cfg.arms[0].shaped is False
+    assert cfg.arm("team").name == "team"
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="file not found: create one with `flowtrial init`"):
+        load_study(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[study\nname=1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_study(bad)
+
+
+def test_randomization_fingerprint_ignores_capture() -> None:
+    a = parse_study(base())
+    d = base()
+    d["capture"]["content"] = "full"
+    assert parse_study(d).randomization_fingerprint() == a.randomization_fingerprint()
+    d["study"]["seed"] = 1
+    assert parse_study(d).randomization_fingerprint() != a.randomization_fingerprint()

@@ -1,0 +1,143 @@
+"""Schema round-trip on SQLite, version and study checks, the group-commit writer."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select, text
+
+from study import keys
+from study.participants import EnrollmentError, enroll, participant_by_key
+from study.schema import SCHEMA_VERSION, Cycle, Event, Meta
+from study.storage import RecordWriter, StorageError, WriteBatch, init_db, open_db
+
+from .conftest import make_config
+
+
+def cycle_row(pid: str, i: int) -> dict:
+    return {
+        "id": f"c{i:06d}", "participant_id": pid, "arm": "per_prompt", "protocol": "chat",
+        "mono_anchor_ns": 5, "wall_anchor_ns": 1_800_000_000_000_000_000,
+        "t_request_ns": 1_000 + i, "t_first_sent_ns": 2_000_000_000 + i,
+        "t_last_sent_ns": 9_000_000_000_000 + i, "started_at": datetime.now(UTC),
+        "target_ttft_ms": 200.0, "status": "ok", "stream": True, "turn": 1, "shaped": True,
+        "violation": False, "usage_exact": True, "tool_calls": 0, "simulated": False,
+        "transport": "http", "upstream": "mock",
+    }
+
+
+def test_schema_round_trip(tmp_path: Path) -> None:
+    cfg = make_config()
+    db = init_db(tmp_path / "s.db", cfg)
+    p, key, _ = enroll(db, cfg, "p01")
+    with db.engine.connect() as c:
+        assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+    writer = RecordWriter(db.engine)
+    writer.write(WriteBatch(Cycle, [cycle_row("p01", 1)]))
+    writer.close()
+    again = open_db(tmp_path / "s.db")
+    with again.session() as s:
+        c = s.get(Cycle, "c000001")
+        assert c is not None and c.t_last_sent_ns == 9_000_000_000_001  # 64-bit ns survive
+        assert s.get(Meta, "schema_version").value == str(SCHEMA_VERSION)
+    assert again.config() == cfg
+    assert again.study().name == cfg.study.name
+    # The key is never stored, only its salted hash; it still authenticates.
+    with again.session() as s:
+        row = s.execute(text("SELECT * FROM participants")).mappings().one()
+    assert key not in json.dumps({k: str(v) for k, v in row.items()})
+    assert row["key_hash"] == keys.hash_secret(keys.split_key(key)[1], row["key_salt"])
+    assert participant_by_key(again, key).id == "p01"
+    assert participant_by_key(again, key[:-1] + ("A" if key[-1] != "A" else "B")) is None
+    assert participant_by_key(again, "sk-not-ours") is None
+
+
+def test_other_schema_version_is_refused(tmp_path: Path) -> None:
+    db = init_db(tmp_path / "s.db", make_config())
+    with db.engine.begin() as c:
+        c.execute(text("UPDATE meta SET value = '99' WHERE key = 'schema_version'"))
+    with pytest.raises(StorageError, match="schema version 99, but this flowtrial uses"):
+        open_db(tmp_path / "s.db")
+
+
+def test_missing_database_and_wrong_study(tmp_path: Path) -> None:
+    with pytest.raises(StorageError, match="no such database"):
+        open_db(tmp_path / "none.db")
+    init_db(tmp_path / "s.db", make_config())
+    with pytest.raises(StorageError, match="belongs to study 'flow-threshold-pilot'"):
+        init_db(tmp_path / "s.db", make_config(name="other"))
+    with pytest.raises(StorageError, match="changed since this database was created"):
+        init_db(tmp_path / "s.db", make_config(seed=5))
+
+
+def test_duplicate_enrollment_and_bad_ids(tmp_path: Path) -> None:
+    cfg = make_config()
+    db = init_db(tmp_path / "s.db", cfg)
+    enroll(db, cfg, "p01")
+    with pytest.raises(EnrollmentError, match="already enrolled"):
+        enroll(db, cfg, "p01")
+    with pytest.raises(EnrollmentError, match="not valid"):
+        enroll(db, cfg, "alice@example.com")
+
+
+def test_group_commit_from_many_threads(tmp_path: Path) -> None:
+    cfg = make_config()
+    db = init_db(tmp_path / "s.db", cfg)
+    enroll(db, cfg, "p01")
+    writer = RecordWriter(db.engine)
+    futures = []
+    lock = threading.Lock()
+
+    def submit(start: int) -> None:
+        for i in range(start, start + 250):
+            f = writer.submit(WriteBatch(Cycle, [cycle_row("p01", i)]))
+            with lock:
+                futures.append(f)
+
+    threads = [threading.Thread(target=submit, args=(k * 1000,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for f in futures:
+        f.result(timeout=30)
+    writer.close()
+    with db.session() as s:
+        assert s.execute(select(func.count()).select_from(Cycle)).scalar_one() == 1000
+    assert writer.commits < 1000  # rows queued during a commit share the next one
+
+
+def test_failed_write_fails_only_its_own_future(tmp_path: Path) -> None:
+    cfg = make_config()
+    db = init_db(tmp_path / "s.db", cfg)
+    enroll(db, cfg, "p01")
+    writer = RecordWriter(db.engine)
+    good = writer.submit(WriteBatch(Cycle, [cycle_row("p01", 1)]))
+    bad = writer.submit(WriteBatch(Cycle, [cycle_row("nobody", 2)]))  # FK violation
+    dup = writer.submit(WriteBatch(Cycle, [cycle_row("p01", 1)]))  # primary-key clash
+    good.result(10)
+    with pytest.raises(Exception, match="FOREIGN KEY"):
+        bad.result(10)
+    with pytest.raises(Exception, match="UNIQUE"):
+        dup.result(10)
+    writer.close()
+    with pytest.raises(StorageError, match="closed"):
+        writer.submit(WriteBatch(Cycle, [])).result(1)
+
+
+def test_idempotent_event_insert(tmp_path: Path) -> None:
+    cfg = make_config()
+    db = init_db(tmp_path / "s.db", cfg)
+    enroll(db, cfg, "p01")
+    writer = RecordWriter(db.engine)
+    ev = {"participant_id": "p01", "kind": "focus_out", "ts_ns": 1, "source": "activitywatch",
+          "dedupe_key": "aw:1", "received_at": datetime.now(UTC)}
+    writer.write(WriteBatch(Event, [ev], ignore_conflicts=True))
+    writer.write(WriteBatch(Event, [ev], ignore_conflicts=True))
+    writer.close()
+    with db.session() as s:
+        assert s.execute(select(func.count()).select_from(Event)).scalar_one() == 1
