@@ -164,11 +164,14 @@ def export(
     console.print(t)
 
 
-def _register_optional_commands() -> None:
+def _register_package_commands() -> None:
     """Commands that live with their own package (kept thin; heavy imports happen inside)."""
+    from instrumentation.mock_model.commands import mock_model
+
+    app.command("mock-model")(mock_model)
 
 
-_register_optional_commands()
+_register_package_commands()
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""Streamlit dashboard for researchers and teams (issue 7; not built yet)."""

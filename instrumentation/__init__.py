@@ -1,0 +1,1 @@
+"""flowtrial instrumentation: the latency-shaping proxy, its tokenizer and the simulated model."""

@@ -1,0 +1,1 @@
+"""Answer texts of the simulated model, one TOML file per language group (data only)."""

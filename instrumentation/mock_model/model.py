@@ -1,0 +1,247 @@
+"""MockModel: the built-in simulated upstream, usable in-process (no HTTP) or behind app.py."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import string
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from instrumentation.mock_model.anthropic_wire import (
+    anthropic_error,
+    messages_body,
+    messages_stream,
+)
+from instrumentation.mock_model.corpus import load_corpus
+from instrumentation.mock_model.generation import Job, Schedule, generate
+from instrumentation.mock_model.inbound import (
+    Protocol,
+    RequestError,
+    Turn,
+    decode_body,
+    parse_turn,
+)
+from instrumentation.mock_model.openai_wire import (
+    chat_body,
+    chat_stream,
+    completions_body,
+    completions_stream,
+    dumps,
+    openai_error,
+    responses_body,
+    responses_events,
+    responses_sse,
+    ws_error,
+)
+
+__all__ = ["CYCLE_ID_HEADER", "MODEL_IDS", "MockModel", "MockReply"]
+
+MODEL_IDS = ("flowtrial-sim-1", "flowtrial-sim-1-mini", "flowtrial-sim-code-1")
+CYCLE_ID_HEADER = "x-flowtrial-cycle-id"
+_MODELS_CREATED = 1735689600  # 2025-01-01T00:00:00Z: fixed so the model list is stable
+_ROUTES: dict[str, Protocol] = {
+    "chat/completions": "chat",
+    "completions": "completions",
+    "responses": "responses",
+    "messages": "messages",
+    "messages/count_tokens": "count_tokens",
+}
+_ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-", "responses": "resp_", "messages": "msg_"}
+_STREAMS = {
+    "chat": chat_stream,
+    "completions": completions_stream,
+    "responses": responses_sse,
+    "messages": messages_stream,
+}
+_BODIES = {
+    "chat": chat_body,
+    "completions": completions_body,
+    "responses": responses_body,
+    "messages": messages_body,
+}
+_CYCLE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+_ALNUM = string.ascii_letters + string.digits
+_JSON = "application/json"
+_SSE = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
+
+
+@dataclass
+class MockReply:
+    """An HTTP reply: status, headers (at least content-type) and the body as wire bytes.
+
+    For streams the body is paced in real time: iterate it as the bytes should be sent.
+    """
+
+    status: int
+    headers: dict[str, str]
+    body: AsyncIterator[bytes]
+
+    async def read(self) -> bytes:
+        """Collect the whole body (waits for a stream to finish)."""
+        return b"".join([chunk async for chunk in self.body])
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def _route(path: str) -> str:
+    """Normalize a request path: no query, no surrounding slashes, no leading `v1/`."""
+    path = path.split("?", 1)[0].strip("/")
+    return path[3:] if path.startswith("v1/") else "" if path == "v1" else path
+
+
+class MockModel:
+    """A simulated model speaking the OpenAI and Anthropic wire protocols, offline.
+
+    Answers are drawn from a shipped corpus of code answers, deterministically for a seed and
+    request; the first content token comes after `ttft_ms` and the rest at
+    `tokens_per_second` (`math.inf` sends everything at once after the TTFT).
+    """
+
+    def __init__(
+        self, tokens_per_second: float = 2000.0, ttft_ms: float = 20.0, seed: int = 0
+    ) -> None:
+        if not tokens_per_second > 0:
+            raise ValueError(f"tokens_per_second must be > 0, got {tokens_per_second}")
+        if not (ttft_ms >= 0 and math.isfinite(ttft_ms)):
+            raise ValueError(f"ttft_ms must be a finite number >= 0, got {ttft_ms}")
+        self.tokens_per_second = float(tokens_per_second)
+        self.ttft_ms = float(ttft_ms)
+        self.seed = seed
+        self._corpus = load_corpus()
+        # Ids come from their own seeded stream: unique per reply, reproducible per run,
+        # and independent of the answer text (which depends on the request only).
+        self._ids = random.Random(f"flowtrial-ids/{seed}")
+
+    # ------------------------------------------------------------------ public API
+
+    def models(self) -> dict[str, Any]:
+        """Body of `GET /v1/models`: the OpenAI list shape, also readable by Anthropic's SDK."""
+        data = [self._model_entry(model_id) for model_id in MODEL_IDS]
+        return {
+            "object": "list",
+            "data": data,
+            "has_more": False,
+            "first_id": data[0]["id"],
+            "last_id": data[-1]["id"],
+        }
+
+    async def respond(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes
+    ) -> MockReply:
+        """Answer one HTTP request (any of the supported paths, with or without `/v1`)."""
+        start = time.monotonic()
+        method = method.upper()
+        route = _route(path)
+        if route == "models" or route.startswith("models/"):
+            if method != "GET":
+                return _error(None, RequestError(f"Invalid method for URL ({method} {path})", 405))
+            entry = self.models() if route == "models" else self._model_entry(route[7:])
+            return _json(200, entry)
+        protocol = _ROUTES.get(route)
+        if protocol is None:
+            return _error(None, RequestError(f"Invalid URL ({method} {path})", 404))
+        if method != "POST":
+            return _error(protocol, RequestError(f"Invalid method for URL ({method} {path})", 405))
+        try:
+            turn = parse_turn(protocol, decode_body(body))
+        except RequestError as exc:
+            return _error(protocol, exc)
+        if protocol == "count_tokens":
+            return _json(200, {"input_tokens": turn.prompt_tokens})
+
+        job = self._job(turn, {k.lower(): v for k, v in headers.items()}, start)
+        if turn.stream:
+            return MockReply(200, {**_SSE, **self._request_id(protocol)}, _STREAMS[protocol](job))
+        # Non-streaming: the whole answer exists only once its last token is generated.
+        await job.schedule.sleep_until(job.schedule.due(max(0, job.gen.output_tokens - 1)))
+        return _json(200, _BODIES[protocol](job), self._request_id(protocol))
+
+    async def respond_ws(
+        self, message: dict[str, Any], headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Responses WebSocket mode: one `response.create` message in, its events out.
+
+        An invalid message yields a single `error` event (the connection can go on).
+        """
+        start = time.monotonic()
+        if not isinstance(message, dict) or message.get("type") != "response.create":
+            kind = message.get("type") if isinstance(message, dict) else type(message).__name__
+            yield ws_error(f"Unsupported event type {kind!r}: send 'response.create'.", "type")
+            return
+        generate_flag = message.get("generate", True)
+        stream_id = message.get("stream_id")
+        if not isinstance(generate_flag, bool):
+            yield ws_error("'generate' must be a boolean.", "generate")
+            return
+        if stream_id is not None and not isinstance(stream_id, str):
+            yield ws_error("'stream_id' must be a string.", "stream_id")
+            return
+        # The envelope fields are WebSocket-only; `stream` is implicit over a socket.
+        envelope = ("type", "stream", "stream_id", "generate", "background")
+        body = {k: v for k, v in message.items() if k not in envelope}
+        try:
+            turn = parse_turn("responses", body)
+        except RequestError as exc:
+            yield ws_error(exc.message, exc.param, exc.code, exc.status)
+            return
+        lowered = {k.lower(): v for k, v in (headers or {}).items()}
+        job = self._job(turn, lowered, start, stream_id)
+        async for event in responses_events(job, generate=generate_flag):
+            yield event
+
+    # ------------------------------------------------------------------ helpers
+
+    def _model_entry(self, model_id: str) -> dict[str, Any]:
+        # OpenAI fields plus Anthropic's (type, display_name, created_at), so both SDKs parse it.
+        return {
+            "id": model_id,
+            "object": "model",
+            "created": _MODELS_CREATED,
+            "owned_by": "flowtrial",
+            "type": "model",
+            "display_name": model_id.replace("-", " ").title(),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(_MODELS_CREATED)),
+        }
+
+    def _random_id(self, protocol: Protocol) -> str:
+        if protocol == "responses":
+            return "".join(self._ids.choice("0123456789abcdef") for _ in range(48))
+        if protocol == "messages":
+            return "01" + "".join(self._ids.choice(_ALNUM) for _ in range(22))
+        return "".join(self._ids.choice(_ALNUM) for _ in range(29))
+
+    def _job(self, turn: Turn, headers: Mapping[str, str], start: float,
+             stream_id: str | None = None) -> Job:
+        gen = generate(turn, self._corpus, self.seed)
+        cycle = headers.get(CYCLE_ID_HEADER, "")
+        # The proxy passes its cycle id so clients see it in the response id.
+        suffix = cycle if _CYCLE_ID.fullmatch(cycle) else self._random_id(turn.protocol)
+        item_id = "msg_" + self._random_id("responses") if turn.protocol == "responses" else ""
+        schedule = Schedule(start, self.ttft_ms / 1000.0, self.tokens_per_second)
+        return Job(turn, gen, _ID_PREFIX[turn.protocol] + suffix, int(time.time()), schedule,
+                   item_id, stream_id)
+
+    def _request_id(self, protocol: Protocol) -> dict[str, str]:
+        request_id = "req_" + "".join(self._ids.choice(_ALNUM) for _ in range(24))
+        if protocol in ("messages", "count_tokens"):
+            return {"request-id": request_id}
+        return {"x-request-id": request_id}
+
+
+def _json(status: int, obj: Any, headers: dict[str, str] | None = None) -> MockReply:
+    data = dumps(obj).encode()
+    head = {"content-type": _JSON, "content-length": str(len(data)), **(headers or {})}
+    return MockReply(status, head, _once(data))
+
+
+def _error(protocol: Protocol | None, exc: RequestError) -> MockReply:
+    """Render a RequestError in the error shape of the protocol asked (OpenAI's by default)."""
+    if protocol in ("messages", "count_tokens"):
+        return _json(exc.status, anthropic_error(exc.message, exc.status))
+    return _json(exc.status, openai_error(exc.message, param=exc.param, code=exc.code))
