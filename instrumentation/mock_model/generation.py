@@ -13,6 +13,7 @@ from typing import Literal
 
 from instrumentation.mock_model.corpus import Corpus, guess_language
 from instrumentation.mock_model.inbound import Turn
+from instrumentation.mock_model.structured import json_answer
 from instrumentation.tokens import split_tokens
 
 __all__ = ["Generation", "Job", "Schedule", "generate"]
@@ -39,8 +40,12 @@ def generate(turn: Turn, corpus: Corpus, seed: int) -> Generation:
     """Choose and cut the answer for `turn`; the same seed and request give the same text."""
     digest = hashlib.blake2b(turn.key.encode("utf-8"), digest_size=16).hexdigest()
     rng = random.Random(f"{seed}/{digest}")
-    answer = corpus.pick(rng, code_only=turn.code_only, language=guess_language(turn.focus_text))
-    text, finish, stop_sequence = answer.text, "stop", None
+    if turn.schema is not None:  # structured output: JSON that fits the schema, not prose
+        source = json_answer(turn.schema, turn.focus_text)
+    else:
+        language = guess_language(turn.focus_text)
+        source = corpus.pick(rng, code_only=turn.code_only, language=language).text
+    text, finish, stop_sequence = source, "stop", None
     # Earliest stop sequence wins; searching from index 1 keeps the answer non-empty.
     hits = [(i, s) for s in turn.stop if (i := text.find(s, 1)) > 0]
     if hits:

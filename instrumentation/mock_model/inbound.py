@@ -1,9 +1,9 @@
 """Request bodies of the four protocols, validated and reduced to one protocol-neutral Turn.
 
-Only what the simulated model needs is read; everything else (tools, reasoning settings,
-tool_choice, temperature, metadata ...) is accepted and ignored, so coding agents' large
-requests go through. Bad input raises RequestError, which the caller renders in the
-protocol's own error shape.
+Only what the simulated model needs is read (including which structured output, if any, is
+asked for); everything else (tools, reasoning settings, tool_choice, temperature, metadata,
+include, store ...) is accepted and ignored, so coding agents' large requests go through.
+Bad input raises RequestError, which the caller renders in the protocol's own error shape.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ _INLINE_SYSTEM = re.compile(
     re.IGNORECASE,
 )
 _SHORT_SYSTEM = 4000  # characters
+_ANTHROPIC_ROLES = ("user", "assistant", "system")
 # Keys whose values carry conversational text in any of the protocols' message shapes.
 _TEXT_KEYS = ("text", "content", "output", "arguments", "input", "thinking")
 
@@ -69,6 +70,8 @@ class Turn:
     key: str = ""  # canonical request content: seeds the per-request RNG
     code_only: bool = False
     echo: dict[str, Any] = field(default_factory=dict)  # Responses fields echoed back
+    # Structured output asked for: a JSON schema ({} = any JSON object), None = free text.
+    schema: dict[str, Any] | None = None
 
 
 def decode_body(body: bytes) -> dict[str, Any]:
@@ -198,6 +201,24 @@ def _looks_inline(data: dict[str, Any], system_text: str, focus_text: str) -> bo
     return len(system_text) < _SHORT_SYSTEM and bool(_INLINE_SYSTEM.search(system_text))
 
 
+def _schema_of(spec: Any, nested: bool = False) -> dict[str, Any] | None:
+    """The JSON schema a response-format spec asks for ({} for plain JSON mode), else None.
+
+    Lenient like the rest of the parsing: an unknown or malformed spec means free text.
+    `nested`: Chat Completions keeps the schema under `json_schema`, the others on the spec.
+    """
+    if not isinstance(spec, dict):
+        return None
+    kind = spec.get("type")
+    if kind == "json_object":
+        return {}
+    if kind != "json_schema":
+        return None
+    holder = spec.get("json_schema") if nested else spec
+    schema = holder.get("schema") if isinstance(holder, dict) else None
+    return schema if isinstance(schema, dict) else {}
+
+
 def _check_messages(messages: list[Any], name: str = "messages") -> None:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -237,6 +258,7 @@ def _chat(data: dict[str, Any]) -> Turn:
         focus_text=focus,
         key=_canonical("chat", messages),
         code_only=_looks_inline(data, system, focus),
+        schema=_schema_of(data.get("response_format"), nested=True),
     )
 
 
@@ -293,6 +315,7 @@ def _responses(data: dict[str, Any]) -> Turn:
         i for i in listed if isinstance(i, dict) and i.get("role") in ("system", "developer")
     ]
     system = _joined(instructions) + "\n" + _joined(system_items)
+    text_config = data.get("text")
     echo = {
         "instructions": instructions,
         "max_output_tokens": data.get("max_output_tokens"),
@@ -301,13 +324,14 @@ def _responses(data: dict[str, Any]) -> Turn:
         "reasoning": data.get("reasoning") or {"effort": None, "summary": None},
         "store": data.get("store", True),
         "temperature": data.get("temperature", 1.0),
-        "text": data.get("text") or {"format": {"type": "text"}},
+        "text": text_config or {"format": {"type": "text"}},
         "tool_choice": data.get("tool_choice", "auto"),
         "tools": data.get("tools") or [],
         "top_p": data.get("top_p", 1.0),
         "truncation": data.get("truncation", "disabled"),
         "metadata": data.get("metadata") or {},
         "user": data.get("user"),
+        "prompt_cache_key": data.get("prompt_cache_key"),
     }
     return Turn(
         protocol="responses",
@@ -320,6 +344,7 @@ def _responses(data: dict[str, Any]) -> Turn:
         key=_canonical("responses", instructions, items, previous),
         code_only=_looks_inline(data, system, focus),
         echo=echo,
+        schema=_schema_of(text_config.get("format")) if isinstance(text_config, dict) else None,
     )
 
 
@@ -335,9 +360,11 @@ def _anthropic_common(data: dict[str, Any]) -> tuple[str, list[Any], Any]:
     if not isinstance(messages, list):
         raise RequestError("messages: Input should be a valid list", param="messages")
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+        # "system" turns inside `messages`: Claude Code sends them (mid-conversation-system beta).
+        if not isinstance(message, dict) or message.get("role") not in _ANTHROPIC_ROLES:
             raise RequestError(
-                f"messages.{i}.role: Input should be 'user' or 'assistant'", param="messages"
+                f"messages.{i}.role: Input should be 'user', 'assistant' or 'system'",
+                param="messages",
             )
     system = data.get("system")
     if system is not None and not isinstance(system, str | list):
@@ -368,7 +395,15 @@ def _messages(data: dict[str, Any]) -> Turn:
         focus_text=focus,
         key=_canonical("messages", system, messages),
         code_only=_looks_inline(data, _joined(system), focus),
+        schema=_messages_schema(data),
     )
+
+
+def _messages_schema(data: dict[str, Any]) -> dict[str, Any] | None:
+    config = data.get("output_config")
+    spec = config.get("format") if isinstance(config, dict) else None
+    # `output_format` is the earlier (beta) spelling of the same parameter.
+    return _schema_of(spec if spec is not None else data.get("output_format"))
 
 
 def _count_tokens(data: dict[str, Any]) -> Turn:

@@ -1,0 +1,129 @@
+"""How the real agents are pointed at flowtrial: one source for the tests and docs/clients.md.
+
+`codex_config` is the Codex CLI `config.toml` (tests/agents/test_recipes.py checks that the
+recipe in docs/clients.md is the same); `claude_env` the Claude Code environment.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CODEX_PROVIDER_ID",
+    "KEY_ENV",
+    "MODEL",
+    "claude_env",
+    "codex_config",
+    "codex_provider",
+    "isolated_env",
+    "to_toml",
+]
+
+CODEX_PROVIDER_ID = "flowtrial"
+KEY_ENV = "FLOWTRIAL_API_KEY"  # the variable holding the participant key (Codex `env_key`)
+MODEL = "flowtrial-sim-1"  # the built-in simulated model answers to any name; this is its own
+
+
+def codex_provider(base_url: str, *, websockets: bool = False,
+                   env_key: str = KEY_ENV) -> dict[str, Any]:
+    """The `[model_providers.flowtrial]` table for an OpenAI base URL ending in `/v1`.
+
+    `supports_websockets` decides the transport: true makes Codex open the Responses
+    WebSocket mode (`ws://…/v1/responses`), false keeps it on HTTP + SSE.
+    """
+    return {
+        "name": "flowtrial",
+        "base_url": base_url,
+        "wire_api": "responses",
+        "env_key": env_key,
+        "supports_websockets": websockets,
+    }
+
+
+def codex_config(base_url: str, *, websockets: bool = False, model: str = MODEL,
+                 env_key: str = KEY_ENV) -> dict[str, Any]:
+    """A whole Codex `config.toml` (as a dict) that talks to `base_url` and nothing else."""
+    return {
+        "model": model,
+        "model_provider": CODEX_PROVIDER_ID,
+        "model_providers": {
+            CODEX_PROVIDER_ID: codex_provider(base_url, websockets=websockets, env_key=env_key),
+        },
+        # Offline: analytics would post OTLP metrics to ab.chatgpt.com, and the plugin
+        # marketplace sync contacts chatgpt.com, github.com and api.github.com.
+        "analytics": {"enabled": False},
+        "features": {"plugins": False},
+    }
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.fullmatch(key) else json.dumps(key)
+
+
+def to_toml(config: dict[str, Any], _prefix: str = "") -> str:
+    """Write a config dict as TOML (scalars and lists, nested tables; enough for configs)."""
+    scalars = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in config.items()
+               if not isinstance(v, dict)]
+    out = "\n".join(scalars) + ("\n" if scalars else "")
+    for key, value in config.items():
+        if isinstance(value, dict):
+            name = f"{_prefix}{_toml_key(key)}"
+            # A table holding only subtables needs no header of its own.
+            if any(not isinstance(v, dict) for v in value.values()) or not value:
+                out += f"\n[{name}]\n"
+            out += to_toml(value, name + ".")
+    return out
+
+
+def isolated_env(home: Path) -> dict[str, str]:
+    """A minimal environment with HOME and the XDG folders under `home`, so neither the
+    user's config nor their keys (OPENAI_API_KEY, ANTHROPIC_API_KEY ...) leak in."""
+    import os
+
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "TERM": "dumb",
+        "NO_COLOR": "1",
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"),
+    }
+    for folder in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+        Path(env[folder]).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def claude_env(base_url: str, key: str) -> dict[str, str]:
+    """Claude Code's variables for flowtrial: base URL without `/v1` (it appends
+    `/v1/messages`), the participant key, and no traffic beyond the model calls."""
+    return {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": key,
+        # Implies DISABLE_AUTOUPDATER, DISABLE_TELEMETRY, DISABLE_ERROR_REPORTING and
+        # DISABLE_BUG_COMMAND; without it Claude Code contacts api.anthropic.com itself.
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+    }
