@@ -166,9 +166,15 @@ def export(
 
 def _register_package_commands() -> None:
     """Commands that live with their own package (kept thin; heavy imports happen inside)."""
+    from analysis.report_commands import analyze, power
+    from instrumentation.capture_commands import import_activitywatch, persistence
     from instrumentation.mock_model.commands import mock_model
 
     app.command("mock-model")(mock_model)
+    app.command("analyze")(analyze)
+    app.command("power")(power)
+    app.command("import-activitywatch")(import_activitywatch)
+    app.command("persistence")(persistence)
 
 
 _register_package_commands()

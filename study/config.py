@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from study.errors import FlowtrialError
+from study.questionnaire import QuestionnaireSection
 
 Design = Literal["parallel", "crossover", "per_prompt"]
 Unit = Literal["participant", "task", "session", "prompt"]
@@ -197,6 +198,7 @@ class StudyConfig(_Strict):
     arms: list[ArmConfig] = Field(default_factory=list)
     capture: CaptureSection = CaptureSection()
     proxy: ProxySection = ProxySection()
+    questionnaire: QuestionnaireSection = QuestionnaireSection()
 
     @model_validator(mode="after")
     def _design(self) -> StudyConfig:

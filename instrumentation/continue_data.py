@@ -1,0 +1,317 @@
+"""Decisions from Continue's development data, linked to the proxy's cycles.
+
+Continue (``continuedev/continue``) posts each development-data event to the destinations of
+its ``config.yaml`` ``data`` section as ``POST <destination>`` with ``Authorization: Bearer
+<apiKey>`` and the body ``{"name", "data", "schema", "level", "profileId"}`` (schemas under
+``packages/config-yaml/src/schemas/data/``). Pointing a destination at the proxy's
+``POST /flowtrial/v1/continue`` with the participant's own key as ``apiKey`` turns them into
+events of that participant (source ``continue``):
+
+===================  ==============================  =========================================
+Continue event       condition                       flowtrial event
+===================  ==============================  =========================================
+autocomplete         ``accepted: true``              ``accept``
+autocomplete         ``accepted: false``             ``reject`` (Continue decides this 10 s
+                                                     after showing the completion)
+nextEditOutcome      ``accepted: true`` / ``false``  ``accept`` / ``reject``
+editOutcome          ``accepted: false``             ``reject``
+editOutcome          ``accepted: true``              ``accept``; ``partial_accept`` with
+                                                     ``accepted_fraction`` when less than 80 %
+                                                     of the proposal's fingerprint is in the
+                                                     resulting code (level ``all`` only)
+chatInteraction,     a finished answer               ``custom`` (``continue_event`` names it),
+editInteraction                                      linked like a decision
+anything else        —                               ignored (answered 200, nothing written)
+===================  ==============================  =========================================
+
+Linking to a cycle: first by id — Continue's ``completionId`` equal to a cycle id or to the
+upstream response id the proxy recorded for that participant; else by time and text — the
+nearest earlier cycle of the participant (within ``lookback_s``, default 30 min) whose
+answer fingerprint contains at least half of the payload's completion text
+(:func:`instrumentation.fingerprints.similarity`); else the event is kept unlinked.
+With ``level: noCode`` Continue sends no code, so only the id link is possible. No code from
+the payload is stored: the event keeps the Continue event name, completion id, model, how it
+was linked and the similarity. The event time is when the proxy received the post (Continue
+posts as the decision happens). A re-sent payload adds nothing (``dedupe_key``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import text
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
+
+from instrumentation.fingerprints import fingerprint, similarity
+from study.config import StudyConfig
+from study.participants import participant_by_key
+from study.schema import Event
+from study.storage import Database, RecordWriter, WriteBatch, utcnow, write_rows
+
+__all__ = [
+    "CONTINUE_PATH", "ContinueDecision", "KeyAuthenticator", "continue_routes",
+    "ingest_continue_event", "link_cycle", "map_continue_event",
+]
+
+CONTINUE_PATH = "/flowtrial/v1/continue"
+SOURCE = "continue"
+NS = 1_000_000_000
+LINK_THRESHOLD = 0.5
+PARTIAL_BELOW = 0.8
+DEFAULT_LOOKBACK_S = 1800.0
+
+Authenticate = Callable[[Mapping[str, str]], Awaitable[Any]]
+
+
+@dataclass
+class ContinueDecision:
+    """What one Continue payload becomes (before linking)."""
+
+    kind: str
+    continue_event: str
+    completion_id: str | None = None
+    completion_text: str | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+    dedupe: str = ""
+
+
+def _strip_fences(code: str) -> str:
+    # Chat/edit answers wrap code in markdown fences; they are not part of the code.
+    return "\n".join(ln for ln in code.splitlines() if not ln.lstrip().startswith("```"))
+
+
+def _str(v: object) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+def map_continue_event(body: Mapping[str, Any]) -> ContinueDecision | None:
+    """The flowtrial event for a Continue data post (None: not a decision we record)."""
+    name = body.get("name")
+    data = body.get("data")
+    if not isinstance(name, str) or not isinstance(data, Mapping):
+        return None
+    accepted = data.get("accepted")
+    completion = _str(data.get("completion"))
+    cid = _str(data.get("completionId"))
+    payload: dict[str, Any] = {"continue_event": name}
+    model = _str(data.get("modelName")) or _str(data.get("modelTitle"))
+    if model:
+        payload["model"] = model
+    if cid:
+        payload["completion_id"] = cid
+    if completion is not None:
+        payload["completion_chars"] = len(completion)
+    if name in ("autocomplete", "nextEditOutcome"):
+        if not isinstance(accepted, bool):
+            return None  # shown, not decided yet
+        kind = "accept" if accepted else "reject"
+        if name == "autocomplete":
+            if isinstance(data.get("cacheHit"), bool):
+                payload["cache_hit"] = data["cacheHit"]
+            if not accepted:
+                payload["rejected_after_timeout"] = True
+    elif name == "editOutcome":
+        if not isinstance(accepted, bool):
+            return None
+        kind = "accept" if accepted else "reject"
+        if isinstance(data.get("lineChange"), int | float):
+            payload["line_change"] = data["lineChange"]
+        new_code = _str(data.get("newCode"))
+        if accepted and completion and new_code:
+            proposed = fingerprint(_strip_fences(completion))
+            if proposed:
+                frac = similarity(proposed, fingerprint(new_code))
+                if frac < PARTIAL_BELOW:
+                    kind = "partial_accept"
+                    payload["accepted_fraction"] = round(frac, 4)
+    elif name in ("chatInteraction", "editInteraction"):
+        kind = "custom"
+    else:
+        return None
+    if cid:
+        dedupe = f"continue:{name}:{cid}:{kind}"
+    else:
+        digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode())
+        dedupe = f"continue:{name}:{digest.hexdigest()[:32]}"
+    return ContinueDecision(kind, name, cid, completion, payload, dedupe)
+
+
+_BY_ID = text(
+    "SELECT id FROM cycles WHERE participant_id = :pid AND (id = :cid OR "
+    "upstream_response_id = :cid) ORDER BY t_request_ns DESC LIMIT 1"
+)
+_RECENT = text(
+    "SELECT id, content_fingerprint, content_text FROM cycles WHERE participant_id = :pid "
+    "AND wall_anchor_ns - mono_anchor_ns + t_request_ns BETWEEN :lo AND :hi "
+    "ORDER BY wall_anchor_ns - mono_anchor_ns + t_request_ns DESC LIMIT 500"
+)
+
+
+def link_cycle(
+    database: Database,
+    participant_id: str,
+    completion_id: str | None,
+    completion_text: str | None,
+    ts_ns: int,
+    *,
+    lookback_s: float = DEFAULT_LOOKBACK_S,
+    threshold: float = LINK_THRESHOLD,
+) -> tuple[str | None, str, float | None]:
+    """(cycle id, how — ``completion_id`` | ``text`` | ``none``, similarity) for a decision."""
+    with database.engine.connect() as conn:
+        if completion_id:
+            row = conn.execute(_BY_ID, {"pid": participant_id, "cid": completion_id}).first()
+            if row:
+                return row[0], "completion_id", None
+        if not completion_text:
+            return None, "none", None
+        want = fingerprint(_strip_fences(completion_text))
+        if not want:
+            return None, "none", None
+        scale = database.time_scale() or 1.0
+        lo = ts_ns - round(lookback_s / scale * NS)
+        # A little slack after ts: the two clocks are the same machine's, but the post may
+        # be stamped before the recorder's row time by a few ms.
+        rows = conn.execute(_RECENT, {"pid": participant_id, "lo": lo, "hi": ts_ns + NS}).all()
+    for cid, fp_json, content in rows:
+        have: list[int] = []
+        if fp_json:
+            try:
+                have = [int(v) for v in json.loads(fp_json)]
+            except (ValueError, TypeError):
+                have = []
+        elif content:
+            have = fingerprint(content)
+        if have:
+            score = similarity(want, have)
+            if score >= threshold:
+                return cid, "text", round(score, 4)
+    return None, "none", None
+
+
+def ingest_continue_event(
+    database: Database,
+    participant_id: str,
+    body: Mapping[str, Any],
+    *,
+    ts_ns: int | None = None,
+    lookback_s: float = DEFAULT_LOOKBACK_S,
+) -> tuple[dict[str, Any] | None, ContinueDecision | None]:
+    """The events row for one Continue post (None if it is not recorded) and its mapping.
+
+    Synchronous (database reads); the caller writes the row.
+    """
+    dec = map_continue_event(body)
+    if dec is None:
+        return None, None
+    ts = time.time_ns() if ts_ns is None else ts_ns
+    cycle_id, how, score = link_cycle(database, participant_id, dec.completion_id,
+                                      dec.completion_text, ts, lookback_s=lookback_s)
+    payload = dict(dec.payload, link=how)
+    if score is not None:
+        payload["similarity"] = score
+    row = {
+        "participant_id": participant_id, "cycle_id": cycle_id, "kind": dec.kind,
+        "ts_ns": ts, "duration_s": None, "source": SOURCE,
+        "payload_json": json.dumps(payload, ensure_ascii=False),
+        "dedupe_key": f"{dec.dedupe}:{participant_id}", "received_at": utcnow(),
+    }
+    return row, dec
+
+
+class KeyAuthenticator:
+    """Participant lookup by the ``Authorization: Bearer`` key, cached per process (used when
+    the routes are not given the proxy's own authenticator)."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        self._cache: dict[str, Any] = {}
+
+    async def authenticate(self, headers: Mapping[str, str]) -> Any:
+        auth = headers.get("authorization") or ""
+        scheme, _, key = auth.partition(" ")
+        key = key.strip() if scheme.lower() == "bearer" else ""
+        key = key or (headers.get("x-api-key") or "").strip()
+        if not key:
+            return None
+        if key in self._cache:
+            return self._cache[key]
+        p = await asyncio.to_thread(participant_by_key, self.database, key)
+        if p is not None:
+            self._cache[key] = p
+        return p
+
+
+def _error(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error",
+                                   "param": None, "code": code}}, status)
+
+
+def continue_routes(
+    database: Database,
+    config: StudyConfig,
+    authenticate: Authenticate | None = None,
+    *,
+    writer: RecordWriter | None = None,
+    lookback_s: float = DEFAULT_LOOKBACK_S,
+) -> list[BaseRoute]:
+    """``POST /flowtrial/v1/continue`` (participant key as ``Authorization: Bearer``).
+
+    ``authenticate(headers)`` returns the participant (anything with ``.id``) or None; by
+    default the proxy's own authenticator when the routes are part of the proxy app, else
+    keys are checked here. Rows go to ``writer``, else to the proxy's writer when part of the
+    proxy app (so the proxy keeps one writer), else straight to the database.
+    """
+    own = KeyAuthenticator(database)
+    limit = config.proxy.max_body_bytes
+
+    def proxy_state(request: Request) -> Any:
+        return getattr(request.app.state, "proxy", None)
+
+    async def endpoint(request: Request) -> JSONResponse:
+        if authenticate is not None:
+            auth = authenticate
+        else:  # inside the proxy app: share its key cache
+            st = proxy_state(request)
+            auth = st.auth.authenticate if st is not None else own.authenticate
+        participant = await auth(request.headers)
+        if participant is None:
+            return _error(401, "missing or unknown flowtrial participant key: set the data "
+                               "destination's apiKey to your own key (ft_…)", "invalid_api_key")
+        body = await request.body()
+        if len(body) > limit:
+            return _error(413, f"request body larger than the proxy's limit of {limit} bytes",
+                          "request_too_large")
+        try:
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return _error(400, f"the request body is not valid JSON: {exc}", "invalid_json")
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return _error(422, "expected Continue's data body {\"name\", \"data\", \"schema\", "
+                               "…}", "invalid_events")
+        row, dec = await asyncio.to_thread(ingest_continue_event, database, participant.id,
+                                           obj, lookback_s=lookback_s)
+        if row is None or dec is None:
+            return JSONResponse({"accepted": 0, "ignored": obj["name"]})
+        batch = WriteBatch(Event, [row], ignore_conflicts=True)
+        w = writer or getattr(proxy_state(request), "writer", None)
+        try:
+            if w is not None:
+                await asyncio.wrap_future(w.submit(batch))
+            else:
+                await asyncio.to_thread(write_rows, database, [batch])
+        except Exception as exc:  # noqa: BLE001 - reported to the client, nothing claimed
+            return _error(503, f"the event could not be recorded ({type(exc).__name__})",
+                          "recording_failed")
+        return JSONResponse({"accepted": 1, "kind": dec.kind, "cycle_id": row["cycle_id"],
+                             "link": json.loads(row["payload_json"])["link"]})
+
+    return [Route(CONTINUE_PATH, endpoint, methods=["POST"], name="flowtrial_continue")]

@@ -1,0 +1,306 @@
+"""The participant page's routes: plain server-rendered HTML forms, no JavaScript.
+
+``/flowtrial/participant/`` lists the participant's tasks and lets them add one; a task's
+page walks through forecast → arm reveal → start → end → questionnaire. Login posts the key
+in a form and sets the session cookie (see :mod:`.session`); every other form carries the
+session's CSRF token, and a POST whose ``Origin`` is another site's is refused. Responses
+are ``no-store`` with a strict Content-Security-Policy (no scripts at all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from instrumentation.participant_page import store
+from instrumentation.participant_page.session import Session, SessionSigner, new_secret
+from study.config import StudyConfig
+from study.participants import PER_PROMPT_ARM, participant_by_key
+from study.questionnaire import instruments_for
+from study.schema import Participant
+from study.storage import Database
+
+__all__ = ["COOKIE", "PREFIX", "participant_routes"]
+
+PREFIX = "/flowtrial/participant"
+COOKIE = "flowtrial_session"
+MAX_FORM_BYTES = 64 * 1024
+TEMPLATES = Path(__file__).parent / "templates"
+HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; "
+                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    # same-origin (not no-referrer): with no-referrer browsers send "Origin: null" on POSTs.
+    "Referrer-Policy": "same-origin",
+}
+MESSAGES = {
+    "added": "Task added. Enter your forecasts before you start.",
+    "forecast": "Forecasts recorded.",
+    "started": "Task started. Come back here when you are done.",
+    "ended": "Task ended. Please answer the short questionnaire.",
+    "answered": "Thank you: your answers are recorded.",
+    "already": "Your answers to this questionnaire were already recorded.",
+    "loggedout": "You are logged out.",
+}
+
+
+class _Forbidden(Exception):
+    pass
+
+
+def _same_origin(request: Request) -> bool:
+    """False when the browser says the form came from another site."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        ref = request.headers.get("referer")
+        if ref is None:
+            return True  # not a browser form post (curl, tests): CSRF needs a browser
+        origin = ref
+    if origin == "null":
+        return False
+    host = request.headers.get("host", "")
+    return urlsplit(origin).netloc.lower() == host.lower()
+
+
+async def _form(request: Request) -> dict[str, str]:
+    if not _same_origin(request):
+        raise _Forbidden
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/x-www-form-urlencoded":
+        raise _Forbidden
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise _Forbidden
+    try:
+        parsed = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=500)
+    except (UnicodeDecodeError, ValueError):
+        raise _Forbidden from None
+    return {k: v[0] for k, v in parsed.items()}
+
+
+def _minutes(raw: str | None) -> float | None:
+    try:
+        v = float((raw or "").strip().replace(",", "."))
+    except ValueError:
+        return None
+    return v * 60.0 if math.isfinite(v) and v > 0 else None
+
+
+def _arm_text(config: StudyConfig, arm: str | None) -> str:
+    if arm is None:
+        return ""
+    if arm == PER_PROMPT_ARM:
+        return "In this study the assistant's speed changes from request to request."
+    try:
+        a = config.arm(arm)
+    except KeyError:
+        return ""
+    if not a.shaped:
+        return "The assistant answers at its normal speed."
+    parts = []
+    if a.ttft_ms is not None:
+        parts.append(f"the assistant's first words come after about {a.ttft_ms / 1000:g} s")
+    if a.tokens_per_second is not None:
+        parts.append(f"then about {a.tokens_per_second:g} tokens per second")
+    if a.delivery == "all_at_once":
+        parts.append("the whole answer appears at once")
+    return "For this task " + ", ".join(parts) + "."
+
+
+def participant_routes(database: Database, config: StudyConfig, *,
+                       secret: bytes | None = None, prefix: str = PREFIX) -> list[BaseRoute]:
+    """The participant page's routes under ``prefix`` (mount them in any Starlette app).
+
+    ``secret``: the session-signing secret (at least 16 bytes); by default a random one for
+    this process, so sessions end when the process does.
+    """
+    signer = SessionSigner(secret if secret is not None else new_secret())
+    env = Environment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined,
+                      autoescape=select_autoescape(["html"]))
+    instruments = instruments_for(config)
+    css = (TEMPLATES / "style.css").read_bytes()
+    home_url = f"{prefix}/"
+    login_url = f"{prefix}/login"
+
+    def task_url(task_id: int) -> str:
+        return f"{prefix}/tasks/{task_id}"
+
+    def render(name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        ctx.setdefault("message", None)
+        ctx.setdefault("error", None)
+        html = env.get_template(name).render(prefix=prefix, study=config.study.name, **ctx)
+        return HTMLResponse(html, status, headers=HEADERS)
+
+    def redirect(url: str, message: str | None = None) -> RedirectResponse:
+        return RedirectResponse(f"{url}?m={message}" if message else url, 303, headers=HEADERS)
+
+    def message(request: Request) -> str | None:
+        return MESSAGES.get(request.query_params.get("m", ""))
+
+    def forbidden() -> HTMLResponse:
+        return HTMLResponse("<!doctype html><title>Refused</title><p>This form was refused "
+                            "(it did not come from this page). Go back, reload and try again.",
+                            403, headers=HEADERS)
+
+    def lookup(sess: Session) -> Participant | None:
+        with database.session() as s:
+            p = s.get(Participant, sess.participant_id)
+        return p if p is not None and p.key_id == sess.key_id else None
+
+    async def session_of(request: Request) -> Session | None:
+        sess = signer.verify(request.cookies.get(COOKIE))
+        if sess is None or await asyncio.to_thread(lookup, sess) is None:
+            return None
+        return sess
+
+    async def task_page(sess: Session, task_id: int, status: int = 200,
+                        error: str | None = None, msg: str | None = None,
+                        values: dict[str, str] | None = None) -> Response:
+        try:
+            task = await asyncio.to_thread(store.get_task, database, sess.participant_id,
+                                           task_id)
+        except store.PageError:
+            return render("message.html", 404, title="No such task", csrf=signer.csrf(sess),
+                          participant=sess.participant_id,
+                          text="There is no such task among yours.")
+        return render("task.html", status, task=task, error=error, message=msg,
+                      csrf=signer.csrf(sess), participant=sess.participant_id,
+                      arm_text=_arm_text(config, task.arm), instruments=instruments,
+                      values=values or {}, design=config.study.design, task_url=task_url)
+
+    async def home(request: Request) -> Response:
+        sess = await session_of(request)
+        if sess is None:
+            return redirect(login_url)
+        tasks = await asyncio.to_thread(store.list_tasks, database, sess.participant_id)
+        current = next((t for t in tasks if t.status == "started"), None) or next(
+            (t for t in tasks if t.status == "planned"), None)
+        return render("home.html", tasks=tasks, current=current, csrf=signer.csrf(sess),
+                      participant=sess.participant_id, message=message(request), error=None,
+                      task_url=task_url)
+
+    async def login(request: Request) -> Response:
+        if request.method == "GET":
+            if await session_of(request) is not None:
+                return redirect(home_url)
+            return render("login.html", error=None, message=message(request))
+        try:
+            form = await _form(request)
+        except _Forbidden:
+            return forbidden()
+        key = form.get("key", "").strip()
+        p = await asyncio.to_thread(participant_by_key, database, key) if key else None
+        if p is None:
+            return render("login.html", 401, error="That key is not valid: paste the "
+                          "participant key you were given (it starts with ft_).", message=None)
+        resp = redirect(home_url)
+        resp.set_cookie(COOKIE, signer.issue(p.id, p.key_id), max_age=signer.ttl_s,
+                        path=prefix, httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
+        return resp
+
+    async def authed_form(request: Request) -> tuple[Session, dict[str, str]] | Response:
+        """The session and form of a state-changing POST, or the response refusing it."""
+        sess = await session_of(request)
+        if sess is None:
+            return redirect(login_url)
+        try:
+            form = await _form(request)
+        except _Forbidden:
+            return forbidden()
+        if not signer.check_csrf(sess, form.get("csrf")):
+            return forbidden()
+        return sess, form
+
+    async def logout(request: Request) -> Response:
+        got = await authed_form(request)
+        if isinstance(got, Response):
+            return got
+        resp = redirect(login_url, "loggedout")
+        resp.delete_cookie(COOKIE, path=prefix, httponly=True, samesite="strict")
+        return resp
+
+    async def add(request: Request) -> Response:
+        got = await authed_form(request)
+        if isinstance(got, Response):
+            return got
+        sess, form = got
+        try:
+            tid = await asyncio.to_thread(store.create_task, database, sess.participant_id,
+                                          form.get("name", ""), form.get("description"))
+        except store.PageError as exc:
+            tasks = await asyncio.to_thread(store.list_tasks, database, sess.participant_id)
+            return render("home.html", 409, tasks=tasks, current=None, csrf=signer.csrf(sess),
+                          participant=sess.participant_id, message=None, error=str(exc),
+                          task_url=task_url)
+        return redirect(task_url(tid), "added")
+
+    async def task(request: Request) -> Response:
+        sess = await session_of(request)
+        if sess is None:
+            return redirect(login_url)
+        return await task_page(sess, request.path_params["task_id"], msg=message(request))
+
+    def action(kind: str) -> Any:
+        async def endpoint(request: Request) -> Response:
+            got = await authed_form(request)
+            if isinstance(got, Response):
+                return got
+            sess, form = got
+            tid: int = request.path_params["task_id"]
+            pid = sess.participant_id
+            try:
+                if kind == "forecast":
+                    fast, slow = _minutes(form.get("fast_min")), _minutes(form.get("slow_min"))
+                    if fast is None or slow is None:
+                        raise store.PageError("enter both forecasts as minutes greater than 0")
+                    await asyncio.to_thread(store.submit_forecast, database, config, pid, tid,
+                                            fast, slow)
+                    return redirect(task_url(tid), "forecast")
+                if kind == "start":
+                    await asyncio.to_thread(store.start_task, database, pid, tid)
+                    return redirect(task_url(tid), "started")
+                if kind == "end":
+                    await asyncio.to_thread(store.end_task, database, pid, tid,
+                                            form.get("status", "done"))
+                    return redirect(task_url(tid), "ended")
+                answers = store.parse_answers(instruments, form)
+                fresh = await asyncio.to_thread(store.submit_answers, database, pid, tid,
+                                                answers)
+                return redirect(task_url(tid), "answered" if fresh else "already")
+            except store.PageError as exc:
+                return await task_page(sess, tid, 409, error=str(exc), values=form)
+
+        endpoint.__name__ = f"participant_{kind}"
+        return endpoint
+
+    async def style(request: Request) -> Response:
+        return Response(css, media_type="text/css",
+                        headers={"Cache-Control": "max-age=3600",
+                                 "X-Content-Type-Options": "nosniff"})
+
+    async def to_home(request: Request) -> Response:
+        return redirect(home_url)
+
+    return [
+        Route(prefix, to_home, methods=["GET"]),
+        Route(home_url, home, methods=["GET"], name="participant_home"),
+        Route(login_url, login, methods=["GET", "POST"], name="participant_login"),
+        Route(f"{prefix}/logout", logout, methods=["POST"]),
+        Route(f"{prefix}/style.css", style, methods=["GET"]),
+        Route(f"{prefix}/tasks", add, methods=["POST"]),
+        Route(f"{prefix}/tasks/{{task_id:int}}", task, methods=["GET"]),
+        *[Route(f"{prefix}/tasks/{{task_id:int}}/{k}", action(k), methods=["POST"])
+          for k in ("forecast", "start", "end", "questionnaire")],
+    ]
