@@ -169,7 +169,9 @@ def _register_package_commands() -> None:
     from analysis.report_commands import analyze, power
     from instrumentation.capture_commands import import_activitywatch, persistence
     from instrumentation.mock_model.commands import mock_model
+    from instrumentation.proxy.commands import proxy
 
+    app.command("proxy")(proxy)
     app.command("mock-model")(mock_model)
     app.command("analyze")(analyze)
     app.command("power")(power)

@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from study.config import ArmConfig, PerPromptSection, Range
 
@@ -140,6 +139,8 @@ def srm_check(
     exp = w / w.sum() * obs.sum()
     chi2, p = 0.0, 1.0
     if obs.sum() > 0 and len(names) > 1:
+        from scipy import stats  # imported here: scipy.stats costs ~1 s at proxy start-up
+
         chi2, p = (float(x) for x in stats.chisquare(obs, exp))
     return SRMResult(
         chi2,

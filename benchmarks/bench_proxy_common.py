@@ -1,0 +1,174 @@
+"""Shared helpers for the proxy benchmarks: studies, subprocess servers, percentiles.
+
+The proxy and the simulated model run in their own processes so the load generator's Python
+work (and GIL) does not disturb the timings being measured.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), linear interpolation."""
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    pos = (len(s) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def write_study(directory: Path, body: str) -> Path:
+    path = directory / "study.toml"
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+def enroll_keys(study: Path, db: Path, n: int) -> list[str]:
+    """Create the database and enroll ``n`` participants; their keys."""
+    from study.config import load_study
+    from study.participants import enroll
+    from study.storage import init_db
+
+    config = load_study(study)
+    database = init_db(db, config, study.read_text(encoding="utf-8"))
+    keys = [enroll(database, config, f"p{i:03d}")[1] for i in range(n)]
+    database.dispose()
+    return keys
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Served(str):
+    """A base URL that also knows the serving process's pid."""
+
+    pid: int
+
+
+def wait_ready(url: str, timeout: float = 60.0) -> None:
+    """Poll ``url`` until it answers (servers print their address before they listen)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            httpx.get(url, timeout=2)
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@contextmanager
+def _process(args: list[str], pattern: str, env: dict[str, str] | None = None,
+             timeout: float = 60.0, ready: str = "") -> Iterator[Served]:
+    """Start ``args``, wait for a stdout line matching ``pattern`` and for ``group 1 +
+    ready`` to answer; yield group 1."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env or _env(), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + timeout
+        rx = re.compile(pattern)
+        assert proc.stdout is not None
+        while True:
+            line = proc.stdout.readline()
+            if not line:
+                err = proc.stderr.read() if proc.stderr else ""
+                raise RuntimeError(f"{args[:4]} exited: {err[-2000:]}")
+            m = rx.search(line)
+            if m:
+                served = Served(m.group(1))
+                served.pid = proc.pid
+                wait_ready(served + ready, timeout)
+                yield served
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{args[:4]} did not start")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@contextmanager
+def proxy_process(study: Path, db: Path, env: dict[str, str] | None = None
+                  ) -> Iterator[Served]:
+    """``python -m instrumentation.proxy`` on a free port; yields its base URL."""
+    args = [sys.executable, "-m", "instrumentation.proxy", "--study", str(study), "--db", str(db),
+            "--port", "0"]
+    with _process(args, r"^OPENAI_BASE_URL=(http://\S+)/v1", env,
+                  ready="/flowtrial/v1/health") as url:
+        yield url
+
+
+@contextmanager
+def mock_model_process(ttft_ms: float = 0.0, tokens_per_second: float = 2000.0
+                       ) -> Iterator[Served]:
+    """The simulated model served over HTTP (as ``flowtrial mock-model``); yields
+    ``http://host:port/v1``."""
+    code = ("import typer; from instrumentation.mock_model.commands import mock_model; "
+            "typer.run(mock_model)")
+    args = [sys.executable, "-c", code, "--port", "0", "--ttft-ms", str(ttft_ms),
+            "--tokens-per-second", str(tokens_per_second)]
+    with _process(args, r"simulated model at (http://\S+/v1)", ready="/models") as url:
+        yield url
+
+
+TIMER_PROBE = """
+import asyncio, json, os, sys, time
+try:
+    import uvloop
+except ImportError:
+    uvloop = None
+
+async def main(seconds):
+    late = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        due = time.monotonic_ns() + 3_000_000
+        await asyncio.sleep(0.003)
+        late.append((time.monotonic_ns() - due) / 1e6)
+    late.sort()
+    print(json.dumps({"p50": late[len(late) // 2], "p99": late[int(len(late) * 0.99)]}))
+
+if len(sys.argv) > 2:
+    os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[2]))
+(uvloop.run if uvloop else asyncio.run)(main(float(sys.argv[1])))
+"""
+
+
+def timer_noise(seconds: float = 2.0, nice: int = 0) -> dict[str, float]:
+    """Lateness (ms) of a bare ``asyncio.sleep`` on this machine right now: the floor under
+    any event-loop timing, whatever the proxy does."""
+    import json
+
+    args = [sys.executable, "-c", TIMER_PROBE, str(seconds)] + ([str(nice)] if nice else [])
+    out = subprocess.run(args, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)  # type: ignore[no-any-return]

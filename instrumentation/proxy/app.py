@@ -1,0 +1,265 @@
+"""The proxy's ASGI app (Starlette): routes, authentication, limits and lifecycle.
+
+Routes: one per protocol adapter (``POST /v1/chat/completions``, ``/v1/completions``,
+``/v1/responses``), ``GET /v1/models`` (authenticated, arm-neutral), ``POST
+/flowtrial/v1/events`` (authenticated) and ``GET /flowtrial/v1/health`` (open). Unknown paths
+get 404 and every error comes back in the OpenAI error shape (or the protocol adapter's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from instrumentation.continue_data import continue_routes
+from instrumentation.participant_page import participant_routes
+from instrumentation.proxy.events_api import EventsRejected, accept_events
+from instrumentation.proxy.protocols import ADAPTERS, ProtocolAdapter, openai_error
+from instrumentation.proxy.relay import Exchange
+from instrumentation.proxy.state import ProxyState, close_writer, make_writer
+from instrumentation.proxy.upstream import (
+    Upstream,
+    UpstreamError,
+    UpstreamRouter,
+    forwardable_request_headers,
+)
+from study.config import StudyConfig
+from study.storage import Database, RecordWriter
+
+__all__ = ["GRACE_S", "ProxyApp", "create_proxy_app"]
+
+log = logging.getLogger("flowtrial.proxy")
+GRACE_S = 30.0  # how long shutdown waits for open streams before recording them abandoned
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _json(status: int, body: bytes | dict[str, Any], headers: dict[str, str] | None = None
+          ) -> Response:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return Response(raw, status, headers=headers, media_type="application/json")
+
+
+def _error(status: int, message: str, type_: str = "invalid_request_error",
+           code: str | None = None, param: str | None = None,
+           adapter: ProtocolAdapter | None = None) -> Response:
+    body = (adapter.error_body(message, type_, code, param) if adapter
+            else openai_error(message, type_, code, param))
+    return _json(status, body)
+
+
+def _unauthorized(adapter: ProtocolAdapter | None = None) -> Response:
+    return _error(
+        401, "missing or unknown flowtrial participant key: send your own key as the API key "
+             "(Authorization: Bearer ft_… or x-api-key)", "invalid_request_error",
+        "invalid_api_key", adapter=adapter)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing more than ``limit`` bytes (declared or streamed)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _BodyTooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int, adapter: ProtocolAdapter | None = None) -> Response:
+    return _error(413, f"request body larger than the proxy's limit of {limit} bytes "
+                       "(proxy.max_body_bytes)", code="request_too_large", adapter=adapter)
+
+
+def _state(request: Request) -> ProxyState:
+    return request.app.state.proxy  # type: ignore[no-any-return]
+
+
+def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
+    async def endpoint(request: Request) -> Any:
+        st = _state(request)
+        st.requests += 1
+        adapter = adapter_cls()
+        participant = st.auth.cached(request.headers) or await st.auth.authenticate(
+            request.headers)
+        if participant is None:
+            st.errors += 1
+            return _unauthorized(adapter)
+        try:
+            body = await _read_body(request, st.max_body_bytes)
+        except _BodyTooLarge:
+            st.errors += 1
+            return _too_large(st.max_body_bytes, adapter)
+        t_request = time.monotonic_ns()
+        try:
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            st.errors += 1
+            return _error(400, f"the request body is not valid JSON: {exc}",
+                          code="invalid_json", adapter=adapter)
+        if not isinstance(obj, dict):
+            st.errors += 1
+            return _error(400, "the request body must be a JSON object", code="invalid_json",
+                          adapter=adapter)
+        info = adapter.read_request(obj)
+        return Exchange(st, adapter, participant, body, info, request.headers, t_request)
+
+    endpoint.__name__ = f"proxy_{adapter_cls.name}"
+    return endpoint
+
+
+async def models(request: Request) -> Response:
+    """The arm-neutral model list, from the upstream (for the mock, its list)."""
+    st = _state(request)
+    st.requests += 1
+    if await st.auth.authenticate(request.headers) is None:
+        st.errors += 1
+        return _unauthorized()
+    upstream = st.upstreams.for_family("openai") or st.upstreams.for_family("anthropic")
+    if upstream is None:
+        return _error(501, "no upstream configured", "upstream_error", "no_upstream")
+    try:
+        reply = await upstream.models(forwardable_request_headers(request.headers))
+        try:
+            body = b"".join([c async for c in reply.body])
+        finally:
+            await reply.close()
+    except UpstreamError as exc:
+        st.errors += 1
+        code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
+        return _error(exc.status, exc.message, "upstream_error", code)
+    return Response(body, reply.status, media_type=reply.content_type or "application/json")
+
+
+async def events(request: Request) -> Response:
+    """``POST /flowtrial/v1/events``: see :mod:`instrumentation.proxy.events_api`."""
+    st = _state(request)
+    st.requests += 1
+    participant = await st.auth.authenticate(request.headers)
+    if participant is None:
+        st.errors += 1
+        return _unauthorized()
+    try:
+        body = await _read_body(request, st.max_body_bytes)
+        n = await accept_events(st, participant.id, body)
+    except _BodyTooLarge:
+        st.errors += 1
+        return _too_large(st.max_body_bytes)
+    except EventsRejected as exc:
+        st.errors += 1
+        return _error(exc.status, exc.message, "invalid_request_error", exc.code, exc.param)
+    return _json(200, {"accepted": n})
+
+
+async def health(request: Request) -> Response:
+    """Liveness and load, no authentication (no participant data in it)."""
+    return _json(200, {"status": "ok", **_state(request).snapshot()})
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return _error(404, f"unknown path {request.url.path}: the proxy serves "
+                           "/v1/chat/completions, /v1/completions, /v1/responses, /v1/models "
+                           "and /flowtrial/v1/events", code="unknown_url")
+    if exc.status_code == 405:
+        return _error(405, f"method {request.method} not allowed on {request.url.path}",
+                      code="method_not_allowed")
+    return _error(exc.status_code, str(exc.detail))
+
+
+class ProxyApp(Starlette):
+    """Starlette, with the model routes dispatched straight to their endpoints: they handle
+    their own errors, and skipping the middleware stack saves its wrappers on the request
+    and on every ``send`` of a stream."""
+
+    def __init__(self, *args: Any, fast: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fast = fast
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self._fast.get(scope["path"])
+            if endpoint is not None:
+                scope["app"] = self
+                request = Request(scope, receive, send)
+                try:
+                    response = await endpoint(request)
+                except Exception:  # noqa: BLE001 - a bug before the exchange: answer 500
+                    log.exception("request to %s failed", scope["path"])
+                    response = _error(500, "flowtrial proxy error: see the proxy's log",
+                                      "server_error", "proxy_error")
+                await response(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def create_proxy_app(database: Database, config: StudyConfig, *,
+                     writer: RecordWriter | None = None,
+                     upstream: Upstream | UpstreamRouter | None = None,
+                     grace_s: float = GRACE_S) -> Starlette:
+    """The proxy app for ``config`` recording into ``database``.
+
+    ``writer``: a RecordWriter to share (its owner closes it); by default the app makes its
+    own at startup and drains and closes it at shutdown. ``upstream``: an Upstream (serves
+    every protocol family) or an UpstreamRouter; by default built from ``[upstream]``.
+    The lifespan opens/closes the upstream clients; at shutdown it waits up to ``grace_s``
+    for open cycles to be recorded before the writer is closed.
+    """
+    if upstream is None:
+        router = UpstreamRouter.from_config(config)
+    elif isinstance(upstream, UpstreamRouter):
+        router = upstream
+    else:
+        router = UpstreamRouter({"openai": upstream, "anthropic": upstream})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        own_writer = writer is None
+        w = writer if writer is not None else make_writer(database)
+        state = ProxyState(database, config, w, router)
+        app.state.proxy = state
+        await router.start()
+        # A full collection walks every object the imports made (~140k: numpy, SQLAlchemy,
+        # pydantic ...) and stalls the event loop for ~100 ms, which would show up as TTFT
+        # misses. Freeze them out of the collector; later garbage is collected as usual.
+        gc.collect()
+        gc.freeze()
+        try:
+            yield
+        finally:
+            if not await state.wait_idle(grace_s):
+                log.warning("%d cycle(s) still open at shutdown", len(state.open_cycles))
+            await router.stop()
+            state.arms.close()
+            if own_writer:
+                await asyncio.to_thread(close_writer, w)
+
+    fast = {a.path: _protocol_endpoint(a) for a in ADAPTERS.values()}
+    routes = [Route(path, endpoint, methods=["POST"]) for path, endpoint in fast.items()]
+    routes += [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/flowtrial/v1/events", events, methods=["POST"]),
+        Route("/flowtrial/v1/health", health, methods=["GET"]),
+    ]
+    # Capture endpoints served by the proxy: decisions from Continue, the participant page.
+    routes += [*continue_routes(database, config), *participant_routes(database, config)]
+    return ProxyApp(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error}, fast=fast)

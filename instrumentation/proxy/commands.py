@@ -1,0 +1,117 @@
+"""``flowtrial proxy``: run the instrumented proxy in the foreground."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from study.errors import FlowtrialError
+
+
+class ProxyCommandError(FlowtrialError):
+    """Bad input to ``flowtrial proxy`` (the CLI prints it on one line and exits 2)."""
+
+
+def proxy(
+    study: Annotated[Path, typer.Option("--study", help="The study file (study.toml).")],
+    db: Annotated[
+        str, typer.Option("--db", help="Study database: a SQLite path or a SQLAlchemy URL.")
+    ],
+    host: Annotated[
+        str | None,
+        typer.Option("--host", help="Interface to listen on (default: proxy.host, 127.0.0.1)."),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option("--port", help="Port to listen on (default: proxy.port, 8787; 0 = any)."),
+    ] = None,
+) -> None:
+    """Run the latency-shaping proxy: point participants' assistants at the URL it prints."""
+    import asyncio
+    import sys
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    from instrumentation.proxy.app import GRACE_S, create_proxy_app
+    from instrumentation.proxy.server import (
+        SWITCH_INTERVAL_S,
+        base_url_of,
+        bind_socket,
+        make_server,
+    )
+    from instrumentation.proxy.state import close_writer, make_writer
+    from instrumentation.proxy.upstream import missing_key_vars
+    from study.config import load_study
+    from study.storage import init_db
+
+    config = load_study(study)
+    if port is not None and not 0 <= port <= 65535:
+        raise ProxyCommandError(f"--port {port} is not a port number: use 0-65535")
+    missing = missing_key_vars(config)
+    if missing:
+        raise ProxyCommandError(
+            f"environment variable {missing[0]} (upstream.api_key_env) is not set: export the "
+            "upstream API key under that name before starting the proxy"
+        )
+    sock = bind_socket(host or config.proxy.host, config.proxy.port if port is None else port)
+    database = init_db(db, config, study.read_text(encoding="utf-8"))
+    url = base_url_of(sock)
+    writer = make_writer(database)
+    app = create_proxy_app(database, config, writer=writer)
+    server = make_server(app, GRACE_S)
+    out = Console()
+    err = Console(stderr=True)
+    design = config.study.design
+    out.print(f"[bold]flowtrial proxy[/bold] for study [bold]{config.study.name}[/bold] "
+              f"({design}, upstream {config.upstream.kind}) listening on {url}", soft_wrap=True)
+    out.print("Point each participant's assistant at it, with their own key as the API key:",
+              soft_wrap=True)
+    # Plain prints so scripts (and tests) can read the lines whatever the terminal.
+    print(f"OPENAI_BASE_URL={url}/v1", flush=True)
+    print(f"ANTHROPIC_BASE_URL={url}", flush=True)
+    out.print(f"Events: POST {url}/flowtrial/v1/events   Health: GET {url}/flowtrial/v1/health"
+              "   Stop: Ctrl-C", soft_wrap=True, highlight=False)
+
+    def table() -> Table:
+        t = Table(box=None, show_header=True, header_style="bold")
+        for col in ("requests", "open streams", "cycles recorded", "errors", "writer queue"):
+            t.add_column(col, justify="right")
+        state = getattr(app.state, "proxy", None)
+        if state is None:
+            t.add_row("0", "0", "0", "0", "0")
+            return t
+        s = state.snapshot()
+        t.add_row(str(s["requests"]), str(s["open_streams"]), str(s["cycles_recorded"]),
+                  str(s["errors"]), str(s["writer_queue"]))
+        return t
+
+    class _Counter:
+        def __rich__(self) -> Table:
+            return table()
+
+    started = time.monotonic()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        if out.is_terminal:
+            with Live(_Counter(), console=out, refresh_per_second=4, transient=False):
+                server.run(sockets=[sock])
+        else:
+            server.run(sockets=[sock])
+    except KeyboardInterrupt:  # a second Ctrl-C: uvicorn gave up waiting; still drain below
+        pass
+    except asyncio.CancelledError:
+        pass
+    finally:
+        close_writer(writer)
+        sock.close()
+        database.dispose()
+    state = getattr(app.state, "proxy", None)
+    if state is not None:
+        s = state.snapshot()
+        err.print(f"Stopped after {time.monotonic() - started:.0f} s: {s['requests']} requests, "
+                  f"{s['cycles_recorded']} cycles recorded, {s['errors']} errors.")

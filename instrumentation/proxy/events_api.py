@@ -1,0 +1,185 @@
+"""``POST /flowtrial/v1/events``: decisions and context events from the participant's client.
+
+Body ``{"events": [{"kind", "ts"?, "cycle_id"?, "duration_s"?, "payload"?}, …]}`` (at most
+1000 events). ``ts`` is an ISO-8601 time (UTC if it has no offset) or epoch seconds; it
+defaults to the time the batch was received. A ``cycle_id`` must be one of the authenticated
+participant's cycles — recorded, or still in flight on this proxy — else the whole batch is
+refused with 422 and nothing is written. The answer ``{"accepted": n}`` comes once the rows
+are durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from sqlalchemy import bindparam, text
+
+from instrumentation.proxy.state import ProxyState
+from study.schema import Event
+from study.storage import WriteBatch, utcnow
+
+__all__ = ["ClientEvent", "EventBatch", "EventsRejected", "accept_events", "parse_batch"]
+
+MAX_EVENTS = 1000
+EventKind = Literal[
+    "accept", "reject", "partial_accept", "edit", "focus_out", "focus_in", "afk_start",
+    "afk_end", "task_start", "task_end", "custom",
+]
+_MIN_TS = datetime(2000, 1, 1, tzinfo=UTC).timestamp()
+_MAX_TS = datetime(2100, 1, 1, tzinfo=UTC).timestamp()
+
+
+class EventsRejected(Exception):
+    """A batch that cannot be written; ``param`` names the offending field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str = "invalid_events") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class ClientEvent(BaseModel):
+    """One client event."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: EventKind
+    ts: datetime | float | None = None
+    cycle_id: str | None = Field(default=None, min_length=1, max_length=128)
+    duration_s: float | None = Field(default=None, ge=0)
+    payload: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ClientEvent:
+        if isinstance(self.ts, float | int) and not _MIN_TS <= float(self.ts) <= _MAX_TS:
+            raise ValueError("ts: epoch seconds out of range (expected seconds since 1970)")
+        if self.kind == "partial_accept":
+            p = self.payload or {}
+            chars, frac = p.get("accepted_chars"), p.get("accepted_fraction")
+            ok_chars = isinstance(chars, int) and not isinstance(chars, bool) and chars >= 0
+            ok_frac = isinstance(frac, int | float) and not isinstance(frac, bool) and (
+                0.0 <= frac <= 1.0)
+            if not (ok_chars or ok_frac):
+                raise ValueError(
+                    "partial_accept needs payload.accepted_chars (integer >= 0) or "
+                    "payload.accepted_fraction (0..1)"
+                )
+        if self.kind in ("focus_out", "focus_in") and self.payload:
+            for key in ("app", "category"):
+                if key in self.payload and not isinstance(self.payload[key], str):
+                    raise ValueError(f"payload.{key} must be a string")
+        return self
+
+    def ts_ns(self, received_ns: int) -> int:
+        """The event time as UTC epoch ns."""
+        ts = self.ts
+        if ts is None:
+            return received_ns
+        if isinstance(ts, datetime):
+            if ts.tzinfo is None:
+                ts = ts.replace(tzinfo=UTC)
+            delta = ts - datetime(1970, 1, 1, tzinfo=UTC)
+            return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
+        return round(float(ts) * 1e9)
+
+
+class EventBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    events: list[ClientEvent] = Field(max_length=MAX_EVENTS)
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part) in ("datetime", "float", "function-after[_check()]") or "[" in str(part):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def parse_batch(body: bytes) -> EventBatch:
+    """Decode and validate a batch (400 for bad JSON, 422 for bad events)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise EventsRejected(400, f"the request body is not valid JSON: {exc}", None,
+                             "invalid_json") from None
+    try:
+        return EventBatch.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = _loc(tuple(err["loc"]))
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if err["type"] == "too_long":
+            msg = f"at most {MAX_EVENTS} events per batch: send the rest in another request"
+        more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
+        raise EventsRejected(422, f"{loc}: {msg}{more}" if loc else msg + more, loc or None
+                             ) from None
+
+
+_OWNERS = text("SELECT id, participant_id FROM cycles WHERE id IN :ids").bindparams(
+    bindparam("ids", expanding=True)
+)
+
+
+async def _check_cycles(state: ProxyState, pid: str, batch: EventBatch) -> None:
+    wanted = {e.cycle_id for e in batch.events if e.cycle_id}
+    owners = {c: state.open_cycles[c] for c in wanted if c in state.open_cycles}
+    rest = sorted(wanted - owners.keys())
+    if rest:
+        def lookup() -> dict[str, str]:
+            with state.arms.engine.connect() as conn:
+                return {r[0]: r[1] for r in conn.execute(_OWNERS, {"ids": rest})}
+
+        owners.update(await asyncio.to_thread(lookup))
+    for i, e in enumerate(batch.events):
+        if e.cycle_id and owners.get(e.cycle_id) != pid:
+            raise EventsRejected(
+                422, f"events[{i}].cycle_id: {e.cycle_id!r} is not one of your cycles "
+                     "(use the x-flowtrial-cycle-id header of your own request); nothing "
+                     "of this batch was written",
+                f"events[{i}].cycle_id", "unknown_cycle")
+
+
+async def accept_events(state: ProxyState, pid: str, body: bytes, *,
+                        source: str = "client") -> int:
+    """Validate, check ownership, write durably; returns the number of events written."""
+    received_ns = time.time_ns()
+    batch = parse_batch(body)
+    await _check_cycles(state, pid, batch)
+    now = utcnow()
+    rows = [
+        {
+            "participant_id": pid,
+            "cycle_id": e.cycle_id,
+            "kind": e.kind,
+            "ts_ns": e.ts_ns(received_ns),
+            "duration_s": e.duration_s,
+            "source": source,
+            "payload_json": json.dumps(e.payload, ensure_ascii=False)
+            if e.payload is not None else None,
+            "dedupe_key": None,
+            "received_at": now,
+        }
+        for e in batch.events
+    ]
+    if rows:
+        try:
+            await asyncio.wrap_future(state.writer.submit(WriteBatch(Event, rows)))
+        except Exception as exc:  # noqa: BLE001 - reported to the client, nothing claimed
+            raise EventsRejected(503, f"the events could not be recorded ({type(exc).__name__})"
+                                 ": check the proxy's database", None, "recording_failed"
+                                 ) from None
+    return len(rows)

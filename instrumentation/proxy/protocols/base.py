@@ -1,0 +1,277 @@
+"""What every wire-protocol adapter provides, plus the incremental SSE parser they share.
+
+An adapter knows one protocol's shapes and nothing about timing: it reads the request
+(stream flag, model, prompt text), classifies each upstream event (content / tool-call /
+terminal / error / other, with its text, usage and response id), splits a content event into
+token-sized *whole* events by rewriting only its text field, and renders keep-alives and
+errors in the protocol's own shape. The relay (``relay.py``) does the rest.
+
+Anthropic Messages (named events, ``ping`` keep-alives, ``{"type": "error", ...}``) and the
+Responses WebSocket mode slot in as further subclasses: everything a transport needs is a
+method here (``keepalive``, ``error_event``, ``error_body``, ``restamp``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, ClassVar
+
+__all__ = [
+    "BodyInfo",
+    "Classified",
+    "Kind",
+    "ProtocolAdapter",
+    "RequestInfo",
+    "SSEEvent",
+    "SSEParser",
+    "dumps",
+    "field_template",
+    "split_on_field",
+    "text_of_content",
+]
+
+
+class Kind(IntEnum):
+    """What an upstream event is, as far as shaping and recording care."""
+
+    OTHER = 0  # structure (created, role-only chunk, done events, usage): sent on arrival
+    CONTENT = 1  # carries answer text: paced
+    TOOL = 2  # starts a tool call or carries its arguments: paced like content
+    TERMINAL = 3  # the final event: released only once the cycle row is durable
+    ERROR = 4  # an in-stream error from the upstream: passed on, cycle marked
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON the way OpenAI's servers write it (UTF-8, no spaces)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(slots=True)
+class SSEEvent:
+    """One server-sent event: its exact bytes (terminator included) and parsed fields."""
+
+    raw: bytes
+    name: str | None = None  # the `event:` field
+    data: str | None = None  # the `data:` lines joined with "\n"; None for comment-only blocks
+
+
+class SSEParser:
+    """Cuts a byte stream into SSE events, keeping each event's exact bytes.
+
+    The separator (``\\n\\n``, ``\\r\\n\\r\\n`` or ``\\r\\r``) is detected on the first event and
+    then reused, so the common case is one ``bytes.find`` per event.
+    """
+
+    __slots__ = ("_buf", "_sep")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._sep: bytes | None = None
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        buf = self._buf + chunk if self._buf else chunk
+        out: list[SSEEvent] = []
+        start = 0
+        sep = self._sep
+        if sep is None:
+            found = [(i, s) for s in (b"\n\n", b"\r\n\r\n", b"\r\r") if (i := buf.find(s)) >= 0]
+            if not found:
+                self._buf = buf
+                return out
+            sep = self._sep = min(found)[1]
+        n = len(sep)
+        while True:
+            i = buf.find(sep, start)
+            if i < 0:
+                break
+            end = i + n
+            out.append(_parse_block(buf[start:end], buf[start:i]))
+            start = end
+        self._buf = buf[start:]
+        return out
+
+    def flush(self) -> list[SSEEvent]:
+        """An unterminated last event at end of stream (some servers omit the blank line)."""
+        rest, self._buf = self._buf, b""
+        if not rest.strip():
+            return []
+        return [_parse_block(rest + b"\n\n", rest)]
+
+
+def _parse_block(raw: bytes, body: bytes) -> SSEEvent:
+    # Fast path: a single `data: ...` line, which is what almost every chunk is.
+    if body.startswith(b"data: ") and b"\n" not in body and b"\r" not in body:
+        return SSEEvent(raw, None, body[6:].decode("utf-8", "replace"))
+    name: str | None = None
+    data: list[str] = []
+    for line in body.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n").split(
+        "\n"
+    ):
+        if not line or line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if field == "data":
+            data.append(value)
+        elif field == "event":
+            name = value
+    return SSEEvent(raw, name, "\n".join(data) if data else None)
+
+
+@dataclass(slots=True)
+class Classified:
+    """An upstream event, classified by the protocol adapter."""
+
+    kind: Kind
+    text: str = ""  # answer text or tool-call arguments carried by the event
+    text_key: str | None = None  # JSON key holding ``text`` when the event may be split
+    tool_calls: int = 0  # tool calls this event starts
+    usage: dict[str, Any] | None = None
+    response_id: str | None = None
+    obj: Any = None  # the parsed JSON of the event
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    """What the proxy needs to know of a request body."""
+
+    stream: bool
+    model: str | None
+    prompt_text: str
+
+
+@dataclass(slots=True)
+class BodyInfo:
+    """What the proxy records of a non-streaming answer."""
+
+    text: str
+    tool_calls: int
+    usage: dict[str, Any] | None
+    response_id: str | None
+
+
+def text_of_content(content: Any) -> str:
+    """Text of a message's content: a string, or a list of text parts of any protocol."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+        return "\n".join(parts)
+    return ""
+
+
+def field_template(raw: bytes, key: str, value: str) -> tuple[bytes, bytes] | None:
+    """(head, tail) around the JSON string value of field ``key`` (= ``value``) in the event
+    ``raw``, so ``head + json(piece) + tail`` is the same event carrying ``piece`` with every
+    other byte untouched. None when the field cannot be found exactly once in the encodings
+    servers use (the caller then re-serializes the parsed object)."""
+    kb = b'"' + key.encode() + b'"'
+    for enc in {json.dumps(value, ensure_ascii=False), json.dumps(value)}:
+        eb = enc.encode()
+        for colon in (b":", b": "):
+            needle = kb + colon + eb
+            i = raw.find(needle)
+            if i < 0 or raw.find(needle, i + 1) >= 0:
+                continue
+            return raw[: i + len(kb) + len(colon)], raw[i + len(needle) :]
+    return None
+
+
+def split_on_field(raw: bytes, key: str, value: str, pieces: Iterable[str]
+                   ) -> Iterator[bytes] | None:
+    """Copies of ``raw`` carrying each piece in field ``key``, rendered lazily (one at a time,
+    as the shaper releases them); None if the field cannot be located (see field_template)."""
+    tpl = field_template(raw, key, value)
+    if tpl is None:
+        return None
+    head, tail = tpl
+    return (head + _dumps_str(p).encode() + tail for p in pieces)
+
+
+def _dumps_str(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)
+
+
+class ProtocolAdapter:
+    """One wire protocol. A fresh instance serves one exchange (it may keep stream state)."""
+
+    name: ClassVar[str]  # recorded as the cycle's protocol: chat | completions | responses
+    path: ClassVar[str]  # the proxy path, e.g. "/v1/chat/completions"
+    family: ClassVar[str] = "openai"  # which upstream endpoint serves it: openai | anthropic
+    #: Whether splitting an event changes later events (Responses' sequence_number).
+    renumbers: ClassVar[bool] = False
+
+    # -- request -----------------------------------------------------------------------
+    def read_request(self, body: dict[str, Any]) -> RequestInfo:
+        raise NotImplementedError
+
+    # -- streaming -----------------------------------------------------------------------
+    def classify(self, ev: SSEEvent) -> Classified:
+        raise NotImplementedError
+
+    def split(self, ev: SSEEvent, c: Classified, pieces: list[str]) -> Iterator[bytes]:
+        """Whole events, one per piece of ``c.text``, in order, rendered as they are consumed
+        (default: rewrite the text field only)."""
+        assert c.text_key is not None
+        out = split_on_field(ev.raw, c.text_key, c.text, pieces)
+        if out is None:
+            out = (self._reserialize(ev, c, p) for p in pieces)
+        return out
+
+    def _reserialize(self, ev: SSEEvent, c: Classified, piece: str) -> bytes:
+        """Fallback split: the parsed event with its text field set to ``piece``."""
+        raise NotImplementedError
+
+    def restamp(self, ev: SSEEvent, c: Classified) -> bytes:
+        """The bytes to send for an event that was not split (renumbered if needed)."""
+        return ev.raw
+
+    def keepalive(self) -> bytes:
+        """Bytes that keep a stream alive during an injected wait without being an event."""
+        return b": keep-alive\n\n"
+
+    def error_event(self, message: str, type_: str = "server_error", code: str | None = None,
+                    ) -> bytes:
+        """An in-stream error event in the protocol's shape."""
+        return b"data: " + self.error_body(message, type_, code) + b"\n\n"
+
+    # -- non-streaming -------------------------------------------------------------------
+    def read_body(self, body: dict[str, Any]) -> BodyInfo:
+        raise NotImplementedError
+
+    # -- errors --------------------------------------------------------------------------
+    def error_body(self, message: str, type_: str = "invalid_request_error",
+                   code: str | None = None, param: str | None = None) -> bytes:
+        """A JSON error body in the protocol's shape (OpenAI by default)."""
+        return openai_error(message, type_, code, param)
+
+    # -- usage ---------------------------------------------------------------------------
+    @staticmethod
+    def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None]:
+        """(prompt tokens, completion tokens) from any OpenAI/Anthropic usage object."""
+        if not isinstance(usage, dict):
+            return None, None
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+        completion = usage.get("completion_tokens", usage.get("output_tokens"))
+        return (
+            prompt if isinstance(prompt, int) else None,
+            completion if isinstance(completion, int) else None,
+        )
+
+
+def openai_error(message: str, type_: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None) -> bytes:
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    return dumps(
+        {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    ).encode()

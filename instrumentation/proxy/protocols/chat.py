@@ -1,0 +1,140 @@
+"""OpenAI Chat Completions: ``POST /v1/chat/completions``.
+
+Streams are ``data: {chat.completion.chunk}`` events ending with ``data: [DONE]``; with
+``stream_options.include_usage`` the last chunk before ``[DONE]`` has ``choices: []`` and the
+usage (other chunks may carry ``usage: null``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from instrumentation.proxy.protocols.base import (
+    BodyInfo,
+    Classified,
+    Kind,
+    ProtocolAdapter,
+    RequestInfo,
+    SSEEvent,
+    dumps,
+    text_of_content,
+)
+
+_DONE = "[DONE]"
+
+
+def last_user_text(messages: Any) -> str:
+    """Text of the last ``user`` message of a messages list ('' if none)."""
+    if not isinstance(messages, list):
+        return ""
+    for m in reversed(messages):
+        if isinstance(m, dict) and m.get("role") == "user":
+            return text_of_content(m.get("content"))
+    return ""
+
+
+class ChatAdapter(ProtocolAdapter):
+    name = "chat"
+    path = "/v1/chat/completions"
+
+    def read_request(self, body: dict[str, Any]) -> RequestInfo:
+        model = body.get("model")
+        return RequestInfo(
+            stream=body.get("stream") is True,
+            model=model if isinstance(model, str) else None,
+            prompt_text=last_user_text(body.get("messages")),
+        )
+
+    def classify(self, ev: SSEEvent) -> Classified:
+        data = ev.data
+        if data is None:
+            return Classified(Kind.OTHER)
+        if data.startswith(_DONE):
+            return Classified(Kind.TERMINAL)
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return Classified(Kind.OTHER)
+        if not isinstance(obj, dict):
+            return Classified(Kind.OTHER, obj=obj)
+        rid = obj.get("id") if isinstance(obj.get("id"), str) else None
+        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+        if obj.get("error"):
+            return Classified(Kind.ERROR, obj=obj, error=_error_message(obj), response_id=rid)
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return Classified(Kind.OTHER, usage=usage, response_id=rid, obj=obj)
+        if len(choices) == 1:
+            return self._one_choice(choices[0], usage, rid, obj)
+        # n > 1: count everything, but never split (pieces would mix choices).
+        texts, tools = [], 0
+        for ch in choices:
+            c = self._one_choice(ch, None, None, None)
+            texts.append(c.text)
+            tools += c.tool_calls
+        text = "".join(texts)
+        kind = Kind.CONTENT if text else (Kind.TOOL if tools else Kind.OTHER)
+        return Classified(kind, text, None, tools, usage, rid, obj)
+
+    def _one_choice(self, choice: Any, usage: dict[str, Any] | None, rid: str | None,
+                    obj: Any) -> Classified:
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if not isinstance(delta, dict):
+            return Classified(Kind.OTHER, usage=usage, response_id=rid, obj=obj)
+        content = delta.get("content")
+        tool_calls = delta.get("tool_calls")
+        starts = 0
+        if isinstance(tool_calls, list) and tool_calls:
+            starts = sum(1 for t in tool_calls if isinstance(t, dict) and t.get("id"))
+        if isinstance(content, str) and content:
+            return Classified(Kind.CONTENT, content, "content", starts, usage, rid, obj)
+        refusal = delta.get("refusal")
+        if isinstance(refusal, str) and refusal:
+            return Classified(Kind.CONTENT, refusal, "refusal", starts, usage, rid, obj)
+        if isinstance(tool_calls, list) and tool_calls:
+            args = []
+            for t in tool_calls:
+                fn = t.get("function") if isinstance(t, dict) else None
+                if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                    args.append(fn["arguments"])
+            text = "".join(args)
+            key = "arguments" if len(tool_calls) == 1 and text else None
+            return Classified(Kind.TOOL, text, key, starts, usage, rid, obj)
+        return Classified(Kind.OTHER, usage=usage, response_id=rid, obj=obj)
+
+    def _reserialize(self, ev: SSEEvent, c: Classified, piece: str) -> bytes:
+        obj = c.obj
+        delta = obj["choices"][0]["delta"]
+        if c.text_key == "arguments":
+            fn = delta["tool_calls"][0]["function"]
+            old = fn["arguments"]
+            fn["arguments"] = piece
+            out = b"data: " + dumps(obj).encode() + b"\n\n"
+            fn["arguments"] = old
+            return out
+        old = delta[c.text_key]
+        delta[c.text_key] = piece
+        out = b"data: " + dumps(obj).encode() + b"\n\n"
+        delta[c.text_key] = old
+        return out
+
+    def read_body(self, body: dict[str, Any]) -> BodyInfo:
+        texts, tools = [], 0
+        for ch in body.get("choices") or []:
+            msg = ch.get("message") if isinstance(ch, dict) else None
+            if not isinstance(msg, dict):
+                continue
+            texts.append(text_of_content(msg.get("content")))
+            if isinstance(msg.get("tool_calls"), list):
+                tools += len(msg["tool_calls"])
+        usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
+        rid = body.get("id") if isinstance(body.get("id"), str) else None
+        return BodyInfo("".join(texts), tools, usage, rid)
+
+
+def _error_message(obj: dict[str, Any]) -> str:
+    err = obj.get("error")
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return err["message"]
+    return str(err)

@@ -1,0 +1,93 @@
+"""OpenAI legacy Completions: ``POST /v1/completions`` (inline and fill-in-the-middle).
+
+Same stream framing as Chat (``data:`` chunks, ``[DONE]``); the text is ``choices[].text``.
+The prompt fingerprinted is the prompt plus the ``suffix`` (the code around the cursor), so a
+later completion request can show that an earlier answer persisted between them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from instrumentation.proxy.protocols.base import (
+    BodyInfo,
+    Classified,
+    Kind,
+    ProtocolAdapter,
+    RequestInfo,
+    SSEEvent,
+    dumps,
+)
+from instrumentation.proxy.protocols.chat import _error_message
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return prompt[-1]
+    return ""  # token-id prompts carry no text to fingerprint
+
+
+class CompletionsAdapter(ProtocolAdapter):
+    name = "completions"
+    path = "/v1/completions"
+
+    def read_request(self, body: dict[str, Any]) -> RequestInfo:
+        model = body.get("model")
+        text = _prompt_text(body.get("prompt"))
+        suffix = body.get("suffix")
+        if isinstance(suffix, str) and suffix:
+            text = f"{text}\n{suffix}"
+        return RequestInfo(
+            stream=body.get("stream") is True,
+            model=model if isinstance(model, str) else None,
+            prompt_text=text,
+        )
+
+    def classify(self, ev: SSEEvent) -> Classified:
+        data = ev.data
+        if data is None:
+            return Classified(Kind.OTHER)
+        if data.startswith("[DONE]"):
+            return Classified(Kind.TERMINAL)
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return Classified(Kind.OTHER)
+        if not isinstance(obj, dict):
+            return Classified(Kind.OTHER, obj=obj)
+        rid = obj.get("id") if isinstance(obj.get("id"), str) else None
+        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+        if obj.get("error"):
+            return Classified(Kind.ERROR, obj=obj, error=_error_message(obj), response_id=rid)
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return Classified(Kind.OTHER, usage=usage, response_id=rid, obj=obj)
+        texts = [
+            ch["text"] for ch in choices if isinstance(ch, dict) and isinstance(ch.get("text"), str)
+        ]
+        text = "".join(texts)
+        if not text:
+            return Classified(Kind.OTHER, usage=usage, response_id=rid, obj=obj)
+        key = "text" if len(choices) == 1 else None
+        return Classified(Kind.CONTENT, text, key, 0, usage, rid, obj)
+
+    def _reserialize(self, ev: SSEEvent, c: Classified, piece: str) -> bytes:
+        choice = c.obj["choices"][0]
+        old = choice["text"]
+        choice["text"] = piece
+        out = b"data: " + dumps(c.obj).encode() + b"\n\n"
+        choice["text"] = old
+        return out
+
+    def read_body(self, body: dict[str, Any]) -> BodyInfo:
+        texts = [
+            ch["text"]
+            for ch in body.get("choices") or []
+            if isinstance(ch, dict) and isinstance(ch.get("text"), str)
+        ]
+        usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
+        rid = body.get("id") if isinstance(body.get("id"), str) else None
+        return BodyInfo("".join(texts), 0, usage, rid)

@@ -1,0 +1,186 @@
+"""OpenAI Responses over SSE: ``POST /v1/responses``.
+
+Named events (``event:`` + ``data:``), each with a ``sequence_number``: ``response.created`` →
+``response.in_progress`` → ``response.output_item.added`` → ``response.content_part.added`` →
+``response.output_text.delta``* → ``…done`` events → ``response.completed`` (or
+``response.incomplete`` / ``response.failed``); no ``[DONE]``.
+
+Splitting one delta into m pieces inserts m − 1 events, so every later event's
+``sequence_number`` is shifted by the running offset to keep the numbers strictly increasing
+and gap-free, as clients check.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from instrumentation.proxy.protocols.base import (
+    BodyInfo,
+    Classified,
+    Kind,
+    ProtocolAdapter,
+    RequestInfo,
+    SSEEvent,
+    dumps,
+    split_on_field,
+    text_of_content,
+)
+
+_SEQ = re.compile(rb'"sequence_number"(\s*:\s*)(\d+)')
+_TEXT_DELTAS = {"response.output_text.delta", "response.refusal.delta"}
+_TOOL_DELTAS = {
+    "response.function_call_arguments.delta",
+    "response.custom_tool_call_input.delta",
+}
+_TOOL_ITEMS = {"function_call", "custom_tool_call"}
+_TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
+
+
+def _input_text(value: Any) -> str:
+    """Text of the last user input of a Responses ``input`` (string or item list)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        for item in reversed(value):
+            if isinstance(item, dict) and item.get("role") == "user":
+                return text_of_content(item.get("content"))
+    return ""
+
+
+class ResponsesAdapter(ProtocolAdapter):
+    name = "responses"
+    path = "/v1/responses"
+    renumbers = True
+
+    def __init__(self) -> None:
+        self.offset = 0  # how many events splitting has inserted so far
+        self.next_seq = 0  # the sequence number the next event we emit must carry
+
+    def read_request(self, body: dict[str, Any]) -> RequestInfo:
+        model = body.get("model")
+        return RequestInfo(
+            stream=body.get("stream") is True,
+            model=model if isinstance(model, str) else None,
+            prompt_text=_input_text(body.get("input")),
+        )
+
+    def classify(self, ev: SSEEvent) -> Classified:
+        if ev.data is None:
+            return Classified(Kind.OTHER)
+        try:
+            obj = json.loads(ev.data)
+        except ValueError:
+            return Classified(Kind.OTHER)
+        if not isinstance(obj, dict):
+            return Classified(Kind.OTHER, obj=obj)
+        type_ = obj.get("type") or ev.name
+        if type_ in _TEXT_DELTAS:
+            delta = obj.get("delta")
+            if isinstance(delta, str) and delta:
+                return Classified(Kind.CONTENT, delta, "delta", obj=obj)
+            return Classified(Kind.OTHER, obj=obj)
+        if type_ in _TOOL_DELTAS:
+            delta = obj.get("delta")
+            text = delta if isinstance(delta, str) else ""
+            return Classified(Kind.TOOL, text, "delta" if text else None, obj=obj)
+        if type_ == "response.output_item.added":
+            item = obj.get("item")
+            if isinstance(item, dict) and item.get("type") in _TOOL_ITEMS:
+                return Classified(Kind.TOOL, tool_calls=1, obj=obj)
+            return Classified(Kind.OTHER, obj=obj)
+        resp = obj.get("response")
+        rid = resp.get("id") if isinstance(resp, dict) and isinstance(resp.get("id"), str) else None
+        if type_ in _TERMINAL:
+            usage = resp.get("usage") if isinstance(resp, dict) else None
+            err = None
+            if type_ == "response.failed" and isinstance(resp, dict):
+                err = str((resp.get("error") or {}).get("message") or "response.failed")
+            return Classified(
+                Kind.TERMINAL, usage=usage if isinstance(usage, dict) else None,
+                response_id=rid, obj=obj, error=err,
+            )
+        if type_ == "error":
+            msg = obj.get("message")
+            if not isinstance(msg, str):
+                inner = obj.get("error")
+                msg = inner.get("message") if isinstance(inner, dict) else None
+            return Classified(Kind.ERROR, obj=obj, error=str(msg or "error"))
+        return Classified(Kind.OTHER, response_id=rid, obj=obj)
+
+    # -- sequence numbers ------------------------------------------------------------------
+    def _seq_of(self, c: Classified) -> int | None:
+        seq = c.obj.get("sequence_number") if isinstance(c.obj, dict) else None
+        return seq if isinstance(seq, int) else None
+
+    def restamp(self, ev: SSEEvent, c: Classified) -> bytes:
+        seq = self._seq_of(c)
+        if seq is None:
+            return ev.raw
+        new = seq + self.offset
+        self.next_seq = new + 1
+        if self.offset == 0:
+            return ev.raw
+        return _set_seq(ev.raw, c.obj, ev.name, new)
+
+    def split(self, ev: SSEEvent, c: Classified, pieces: list[str]) -> Iterator[bytes]:
+        seq = self._seq_of(c)
+        out = split_on_field(ev.raw, c.text_key or "delta", c.text, pieces)
+        if out is None:
+            out = (self._reserialize(ev, c, p) for p in pieces)
+        if seq is None:
+            return out
+        first = seq + self.offset
+        # Later events are only handled once these pieces are out, so the offset can move now.
+        self.offset += len(pieces) - 1
+        self.next_seq = first + len(pieces)
+        return (_set_seq(raw, None, ev.name, first + i) for i, raw in enumerate(out))
+
+    def _reserialize(self, ev: SSEEvent, c: Classified, piece: str) -> bytes:
+        obj = dict(c.obj)
+        obj["delta"] = piece
+        return _sse(ev.name or obj.get("type"), obj)
+
+    def error_event(self, message: str, type_: str = "server_error", code: str | None = None,
+                    ) -> bytes:
+        obj = {"type": "error", "code": code or type_, "message": message, "param": None,
+               "sequence_number": self.next_seq}
+        self.next_seq += 1
+        return _sse("error", obj)
+
+    def read_body(self, body: dict[str, Any]) -> BodyInfo:
+        texts, tools = [], 0
+        for item in body.get("output") or []:
+            if not isinstance(item, dict):
+                continue
+            if item.get("type") in _TOOL_ITEMS:
+                tools += 1
+            elif item.get("type") == "message":
+                for part in item.get("content") or []:
+                    if isinstance(part, dict) and part.get("type") in ("output_text", "refusal"):
+                        t = part.get("text", part.get("refusal"))
+                        if isinstance(t, str):
+                            texts.append(t)
+        usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
+        rid = body.get("id") if isinstance(body.get("id"), str) else None
+        return BodyInfo("".join(texts), tools, usage, rid)
+
+
+def _sse(name: str | None, obj: Any) -> bytes:
+    head = f"event: {name}\n".encode() if name else b""
+    return head + b"data: " + dumps(obj).encode() + b"\n\n"
+
+
+def _set_seq(raw: bytes, obj: Any, name: str | None, seq: int) -> bytes:
+    """``raw`` with its top-level sequence_number set to ``seq`` (re-serialized if the key is
+    not found exactly once)."""
+    matches = _SEQ.findall(raw)
+    if len(matches) == 1:
+        return _SEQ.sub(lambda m: b'"sequence_number"' + m.group(1) + str(seq).encode(), raw)
+    if obj is None:
+        obj = json.loads(raw.split(b"data:", 1)[1])
+    obj = dict(obj)
+    obj["sequence_number"] = seq
+    return _sse(name or obj.get("type"), obj)

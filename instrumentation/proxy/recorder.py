@@ -1,0 +1,210 @@
+"""One cycle's record, and making it durable before the client sees the end of the answer.
+
+:class:`CycleRecord` collects what the relay observes (timeline, targets, tokens, content);
+:meth:`Recorder.record` submits it as a ``cycles`` row (built, fingerprints included, in the
+writer thread rather than on the event loop) to the shared
+:class:`~study.storage.RecordWriter` (group commit: concurrent streams share one transaction)
+and returns once the row is committed — or raises, in which case the relay must not send the
+final event ("nothing the client saw complete is lost").
+
+Definitions (ms from the monotonic timeline, see DESIGN.md §2):
+experienced_ttft_ms = t_first_sent − t_request; generation_wait_ms = t_last_sent − t_request;
+achieved_tps = (output tokens after the first) / (t_last_sent − t_first_sent).
+``t_done_ns`` is when the relay submitted the row (the stream had ended upstream and every
+output token had been written); the final event follows as soon as the commit is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from instrumentation.fingerprints import fingerprint_json
+from instrumentation.proxy.protocols.base import ProtocolAdapter
+from instrumentation.proxy.shaping import VIOLATION_TOLERANCE_MS, Target
+from study.schema import Cycle
+from study.storage import RecordWriter, WriteBatch
+
+__all__ = ["CycleRecord", "Recorder"]
+
+
+@dataclass(slots=True)
+class CycleRecord:
+    """What one request did, filled in as it happens."""
+
+    id: str
+    participant_id: str
+    protocol: str
+    stream: bool
+    model: str | None
+    upstream: str
+    mono_anchor_ns: int
+    wall_anchor_ns: int
+    t_request_ns: int
+    started_at: datetime
+    simulated: bool = False
+    prompt_text: str = ""
+    arm: str = ""
+    period: int | None = None
+    task_id: int | None = None
+    target: Target | None = None
+    draw_json: str | None = None
+    transport: str = "http"
+    turn: int = 1
+    connection_id: str | None = None
+    upstream_response_id: str | None = None
+    t_upstream_first_ns: int | None = None
+    t_first_sent_ns: int | None = None
+    t_last_sent_ns: int | None = None
+    t_done_ns: int | None = None
+    first_late_ns: int | None = None  # first output token: written − due
+    last_late_ns: int | None = None  # last output token written so far: written − due
+    tokens_sent: int = 0
+    usage: dict[str, Any] | None = None
+    tool_calls: int = 0
+    status: str = "ok"
+    http_status: int | None = None
+    error: str | None = None
+    content_parts: list[str] = field(default_factory=list)
+
+    def sent(self, t_ns: int, first_due: int | None, last_due: int | None) -> None:
+        """Output tokens due at ``first_due``..``last_due`` were written at ``t_ns``."""
+        if self.t_first_sent_ns is None:
+            self.t_first_sent_ns = t_ns
+            if first_due is not None:
+                self.first_late_ns = t_ns - first_due
+        self.t_last_sent_ns = t_ns
+        if last_due is not None:
+            self.last_late_ns = t_ns - last_due
+
+    def row(self, capture: str) -> dict[str, Any]:
+        """The ``cycles`` row; content per the study's ``capture.content``."""
+        t0 = self.t_request_ns
+        ttft = wait = tps = None
+        if self.t_first_sent_ns is not None:
+            ttft = (self.t_first_sent_ns - t0) / 1e6
+        if self.t_last_sent_ns is not None:
+            wait = (self.t_last_sent_ns - t0) / 1e6
+            span = self.t_last_sent_ns - (self.t_first_sent_ns or self.t_last_sent_ns)
+            if span > 0 and self.tokens_sent > 1:
+                tps = (self.tokens_sent - 1) / (span / 1e9)
+        prompt_tok, completion_tok = ProtocolAdapter.usage_counts(self.usage)
+        exact = completion_tok is not None
+        target = self.target
+        violation_ms = None
+        lates = [x for x in (self.first_late_ns, self.last_late_ns) if x is not None]
+        if target is not None and lates:
+            violation_ms = max(0.0, max(lates) / 1e6)
+        content = "".join(self.content_parts)
+        row: dict[str, Any] = {
+            "id": self.id,
+            "participant_id": self.participant_id,
+            "arm": self.arm,
+            "task_id": self.task_id,
+            "period": self.period,
+            "protocol": self.protocol,
+            "transport": self.transport,
+            "stream": self.stream,
+            "turn": self.turn,
+            "connection_id": self.connection_id,
+            "model": self.model,
+            "upstream": self.upstream,
+            "upstream_response_id": self.upstream_response_id,
+            "mono_anchor_ns": self.mono_anchor_ns,
+            "wall_anchor_ns": self.wall_anchor_ns,
+            "t_request_ns": t0,
+            "t_upstream_first_ns": self.t_upstream_first_ns,
+            "t_first_sent_ns": self.t_first_sent_ns,
+            "t_last_sent_ns": self.t_last_sent_ns,
+            "t_done_ns": self.t_done_ns,
+            "started_at": self.started_at,
+            "shaped": target is not None,
+            "target_ttft_ms": target.ttft_ms if target else None,
+            "target_tps": target.tokens_per_second if target else None,
+            "target_jitter": target.jitter if target else None,
+            "target_delivery": target.delivery if target else None,
+            "draw_json": self.draw_json,
+            "experienced_ttft_ms": ttft,
+            "generation_wait_ms": wait,
+            "achieved_tps": tps,
+            "violation": violation_ms is not None and violation_ms > VIOLATION_TOLERANCE_MS,
+            "violation_ms": violation_ms,
+            "tokens_prompt": prompt_tok,
+            "tokens_completion": completion_tok if exact else self.tokens_sent,
+            "tokens_sent": self.tokens_sent,
+            "usage_exact": exact,
+            "tool_calls": self.tool_calls,
+            "status": self.status,
+            "http_status": self.http_status,
+            "error": self.error,
+            "prompt_fingerprint": None,
+            "content_fingerprint": None,
+            "prompt_text": None,
+            "content_text": None,
+            "content_chars": len(content),
+            "simulated": self.simulated,
+        }
+        if capture in ("fingerprint", "full"):
+            row["prompt_fingerprint"] = fingerprint_json(self.prompt_text)
+            row["content_fingerprint"] = fingerprint_json(content)
+        if capture == "full":
+            row["prompt_text"] = self.prompt_text
+            row["content_text"] = content
+        if capture == "none":
+            row["content_chars"] = None
+        return row
+
+
+class _LazyRow(Sequence[dict[str, Any]]):
+    """A one-row batch whose row (fingerprints included) is built on first use — by the
+    writer thread, so the event loop that paces tokens never spends time on it."""
+
+    __slots__ = ("_rec", "_capture", "_row")
+
+    def __init__(self, rec: CycleRecord, capture: str) -> None:
+        self._rec = rec
+        self._capture = capture
+        self._row: dict[str, Any] | None = None
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
+        if i not in (0, -1):
+            raise IndexError(i)
+        if self._row is None:
+            self._row = self._rec.row(self._capture)
+        return self._row
+
+
+class Recorder:
+    """Submits cycle rows to the writer and waits until they are durable."""
+
+    def __init__(self, writer: RecordWriter, capture: str) -> None:
+        self.writer = writer
+        self.capture = capture
+        self.recorded = 0
+        self.failed = 0
+        #: Smoothed submit-to-durable time; non-streaming answers submit this much ahead.
+        self.commit_ewma_ns = 5_000_000
+
+    async def record(self, rec: CycleRecord) -> None:
+        """Make ``rec`` durable; raises if the write failed (the caller must fail loudly)."""
+        batch = WriteBatch(Cycle, _LazyRow(rec, self.capture))
+        t0 = time.monotonic_ns()
+        try:
+            await asyncio.wrap_future(self.writer.submit(batch))
+        except Exception:
+            self.failed += 1
+            raise
+        self.commit_ewma_ns += (time.monotonic_ns() - t0 - self.commit_ewma_ns) // 8
+        self.recorded += 1
+
+    def lead_ns(self) -> int:
+        """How long before a planned release to submit its row (2x the usual commit time,
+        10-200 ms)."""
+        return min(200_000_000, max(10_000_000, 2 * self.commit_ewma_ns))

@@ -1,0 +1,149 @@
+"""Running the proxy: in a background thread (``serve_proxy``) or in the foreground (CLI).
+
+``serve_proxy`` is what the simulator, ``flowtrial demo`` and the tests use::
+
+    with serve_proxy("study.db", config) as proxy:
+        client = OpenAI(base_url=proxy.base_url + "/v1", api_key=participant_key)
+
+On exit it stops accepting connections, lets open streams finish for up to ``grace_s``
+(then records them as abandoned), drains the record writer and closes the database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from instrumentation.proxy.app import create_proxy_app
+from instrumentation.proxy.state import ProxyState, close_writer, make_writer
+from instrumentation.proxy.upstream import Upstream, UpstreamRouter
+from study.config import StudyConfig
+from study.errors import FlowtrialError
+from study.storage import Database, RecordWriter, init_db
+
+__all__ = ["ProxyHandle", "ProxyStartError", "bind_socket", "make_server", "serve_proxy"]
+
+
+#: GIL hand-over interval while the proxy runs: the writer thread (SQLAlchemy) and the
+#: threads running database reads must not hold the event loop off for Python's default 5 ms.
+SWITCH_INTERVAL_S = 0.001
+
+
+class ProxyStartError(FlowtrialError):
+    """The proxy could not start (port taken, bad host, ...)."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); port 0 picks a free one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ProxyStartError(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}): pick another --port "
+            "or stop the program using it"
+        ) from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def base_url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+class _ProxyServer(uvicorn.Server):
+    """uvicorn, minus re-raising SIGTERM/SIGINT after its graceful shutdown: the caller still
+    has the writer to drain and a summary to print once ``run`` returns."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C: stop waiting for open streams
+        else:
+            self.should_exit = True
+
+
+def make_server(app: Any, grace_s: float, log_level: str = "warning") -> uvicorn.Server:
+    """A uvicorn server for the proxy app (no access log: it costs time on every request)."""
+    config = uvicorn.Config(
+        app, log_level=log_level, access_log=False, lifespan="on",
+        timeout_graceful_shutdown=max(1, round(grace_s)), timeout_keep_alive=75,
+    )
+    return _ProxyServer(config)
+
+
+@dataclass
+class ProxyHandle:
+    """A running proxy: where it listens and what it has done."""
+
+    base_url: str
+    database: Database
+    writer: RecordWriter
+    app: Any
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    @property
+    def state(self) -> ProxyState:
+        return self.app.state.proxy  # type: ignore[no-any-return]
+
+    @property
+    def port(self) -> int:
+        return int(self.base_url.rsplit(":", 1)[1])
+
+
+@contextlib.contextmanager
+def serve_proxy(db: str | Path, config: StudyConfig, host: str = "127.0.0.1", port: int = 0,
+                *, upstream: Upstream | UpstreamRouter | None = None,
+                grace_s: float = 10.0) -> Iterator[ProxyHandle]:
+    """Run the proxy for ``config`` on ``db`` in a background thread (see module doc)."""
+    database = init_db(db, config)
+    writer = make_writer(database)
+    app = create_proxy_app(database, config, writer=writer, upstream=upstream, grace_s=grace_s)
+    try:
+        sock = bind_socket(host, port)
+    except BaseException:
+        close_writer(writer)
+        database.dispose()
+        raise
+    server = make_server(app, grace_s)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                              name="flowtrial-proxy", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            close_writer(writer)
+            database.dispose()
+            sock.close()
+            raise ProxyStartError("the proxy failed to start: see the log above")
+        time.sleep(0.005)
+    handle = ProxyHandle(base_url_of(sock), database, writer, app, server, thread)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
+    try:
+        yield handle
+    finally:
+        sys.setswitchinterval(switch)
+        server.should_exit = True
+        thread.join(grace_s + 15)
+        close_writer(writer)
+        sock.close()
+        database.dispose()

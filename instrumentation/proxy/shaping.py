@@ -1,0 +1,165 @@
+"""Latency shaping (DESIGN.md §3): when each output token may be released.
+
+A cycle's :class:`Target` (per arm, or per prompt from the draw) gives a floor on the first
+output token (``ttft_ms``), a pace after it (``tokens_per_second``), optional log-normal
+``jitter`` on the inter-token gaps (mean preserved) and ``delivery`` (``stream`` or
+``all_at_once``). Output token 0 may be released at t_request + ttft; once it has been
+written at t0, token k (k >= 1) may be released at
+
+    due(k) = t0 + g_1 + … + g_k,   g_i = 1/tps · exp(σ·Z_i − σ²/2)
+
+and goes out at max(upstream arrival of k, due(k)): the shaper only ever slows delivery.
+When token 0 is on time, t0 = t_request + ttft and this is DESIGN.md's
+t_request + ttft + k/tps; pacing from the actual t0 keeps a few ms of lateness on the first
+token from being "caught up" by a burst, so the pace the participant sees is the target pace.
+Without ``ttft_ms`` token 0 goes out on arrival (a tokens/s-only arm is a pure rate limit).
+``all_at_once`` releases the whole answer at t_request + ttft + n/tps (n = completion tokens).
+
+"Output" means answer text *and* tool-call deltas: an agent waits for a tool call exactly as
+a person waits for text, and an answer that is only a tool call must not escape the
+manipulation.
+
+**Manipulation violation.** ``violation_ms`` is how late the participant got the answer
+against its schedule: the larger of (first output token written − due(0)) and (last output
+token written − due(n−1)), clipped at 0, in ms — the miss on experienced TTFT and on the total
+generation wait. (For ``all_at_once`` and non-streaming answers both are release − the one
+due time.) It is recorded for every shaped cycle; ``violation`` is set when it exceeds
+:data:`VIOLATION_TOLERANCE_MS` (5 ms), so event-loop scheduling noise (~1 ms) is not a
+violation, but an upstream slower than the target — a late first token, a stream slower than
+the pace — is, with the size of the miss. A mid-stream stall the schedule catches up on does
+not count: the participant's TTFT and total wait were still on target.
+
+**Time scale.** With ``study.time_scale`` = s > 1 the applied targets are compressed
+(ttft/s, tps·s); cycles record the *applied* targets, analysis multiplies back.
+
+All deadlines are absolute, on ``time.monotonic_ns()``, so a late wake-up is absorbed by the
+next token instead of accumulating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from study.config import ArmConfig, PerPromptSection
+
+__all__ = ["Pacer", "Target", "VIOLATION_TOLERANCE_MS", "sleep_until"]
+
+VIOLATION_TOLERANCE_MS = 5.0
+_monotonic_ns = time.monotonic_ns
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The latency profile applied to one cycle (already time-scaled)."""
+
+    ttft_ms: float | None = None
+    tokens_per_second: float | None = None
+    jitter: float = 0.0
+    delivery: Literal["stream", "all_at_once"] = "stream"
+
+    @property
+    def shaped(self) -> bool:
+        return (
+            self.ttft_ms is not None
+            or self.tokens_per_second is not None
+            or self.delivery == "all_at_once"
+        )
+
+    @classmethod
+    def for_arm(cls, arm: ArmConfig, time_scale: float = 1.0) -> Target | None:
+        """The arm's profile, compressed by ``time_scale``; None for an unshaped arm."""
+        if not arm.shaped:
+            return None
+        return cls.scaled(arm.ttft_ms, arm.tokens_per_second, arm.jitter, arm.delivery,
+                          time_scale)
+
+    @classmethod
+    def for_draw(cls, pp: PerPromptSection, draw: dict[str, float | int | None],
+                 time_scale: float = 1.0) -> Target:
+        """The per-prompt draw's profile, compressed by ``time_scale``."""
+        ttft = draw.get("ttft_ms")
+        tps = draw.get("tokens_per_second")
+        return cls.scaled(
+            float(ttft) if ttft is not None else None,
+            float(tps) if tps is not None else None,
+            pp.jitter, pp.delivery, time_scale,
+        )
+
+    @classmethod
+    def scaled(cls, ttft_ms: float | None, tps: float | None, jitter: float,
+               delivery: Literal["stream", "all_at_once"], time_scale: float) -> Target:
+        return cls(
+            ttft_ms / time_scale if ttft_ms is not None else None,
+            tps * time_scale if tps is not None else None,
+            jitter,
+            delivery,
+        )
+
+
+class Pacer:
+    """Release times of one cycle's output tokens on the monotonic clock (ns).
+
+    Token 0 is due at t_request + ttft (or on arrival without a floor); once it has gone out
+    at time t0, token k is due at t0 + g_1 + … + g_k.
+    """
+
+    __slots__ = ("t_request", "base", "gap", "jitter", "all_at_once", "splits", "_cum", "_rng",
+                 "ttft_ns")
+
+    def __init__(self, target: Target, t_request_ns: int, seed: str = "") -> None:
+        self.t_request = t_request_ns
+        self.ttft_ns = round(target.ttft_ms * 1e6) if target.ttft_ms is not None else None
+        #: Release time of token 0 once it has gone out; None before.
+        self.base: int | None = None
+        tps = target.tokens_per_second
+        self.gap = 1e9 / tps if tps else 0.0
+        self.jitter = target.jitter if tps else 0.0
+        self.all_at_once = target.delivery == "all_at_once"
+        #: Token-sized pieces are only worth cutting when there is a pace to keep.
+        self.splits = bool(tps) and not self.all_at_once
+        self._cum: list[float] = [0.0]
+        self._rng = random.Random(seed) if self.jitter > 0 else None
+
+    def first_due(self, arrival_ns: int) -> int:
+        """When token 0 may go out: the TTFT floor, or its arrival when there is none."""
+        if self.ttft_ns is None:
+            return arrival_ns
+        return self.t_request + self.ttft_ns
+
+    def start(self, t_ns: int) -> None:
+        """Token 0 went out at ``t_ns``: the pace runs from here."""
+        if self.base is None:
+            self.base = t_ns
+
+    def due(self, k: int) -> int:
+        """Release time of output token ``k`` >= 1 (after :meth:`start`)."""
+        base = self.base if self.base is not None else self.first_due(self.t_request)
+        if self._rng is None:
+            return base + int(k * self.gap)
+        cum = self._cum
+        if len(cum) <= k:
+            sd = self.jitter
+            mu = -0.5 * sd * sd  # E[exp(N(mu, sd²))] = 1: the mean gap stays 1/tps
+            rng = self._rng
+            gap = self.gap
+            while len(cum) <= k:
+                cum.append(cum[-1] + gap * math.exp(rng.gauss(mu, sd)))
+        return base + int(cum[k])
+
+    def due_all(self, n_tokens: int) -> int:
+        """Release time of a whole answer of ``n_tokens``: t_request + ttft + n/tps."""
+        return self.t_request + (self.ttft_ns or 0) + int(n_tokens * self.gap)
+
+
+async def sleep_until(deadline_ns: int) -> None:
+    """Sleep until the monotonic clock reaches ``deadline_ns`` (never wakes early)."""
+    while True:
+        remaining = deadline_ns - _monotonic_ns()
+        if remaining <= 0:
+            return
+        await asyncio.sleep(remaining / 1e9)

@@ -1,0 +1,282 @@
+"""Where requests go: the in-process simulated model, or a real API over HTTP.
+
+:class:`MockUpstream` calls :class:`~instrumentation.mock_model.MockModel` directly (no HTTP,
+no sockets) when ``upstream.kind = "mock"``. :class:`HttpUpstream` streams from a real base
+URL with httpx; its API key is read from the environment variable *named* in the study at
+each request — it is never stored, logged, recorded or echoed. Connection failures become
+:class:`UpstreamError` 502, timeouts 504.
+
+Path mapping follows the SDKs' ``base_url`` conventions: for the OpenAI family the base URL
+includes the version (``https://api.openai.com/v1``) and the proxy path's ``/v1`` prefix is
+dropped; for the Anthropic family the base URL has no version
+(``https://api.anthropic.com``) and the full path is appended.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from instrumentation.proxy.http1 import LeanTransport
+from study.config import StudyConfig
+from study.errors import FlowtrialError
+
+__all__ = [
+    "CYCLE_HEADER",
+    "HttpUpstream",
+    "MockUpstream",
+    "Upstream",
+    "UpstreamError",
+    "UpstreamReply",
+    "UpstreamRouter",
+    "forwardable_request_headers",
+    "forwardable_response_headers",
+    "missing_key_vars",
+]
+
+CYCLE_HEADER = "x-flowtrial-cycle-id"
+
+# Hop-by-hop and length/encoding headers are the proxy's own business on each leg.
+_HOP = {
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "trailers", "transfer-encoding", "upgrade", "content-length", "host",
+}
+_REQUEST_DROP = _HOP | {"authorization", "x-api-key", "api-key", "accept-encoding", "cookie"}
+_RESPONSE_DROP = _HOP | {"content-encoding", "set-cookie", "date", "server", CYCLE_HEADER}
+
+
+class UpstreamError(Exception):
+    """The upstream could not be reached or did not answer in time (502 / 504)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class UpstreamConfigError(FlowtrialError):
+    """The study's upstream cannot be used (e.g. its key variable is not set)."""
+
+
+async def _noop() -> None:
+    return None
+
+
+@dataclass
+class UpstreamReply:
+    """Status, headers and the body as an async iterator of byte chunks."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: AsyncIterator[bytes]
+    close: Callable[[], Awaitable[None]] = field(default=_noop)
+
+    @property
+    def content_type(self) -> str:
+        for k, v in self.headers:
+            if k.lower() == "content-type":
+                return v
+        return ""
+
+    @property
+    def is_event_stream(self) -> bool:
+        return self.content_type.startswith("text/event-stream")
+
+
+def forwardable_request_headers(headers: Mapping[str, str] | Any) -> dict[str, str]:
+    """Client headers worth passing on (SDK and beta headers), without auth or framing."""
+    out = {}
+    for k, v in headers.items():
+        lk = k.lower()
+        if lk in _REQUEST_DROP or lk.startswith(("x-flowtrial-", "proxy-")):
+            continue
+        out[lk] = v
+    return out
+
+
+def forwardable_response_headers(headers: Any) -> list[tuple[str, str]]:
+    """Upstream headers worth passing back (request ids, rate limits), without framing."""
+    items = headers.items() if hasattr(headers, "items") else headers
+    return [(k.lower(), v) for k, v in items if k.lower() not in _RESPONSE_DROP]
+
+
+class Upstream:
+    """Interface: one model endpoint the proxy forwards to."""
+
+    name: str = "upstream"
+
+    async def start(self) -> None:
+        """Open connections / clients (idempotent)."""
+
+    async def stop(self) -> None:
+        """Close them (idempotent)."""
+
+    async def request(self, method: str, path: str, headers: dict[str, str],
+                      body: bytes) -> UpstreamReply:
+        """Send a request for proxy ``path`` (e.g. ``/v1/chat/completions``)."""
+        raise NotImplementedError
+
+    async def models(self, headers: dict[str, str]) -> UpstreamReply:
+        """The arm-neutral model list (``GET /v1/models``)."""
+        return await self.request("GET", "/v1/models", headers, b"")
+
+
+class MockUpstream(Upstream):
+    """The built-in simulated model, called in-process."""
+
+    name = "mock"
+
+    def __init__(self, model: Any = None, *, tokens_per_second: float = 2000.0,
+                 ttft_ms: float = 20.0, seed: int = 0) -> None:
+        if model is None:
+            from instrumentation.mock_model import MockModel
+
+            model = MockModel(tokens_per_second=tokens_per_second, ttft_ms=ttft_ms, seed=seed)
+        self.model = model
+
+    async def request(self, method: str, path: str, headers: dict[str, str],
+                      body: bytes) -> UpstreamReply:
+        reply = await self.model.respond(method, path, headers, body)
+        body_iter = reply.body
+
+        async def close() -> None:
+            aclose = getattr(body_iter, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+        return UpstreamReply(reply.status, forwardable_response_headers(reply.headers),
+                             body_iter, close)
+
+
+class HttpUpstream(Upstream):
+    """A real OpenAI- or Anthropic-compatible API, streamed with httpx (over the lean
+    HTTP/1.1 transport of :mod:`instrumentation.proxy.http1` unless ``transport`` is given,
+    e.g. ``httpx.AsyncHTTPTransport()`` for httpx's own)."""
+
+    def __init__(self, base_url: str, api_key_env: str | None, *, family: str = "openai",
+                 timeout_s: float = 600.0, connect_timeout_s: float = 10.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key_env = api_key_env
+        self.family = family
+        self.name = f"{family}:{httpx.URL(self.base_url).host}"
+        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=self._timeout,
+                transport=self._transport or LeanTransport(),
+                trust_env=False,  # never route model traffic through an env-configured proxy
+            )
+
+    async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def url_for(self, path: str) -> str:
+        if self.family == "openai" and path.startswith("/v1/"):
+            path = path[3:]
+        return self.base_url + path
+
+    def _auth_headers(self) -> dict[str, str]:
+        if not self.api_key_env:
+            return {}
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise UpstreamError(
+                502, f"the upstream key variable {self.api_key_env} is not set for the proxy"
+            )
+        if self.family == "anthropic":
+            return {"x-api-key": key}
+        return {"authorization": f"Bearer {key}"}
+
+    async def request(self, method: str, path: str, headers: dict[str, str],
+                      body: bytes) -> UpstreamReply:
+        await self.start()
+        assert self._client is not None
+        req_headers = {**headers, **self._auth_headers(), "accept-encoding": "identity"}
+        request = self._client.build_request(
+            method, self.url_for(path), headers=req_headers, content=body or None
+        )
+        try:
+            resp = await self._client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise UpstreamError(504, f"upstream timed out ({type(exc).__name__})") from None
+        except httpx.HTTPError as exc:
+            raise UpstreamError(502, f"upstream unreachable ({type(exc).__name__})") from None
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in resp.aiter_bytes():
+                    yield chunk
+            except httpx.TimeoutException as exc:
+                raise UpstreamError(504, f"upstream timed out mid-answer ({type(exc).__name__})"
+                                    ) from None
+            except httpx.HTTPError as exc:
+                raise UpstreamError(502, f"upstream connection failed mid-answer "
+                                         f"({type(exc).__name__})") from None
+
+        return UpstreamReply(resp.status_code, forwardable_response_headers(resp.headers.items()),
+                             chunks(), resp.aclose)
+
+
+def missing_key_vars(config: StudyConfig) -> list[str]:
+    """Names of the key variables the study's real upstreams need but the environment lacks
+    (only names: the keys themselves are never read here)."""
+    up = config.upstream
+    if up.kind == "mock":
+        return []
+    names = [up.api_key_env] + [e.api_key_env for e in (up.openai, up.anthropic) if e]
+    out: list[str] = []
+    for name in names:
+        if name and not os.environ.get(name) and name not in out:
+            out.append(name)
+    return out
+
+
+class UpstreamRouter:
+    """Which upstream serves which protocol family, built from ``[upstream]``."""
+
+    def __init__(self, by_family: dict[str, Upstream]) -> None:
+        self.by_family = by_family
+
+    @classmethod
+    def from_config(cls, config: StudyConfig) -> UpstreamRouter:
+        up = config.upstream
+        if up.kind == "mock":
+            m = up.mock
+            mock = MockUpstream(tokens_per_second=m.tokens_per_second, ttft_ms=m.ttft_ms,
+                                seed=m.seed)
+            return cls({"openai": mock, "anthropic": mock})
+        fams: dict[str, Upstream] = {}
+        for family in ("openai", "anthropic"):
+            side = getattr(up, family)
+            if side is not None:
+                fams[family] = HttpUpstream(side.base_url, side.api_key_env, family=family,
+                                            timeout_s=up.timeout_s,
+                                            connect_timeout_s=up.connect_timeout_s)
+        if up.base_url is not None and up.kind not in fams:
+            fams[up.kind] = HttpUpstream(up.base_url, up.api_key_env, family=up.kind,
+                                         timeout_s=up.timeout_s,
+                                         connect_timeout_s=up.connect_timeout_s)
+        return cls(fams)
+
+    def for_family(self, family: str) -> Upstream | None:
+        return self.by_family.get(family)
+
+
+    async def start(self) -> None:
+        for u in set(self.by_family.values()):
+            await u.start()
+
+    async def stop(self) -> None:
+        for u in set(self.by_family.values()):
+            await u.stop()

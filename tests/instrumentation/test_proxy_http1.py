@@ -1,0 +1,157 @@
+"""The proxy's lean HTTP/1.1 upstream transport against real loopback servers."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from instrumentation.proxy.http1 import LeanTransport
+from tests.instrumentation.proxy_servers import closed_port, silent_server
+from tests.instrumentation.servers import run_asgi_server
+
+
+async def _echo(request: Request) -> Response:
+    body = await request.body()
+    return Response(b"len=%d auth=%s" % (len(body), request.headers.get("authorization", "")
+                                         .encode()), media_type="text/plain")
+
+
+async def _chunks(request: Request) -> StreamingResponse:
+    async def gen():
+        for i in range(5):
+            yield f"data: {i}\n\n".encode()
+            await asyncio.sleep(0.001)
+
+    return StreamingResponse(gen(), media_type="text/event-stream")
+
+
+APP = Starlette(routes=[Route("/echo", _echo, methods=["POST"]),
+                        Route("/chunks", _chunks, methods=["GET"])])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with run_asgi_server(APP, timeout_keep_alive=1) as url:
+        yield url
+
+
+class Counting(LeanTransport):
+    connects = 0
+
+    async def _connect(self, *args):  # type: ignore[no-untyped-def]
+        self.connects += 1
+        return await super()._connect(*args)
+
+
+async def _get(client: httpx.AsyncClient, url: str) -> bytes:
+    async with client.stream("GET", url) as r:
+        return b"".join([c async for c in r.aiter_bytes()])
+
+
+def test_keep_alive_reuse_and_stale_connection_retry(server: str) -> None:
+    async def go() -> tuple[list[bytes], int, bytes, int]:
+        t = Counting()
+        async with httpx.AsyncClient(transport=t) as c:
+            bodies = [await _get(c, server + "/chunks") for _ in range(3)]
+            r = await c.post(server + "/echo", content=b"x" * 1000,
+                             headers={"authorization": "Bearer k"})
+            used = t.connects
+            await asyncio.sleep(1.6)  # the server closes the idle connection (keep-alive 1 s)
+            again = await _get(c, server + "/chunks")
+            return bodies, used, r.content + again, t.connects
+
+    bodies, used, tail, connects = asyncio.run(go())
+    assert bodies == [b"".join(f"data: {i}\n\n".encode() for i in range(5))] * 3
+    assert used == 1  # one connection served all four requests
+    assert tail.startswith(b"len=1000 auth=Bearer k") and tail.endswith(b"data: 4\n\n")
+    assert connects == 2  # the stale one was dropped and a new one made, no error
+
+
+def test_content_length_and_close_delimited_bodies() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end")
+        await writer.drain()
+        writer.close()
+
+    async def go() -> bytes:
+        srv = await asyncio.start_server(handler, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        async with srv, httpx.AsyncClient(transport=LeanTransport()) as c:
+            return (await c.get(f"http://127.0.0.1:{port}/")).content
+
+    assert asyncio.run(go()) == b"until the end"
+
+
+def test_errors_map_to_httpx_exceptions() -> None:
+    async def go(url: str, timeout: float) -> None:
+        async with httpx.AsyncClient(transport=LeanTransport(), timeout=timeout) as c:
+            await c.get(url)
+
+    with pytest.raises(httpx.ConnectError):
+        asyncio.run(go(f"http://127.0.0.1:{closed_port()}/", 2))
+    with silent_server() as port, pytest.raises(httpx.ReadTimeout):
+        asyncio.run(go(f"http://127.0.0.1:{port}/", 0.2))
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_tls_upstream(tmp_path: Path) -> None:
+    pytest.importorskip("cryptography")  # only to make a throwaway certificate
+    cert, key = _self_signed(tmp_path)
+    with run_asgi_server(APP, ssl_certfile=str(cert), ssl_keyfile=str(key)) as url:
+        https = url.replace("http://127.0.0.1", "https://localhost")
+        ctx = ssl.create_default_context(cafile=str(cert))
+
+        async def go() -> tuple[bytes, int]:
+            t = Counting(ssl_context=ctx)
+            async with httpx.AsyncClient(transport=t) as c:
+                first = await _get(c, https + "/chunks")
+                await _get(c, https + "/chunks")
+                return first, t.connects
+
+        t0 = time.monotonic()
+        body, connects = asyncio.run(go())
+    assert body.endswith(b"data: 4\n\n") and connects == 1
+    assert time.monotonic() - t0 < 10
+
+    async def untrusted() -> None:
+        async with httpx.AsyncClient(transport=LeanTransport()) as c:
+            await c.get(https + "/chunks")
+
+    with run_asgi_server(APP, ssl_certfile=str(cert), ssl_keyfile=str(key)) as url:
+        https = url.replace("http://127.0.0.1", "https://localhost")
+        with pytest.raises(httpx.ConnectError):  # certificate not trusted: refused
+            asyncio.run(untrusted())
