@@ -1,9 +1,13 @@
 """The proxy's ASGI app (Starlette): routes, authentication, limits and lifecycle.
 
 Routes: one per protocol adapter (``POST /v1/chat/completions``, ``/v1/completions``,
-``/v1/responses``), ``GET /v1/models`` (authenticated, arm-neutral), ``POST
-/flowtrial/v1/events`` (authenticated) and ``GET /flowtrial/v1/health`` (open). Unknown paths
-get 404 and every error comes back in the OpenAI error shape (or the protocol adapter's).
+``/v1/responses``, ``/v1/messages``), the Responses WebSocket mode on ``ws://…/v1/responses``
+(:mod:`instrumentation.proxy.websocket`), ``POST /v1/messages/count_tokens`` (authenticated,
+passed to the Anthropic upstream, not a cycle: no answer to shape), ``GET /v1/models``
+(authenticated, arm-neutral), ``POST /flowtrial/v1/events`` (authenticated),
+``GET /flowtrial/v1/health`` and ``GET``/``HEAD /`` (open; Claude Code probes ``HEAD /``).
+Unknown paths get 404 and every error comes back in the protocol's own error shape (OpenAI's
+by default, Anthropic's on the Messages paths).
 """
 
 from __future__ import annotations
@@ -26,15 +30,22 @@ from starlette.routing import Route
 from instrumentation.continue_data import continue_routes
 from instrumentation.participant_page import participant_routes
 from instrumentation.proxy.events_api import EventsRejected, accept_events
-from instrumentation.proxy.protocols import ADAPTERS, ProtocolAdapter, openai_error
+from instrumentation.proxy.protocols import (
+    ADAPTERS,
+    MessagesAdapter,
+    ProtocolAdapter,
+    openai_error,
+)
 from instrumentation.proxy.relay import Exchange
 from instrumentation.proxy.state import ProxyState, close_writer, make_writer
 from instrumentation.proxy.upstream import (
+    CYCLE_HEADER,
     Upstream,
     UpstreamError,
     UpstreamRouter,
     forwardable_request_headers,
 )
+from instrumentation.proxy.websocket import serve_responses_socket
 from study.config import StudyConfig
 from study.storage import Database, RecordWriter
 
@@ -119,7 +130,8 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
             return _error(400, "the request body must be a JSON object", code="invalid_json",
                           adapter=adapter)
         info = adapter.read_request(obj)
-        return Exchange(st, adapter, participant, body, info, request.headers, t_request)
+        return Exchange(st, adapter, participant, body, info, request.headers, t_request,
+                        request.scope.get("query_string", b"").decode("latin-1"))
 
     endpoint.__name__ = f"proxy_{adapter_cls.name}"
     return endpoint
@@ -146,6 +158,49 @@ async def models(request: Request) -> Response:
         code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
         return _error(exc.status, exc.message, "upstream_error", code)
     return Response(body, reply.status, media_type=reply.content_type or "application/json")
+
+
+async def count_tokens(request: Request) -> Response:
+    """``POST /v1/messages/count_tokens``: passed to the Anthropic upstream as is. Not a
+    cycle: it answers no prompt, so there is nothing to shape (DESIGN.md §4)."""
+    st = _state(request)
+    st.requests += 1
+    adapter = MessagesAdapter()
+    if await st.auth.authenticate(request.headers) is None:
+        st.errors += 1
+        return _unauthorized(adapter)
+    try:
+        body = await _read_body(request, st.max_body_bytes)
+    except _BodyTooLarge:
+        st.errors += 1
+        return _too_large(st.max_body_bytes, adapter)
+    upstream = st.upstreams.for_family("anthropic")
+    if upstream is None:
+        return _error(501, "this proxy has no upstream for Anthropic Messages: add "
+                           "[upstream.anthropic] to the study file", "upstream_error",
+                      "no_upstream", adapter=adapter)
+    path = request.url.path
+    if request.url.query:
+        path += "?" + request.url.query
+    try:
+        reply = await upstream.request("POST", path, forwardable_request_headers(
+            request.headers), body)
+        try:
+            out = b"".join([c async for c in reply.body])
+        finally:
+            await reply.close()
+    except UpstreamError as exc:
+        st.errors += 1
+        code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
+        return _error(exc.status, exc.message, "upstream_error", code, adapter=adapter)
+    headers = {k: v for k, v in reply.headers if k.lower() not in ("content-type", CYCLE_HEADER)}
+    return Response(out, reply.status, headers=headers,
+                    media_type=reply.content_type or "application/json")
+
+
+async def root(request: Request) -> Response:
+    """``GET``/``HEAD /``: a quick 200 (Claude Code checks the base URL answers)."""
+    return _json(200, {"service": "flowtrial-proxy", "status": "ok"})
 
 
 async def events(request: Request) -> Response:
@@ -175,14 +230,16 @@ async def health(request: Request) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    adapter = MessagesAdapter() if request.url.path.startswith("/v1/messages") else None
     if exc.status_code == 404:
         return _error(404, f"unknown path {request.url.path}: the proxy serves "
-                           "/v1/chat/completions, /v1/completions, /v1/responses, /v1/models "
-                           "and /flowtrial/v1/events", code="unknown_url")
+                           "/v1/chat/completions, /v1/completions, /v1/responses (HTTP and "
+                           "WebSocket), /v1/messages, /v1/models and /flowtrial/v1/events",
+                      code="unknown_url", adapter=adapter)
     if exc.status_code == 405:
         return _error(405, f"method {request.method} not allowed on {request.url.path}",
-                      code="method_not_allowed")
-    return _error(exc.status_code, str(exc.detail))
+                      code="method_not_allowed", adapter=adapter)
+    return _error(exc.status_code, str(exc.detail), adapter=adapter)
 
 
 class ProxyApp(Starlette):
@@ -195,6 +252,9 @@ class ProxyApp(Starlette):
         self._fast = fast
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket" and scope["path"] in ("/v1/responses", "/responses"):
+            await serve_responses_socket(self.state.proxy, scope, receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = self._fast.get(scope["path"])
             if endpoint is not None:
@@ -255,6 +315,8 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
     fast = {a.path: _protocol_endpoint(a) for a in ADAPTERS.values()}
     routes = [Route(path, endpoint, methods=["POST"]) for path, endpoint in fast.items()]
     routes += [
+        Route("/", root, methods=["GET", "HEAD"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/flowtrial/v1/events", events, methods=["POST"]),
         Route("/flowtrial/v1/health", health, methods=["GET"]),

@@ -5,15 +5,19 @@ authenticated and its body read (t_request). It resolves the arm (the only datab
 all before the upstream call), calls the upstream, relays the answer through the shaper and
 records the cycle:
 
-- streams: headers and pre-content events (role chunk, ``response.created``) go out as they
-  arrive; output events are released on the :class:`~instrumentation.proxy.shaping.Pacer`'s
-  schedule, split into token-sized whole events when there is a pace to keep; keep-alives fill
-  injected waits longer than ``proxy.keepalive_s``; the final event (``[DONE]``,
-  ``response.completed``) is sent only after the cycle row is durable, and replaced by the
-  protocol's error event if the write fails;
+- streams (the shaped relay itself is :class:`~instrumentation.proxy.cycle.CycleRun`, shared
+  with the WebSocket mode; this class is its HTTP sink): headers and pre-content events (role
+  chunk, ``response.created``, ``message_start``) go out as they arrive; text events are
+  released on the :class:`~instrumentation.proxy.shaping.Pacer`'s schedule, split into
+  token-sized whole events when there is a pace to keep; tool-call deltas go out as they
+  arrive; keep-alives (``: keep-alive`` comments, Anthropic ``ping`` events) fill injected
+  waits longer than ``proxy.keepalive_s``; the final event (``[DONE]``,
+  ``response.completed``, ``message_stop``) is sent only after the cycle row is durable, and
+  replaced by the protocol's error event if the write fails;
 - non-streaming answers are held until t_request + ttft + n/tps; the row is submitted just
   ahead of the release (so a client that gives up during the hold is recorded as abandoned)
   and the body is sent once it is durable (else 503);
+- the client's query string (Claude Code's ``?beta=true``) is passed to the upstream;
 - a client disconnect cancels the exchange and records it as ``abandoned`` with what had been
   sent; so does a shutdown that outlasts the grace period.
 """
@@ -25,23 +29,22 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from instrumentation.proxy.arms import NoAssignmentError
 from instrumentation.proxy.auth import ParticipantInfo
-from instrumentation.proxy.protocols.base import Classified, Kind, ProtocolAdapter, RequestInfo
-from instrumentation.proxy.recorder import CycleRecord
-from instrumentation.proxy.shaping import Pacer, sleep_until
+from instrumentation.proxy.cycle import CycleRun
+from instrumentation.proxy.protocols.base import ProtocolAdapter, RequestInfo, SSEParser
+from instrumentation.proxy.shaping import sleep_until
 from instrumentation.proxy.sources import Direct, Prefetch
-from instrumentation.proxy.state import ProxyState, new_cycle_id
+from instrumentation.proxy.state import ProxyState
 from instrumentation.proxy.upstream import (
     CYCLE_HEADER,
     UpstreamError,
     UpstreamReply,
     forwardable_request_headers,
 )
-from instrumentation.tokens import count_tokens, split_tokens
+from instrumentation.tokens import count_tokens
 
 __all__ = ["Exchange"]
 
@@ -66,41 +69,29 @@ def _error_text(body: bytes) -> str:
     return body[:1000].decode("utf-8", "replace")
 
 
-class Exchange:
+class Exchange(CycleRun):
     """ASGI callable that answers one proxied model request and records its cycle."""
 
     def __init__(self, state: ProxyState, adapter: ProtocolAdapter, participant: ParticipantInfo,
                  body: bytes, info: RequestInfo, headers: Mapping[str, str],
-                 t_request_ns: int) -> None:
-        self.state = state
-        self.adapter = adapter
+                 t_request_ns: int, query: str = "") -> None:
+        super().__init__(state, adapter, participant, info, t_request_ns)
         self.body = body
-        self.info = info
         self.headers = headers
-        self.rec = CycleRecord(
-            id=new_cycle_id(), participant_id=participant.id, protocol=adapter.name,
-            stream=info.stream, model=info.model, upstream="", t_request_ns=t_request_ns,
-            mono_anchor_ns=state.mono_anchor_ns, wall_anchor_ns=state.wall_anchor_ns,
-            started_at=datetime.fromtimestamp(
-                (state.wall_anchor_ns + t_request_ns - state.mono_anchor_ns) / 1e9, UTC),
-            simulated=participant.simulated, prompt_text=info.prompt_text,
-        )
-        self.pacer: Pacer | None = None
-        self._task_lookup: asyncio.Future[int | None] | None = None
+        self.path = adapter.path + ("?" + query if query else "")
         self.send: Any = None
         self.started = False  # response headers sent
-        self.finalizing = False  # the row is being made durable: a disconnect no longer cancels
-        self.last_write = t_request_ns
-        self._out: list[bytes] = []
-        self._pend_texts: list[str] = []
-        self._pend_tokens = 0
-        self._pend_output = False
-        self._pend_min: int | None = None
-        self._pend_max: int | None = None
 
-    @property
-    def cycle_id(self) -> str:
-        return self.rec.id
+    # ------------------------------------------------------------------ sink
+    async def _emit(self, frames: list[bytes]) -> None:
+        body = frames[0] if len(frames) == 1 else b"".join(frames)
+        await self.send({"type": _BODY, "body": body, "more_body": True})
+
+    async def _emit_keepalive(self) -> None:
+        await self.send({"type": _BODY, "body": self.adapter.keepalive(), "more_body": True})
+
+    async def _emit_last(self, frame: bytes) -> None:
+        await self.send({"type": _BODY, "body": frame, "more_body": False})
 
     # ------------------------------------------------------------------ ASGI entry
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -127,7 +118,7 @@ class Exchange:
         except asyncio.CancelledError:
             if not self.finalizing:
                 why = "client disconnected" if disconnected else "proxy shut down mid-answer"
-                await self._abandon(why)
+                await self._abandon(why, started=self.started)
             if not disconnected:
                 raise
             main.uncancel()  # the client is gone; nothing left to cancel
@@ -135,7 +126,8 @@ class Exchange:
             # A bug or an unexpected upstream shape: still record the cycle, answer 500.
             log.exception("cycle %s failed", rec.id)
             if not self.finalizing:
-                await self._abandon(f"proxy error: {type(exc).__name__}: {exc}", "error")
+                await self._abandon(f"proxy error: {type(exc).__name__}: {exc}", "error",
+                                    started=self.started)
             if self.started:
                 raise
             await self._send_whole(500, self.adapter.error_body(
@@ -145,42 +137,15 @@ class Exchange:
             watcher.cancel()
             st.close_cycle(rec.id)
 
-    async def _record(self) -> None:
-        """Make the cycle durable (raises if the write fails)."""
-        if self._task_lookup is not None:
-            try:
-                self.rec.task_id = await asyncio.shield(self._task_lookup)
-            except Exception:  # noqa: BLE001 - a label only; the cycle must still be recorded
-                log.warning("task lookup failed for cycle %s", self.rec.id, exc_info=True)
-            self._task_lookup = None
-        await self.state.recorder.record(self.rec)
-
-    async def _abandon(self, why: str, status: str = "abandoned") -> None:
-        rec = self.rec
-        self.finalizing = True
-        rec.status = status
-        rec.error = why
-        rec.http_status = rec.http_status or (200 if self.started else 499)
-        rec.t_done_ns = _now()
-        try:
-            await self._record()
-        except Exception:  # noqa: BLE001 - nobody is left to tell; the counter shows it
-            self.state.errors += 1
-
     # ------------------------------------------------------------------ the exchange
     async def _run(self) -> None:
         st, rec, adapter = self.state, self.rec, self.adapter
         try:
-            res = await st.arms.resolve(rec.participant_id)
+            await self._resolve()
         except NoAssignmentError as exc:
             st.errors += 1
             await self._send_whole(403, adapter.error_body(str(exc), code="no_assignment"))
             return
-        rec.arm, rec.target, rec.period = res.arm, res.target, res.period
-        rec.task_id, rec.draw_json = res.task_id, res.draw_json
-        self._task_lookup = res.task_lookup
-        if res.target is not None:
-            self.pacer = Pacer(res.target, rec.t_request_ns, seed=rec.id)
         upstream = st.upstreams.for_family(adapter.family)
         if upstream is None:
             await self._fail(501, f"this proxy has no upstream for the {adapter.name} protocol: "
@@ -191,7 +156,7 @@ class Exchange:
         headers = forwardable_request_headers(self.headers)
         headers[CYCLE_HEADER] = rec.id
         try:
-            reply = await upstream.request("POST", adapter.path, headers, self.body)
+            reply = await upstream.request("POST", self.path, headers, self.body)
         except UpstreamError as exc:
             code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
             await self._fail(exc.status, exc.message, "upstream_error", code)
@@ -276,163 +241,12 @@ class Exchange:
                                      reply.headers)
 
     # ------------------------------------------------------------------ streaming
-    async def _flush(self) -> None:
-        out = self._out
-        body = out[0] if len(out) == 1 else b"".join(out)
-        self._out = []
-        await self.send({"type": _BODY, "body": body, "more_body": True})
-        now = _now()
-        self.last_write = now
-        if self._pend_output:
-            rec = self.rec
-            rec.sent(now, self._pend_min, self._pend_max)
-            rec.tokens_sent += self._pend_tokens
-            rec.content_parts.extend(self._pend_texts)
-            self._pend_texts = []
-            self._pend_tokens = 0
-            self._pend_output = False
-            self._pend_min = self._pend_max = None
-
-    def _push(self, raw: bytes, text: str, ntok: int, due: int | None) -> None:
-        self._out.append(raw)
-        self._pend_texts.append(text)
-        self._pend_tokens += ntok
-        self._pend_output = True
-        if due is not None:
-            if self._pend_min is None:
-                self._pend_min = due
-            self._pend_max = due  # dues only grow within a stream
-
-    async def _wait(self, due: int) -> None:
-        """Flush what is pending, then wait for ``due``, keeping the stream alive."""
-        if self._out:
-            await self._flush()
-        ka = self.state.keepalive_ns
-        while True:
-            now = _now()
-            if now >= due:
-                return
-            next_ka = self.last_write + ka
-            if next_ka >= due:
-                await sleep_until(due)
-                return
-            if next_ka > now:
-                await sleep_until(next_ka)
-            await self.send({"type": _BODY, "body": self.adapter.keepalive(), "more_body": True})
-            self.last_write = _now()
-
-    async def _paced(self, ev: Any, c: Classified, k: int, pacer: Pacer, arrival: int) -> int:
-        """Release one output event on schedule (split into tokens if pacing); next k."""
-        text = c.text
-        pieces = split_tokens(text) if text else []
-        n = len(pieces)
-        if n > 1 and pacer.splits and c.text_key is not None:
-            units: Any = zip(self.adapter.split(ev, c, pieces), pieces, strict=True)
-            width = 1
-        else:
-            units = ((self.adapter.restamp(ev, c), text),)
-            width = n
-        for raw, piece in units:
-            if k == 0 and pacer.base is None:
-                due = pacer.first_due(arrival)
-                if due > _now():
-                    await self._wait(due)
-                self._push(raw, piece, width, due)
-                pacer.start(_now())
-            else:
-                due = pacer.due(k + width - 1 if width else k)
-                if due > _now():
-                    await self._wait(due)
-                self._push(raw, piece, width, due)
-            k += width
-        return k
-
-    def _note(self, c: Classified) -> None:
-        rec = self.rec
-        if c.usage is not None:
-            rec.usage = c.usage
-        if c.response_id and rec.upstream_response_id is None:
-            rec.upstream_response_id = c.response_id
-        rec.tool_calls += c.tool_calls
-        if c.error is not None:
-            rec.status = "upstream_error"
-            rec.error = c.error[:1000]
-
     async def _relay_stream(self, reply: UpstreamReply) -> None:
-        rec, adapter, pacer = self.rec, self.adapter, self.pacer
         await self._start(reply.status, self._headers(
             reply.headers, reply.content_type or "text/event-stream", None, stream=True))
-        src = Prefetch(reply, adapter, rec) if pacer is not None else Direct(reply, adapter, rec)
-        terminal: tuple[Any, Classified] | None = None
-        tail = b""
-        hold: list[bytes] | None = None  # all_at_once: everything from the first output on
-        hold_texts: list[str] = []
-        hold_tokens = 0
-        k = 0
-        try:
-            while terminal is None:
-                got = await src.get()
-                if got is None:
-                    break
-                arrival, batch = got
-                for ev, c in batch:
-                    kind = c.kind
-                    if kind is Kind.TERMINAL:
-                        self._note(c)
-                        terminal = (ev, c)
-                        break
-                    self._note(c)
-                    if kind is Kind.CONTENT or kind is Kind.TOOL:
-                        if pacer is None:
-                            n = count_tokens(c.text) if c.text else 0
-                            self._push(adapter.restamp(ev, c), c.text, n, None)
-                        elif pacer.all_at_once:
-                            if hold is None:
-                                hold = []
-                            hold.append(adapter.restamp(ev, c))
-                            hold_texts.append(c.text)
-                            hold_tokens += count_tokens(c.text) if c.text else 0
-                        else:
-                            k = await self._paced(ev, c, k, pacer, arrival)
-                    elif hold is not None:
-                        hold.append(adapter.restamp(ev, c))
-                    else:
-                        self._out.append(adapter.restamp(ev, c))
-                if self._out and not src.ready():
-                    await self._flush()
-        except UpstreamError as exc:
-            rec.status = "upstream_error"
-            rec.error = exc.message
-            tail = adapter.error_event(exc.message, "server_error", "upstream_error")
-        finally:
-            if terminal is not None:
-                await src.drain()
-            await src.close()
-        if hold is not None and pacer is not None:
-            _, completion = adapter.usage_counts(rec.usage)
-            due = pacer.due_all(completion if completion is not None else hold_tokens)
-            await self._wait(due)
-            self._out.extend(hold)
-            self._pend_texts, self._pend_tokens = hold_texts, hold_tokens
-            self._pend_output, self._pend_min, self._pend_max = True, due, due
-        if self._out:
-            await self._flush()
-        if terminal is not None and not tail:
-            tail = adapter.restamp(*terminal)
-        self.finalizing = True
-        rec.t_done_ns = _now()
-        try:
-            await self._record()
-        except Exception:  # noqa: BLE001 - the final event must not go out unrecorded
-            self.state.errors += 1
-            await self.send({"type": _BODY, "body": adapter.error_event(
-                "flowtrial could not record this request, so the stream is ended without its "
-                "final event: check the proxy's database", "server_error", "recording_failed",
-            ), "more_body": False})
-            return
-        if rec.status != "ok":
-            self.state.errors += 1
-        await self.send({"type": _BODY, "body": tail, "more_body": False})
+        kind = Prefetch if self.pacer is not None else Direct
+        src = kind(reply.body, self.adapter, self.rec, SSEParser())
+        await self._finish_stream(await self._relay_events(src))
 
     # ------------------------------------------------------------------ non-streaming
     async def _relay_whole(self, reply: UpstreamReply) -> None:

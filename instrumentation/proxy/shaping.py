@@ -15,9 +15,10 @@ token from being "caught up" by a burst, so the pace the participant sees is the
 Without ``ttft_ms`` token 0 goes out on arrival (a tokens/s-only arm is a pure rate limit).
 ``all_at_once`` releases the whole answer at t_request + ttft + n/tps (n = completion tokens).
 
-"Output" means answer text *and* tool-call deltas: an agent waits for a tool call exactly as
-a person waits for text, and an answer that is only a tool call must not escape the
-manipulation.
+"Output" means answer text. Tool-call / function-call deltas are counted (``tool_calls``)
+but released as they arrive, after any text already due, never re-split and never held by
+the TTFT floor (issue 9: agents rely on them arriving intact and promptly); they are not part
+of the text timeline (experienced TTFT, pace, ``tokens_sent``).
 
 **Manipulation violation.** ``violation_ms`` is how late the participant got the answer
 against its schedule: the larger of (first output token written − due(0)) and (last output

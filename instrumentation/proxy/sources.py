@@ -3,18 +3,26 @@
 :class:`Direct` reads the upstream as the relay asks (unshaped streams: nothing is held, so
 no extra task). :class:`Prefetch` reads eagerly in its own task while the shaper holds events
 back, so a fast upstream is never throttled by TCP backpressure and arrival times are true.
-Both stamp ``t_upstream_first_ns`` on the cycle when the first body bytes arrive.
+Both stamp ``t_upstream_first_ns`` on the cycle when the first body bytes arrive. The parser
+cuts the body into events: :class:`SSEParser` for HTTP streams, :class:`JsonFrames` for the
+WebSocket mode (every chunk is one JSON message).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
-from instrumentation.proxy.protocols.base import Classified, ProtocolAdapter, SSEParser
+from instrumentation.proxy.protocols.base import (
+    Classified,
+    JsonFrames,
+    ProtocolAdapter,
+    SSEParser,
+)
 from instrumentation.proxy.recorder import CycleRecord
-from instrumentation.proxy.upstream import UpstreamError, UpstreamReply
+from instrumentation.proxy.upstream import UpstreamError
 
 __all__ = ["Direct", "Prefetch"]
 
@@ -25,9 +33,10 @@ _EOF = object()
 class Direct:
     """Upstream events as they are read (unshaped: nothing to wait for, no extra task)."""
 
-    def __init__(self, reply: UpstreamReply, adapter: ProtocolAdapter, rec: CycleRecord):
-        self._it = reply.body.__aiter__()
-        self._parser = SSEParser()
+    def __init__(self, body: AsyncIterator[bytes], adapter: ProtocolAdapter, rec: CycleRecord,
+                 parser: SSEParser | JsonFrames):
+        self._it = body.__aiter__()
+        self._parser = parser
         self._classify = adapter.classify
         self._rec = rec
         self._done = False
@@ -71,8 +80,9 @@ class Prefetch(Direct):
     """Reads the upstream eagerly in its own task while the shaper holds events back, so a
     fast upstream is never throttled by TCP backpressure and arrival times are true."""
 
-    def __init__(self, reply: UpstreamReply, adapter: ProtocolAdapter, rec: CycleRecord):
-        super().__init__(reply, adapter, rec)
+    def __init__(self, body: AsyncIterator[bytes], adapter: ProtocolAdapter, rec: CycleRecord,
+                 parser: SSEParser | JsonFrames):
+        super().__init__(body, adapter, rec, parser)
         self._q: asyncio.Queue[Any] = asyncio.Queue()
         self._task = asyncio.create_task(self._read())
 

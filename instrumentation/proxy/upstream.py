@@ -9,11 +9,20 @@ each request — it is never stored, logged, recorded or echoed. Connection fail
 Path mapping follows the SDKs' ``base_url`` conventions: for the OpenAI family the base URL
 includes the version (``https://api.openai.com/v1``) and the proxy path's ``/v1`` prefix is
 dropped; for the Anthropic family the base URL has no version
-(``https://api.anthropic.com``) and the full path is appended.
+(``https://api.anthropic.com``) and the full path is appended. Anthropic requests get the key
+as ``x-api-key``; the client's ``anthropic-version`` / ``anthropic-beta`` headers pass through
+(``anthropic-version`` defaults to :data:`ANTHROPIC_VERSION` when the client sent none).
+
+The Responses WebSocket mode: :meth:`Upstream.open_socket` gives an :class:`UpstreamSocket`
+per client connection — for the mock, :meth:`MockModel.respond_ws` in-process; for a real
+OpenAI endpoint, a ``websockets`` client connection to ``wss://…/v1/responses`` (opened on
+the first turn, reopened if the upstream closed it between turns).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +35,7 @@ from study.config import StudyConfig
 from study.errors import FlowtrialError
 
 __all__ = [
+    "ANTHROPIC_VERSION",
     "CYCLE_HEADER",
     "HttpUpstream",
     "MockUpstream",
@@ -33,12 +43,16 @@ __all__ = [
     "UpstreamError",
     "UpstreamReply",
     "UpstreamRouter",
+    "UpstreamSocket",
     "forwardable_request_headers",
     "forwardable_response_headers",
     "missing_key_vars",
 ]
 
 CYCLE_HEADER = "x-flowtrial-cycle-id"
+ANTHROPIC_VERSION = "2023-06-01"
+_TERMINAL_WS = {"response.completed", "response.incomplete", "response.failed", "error"}
+_TERMINAL_MARKS = tuple(f'"{t}"'.encode() for t in _TERMINAL_WS)
 
 # Hop-by-hop and length/encoding headers are the proxy's own business on each leg.
 _HOP = {
@@ -92,7 +106,7 @@ def forwardable_request_headers(headers: Mapping[str, str] | Any) -> dict[str, s
     out = {}
     for k, v in headers.items():
         lk = k.lower()
-        if lk in _REQUEST_DROP or lk.startswith(("x-flowtrial-", "proxy-")):
+        if lk in _REQUEST_DROP or lk.startswith(("x-flowtrial-", "proxy-", "sec-websocket-")):
             continue
         out[lk] = v
     return out
@@ -124,6 +138,38 @@ class Upstream:
         """The arm-neutral model list (``GET /v1/models``)."""
         return await self.request("GET", "/v1/models", headers, b"")
 
+    def open_socket(self, headers: dict[str, str]) -> UpstreamSocket:
+        """A Responses WebSocket-mode session for one client connection (handshake
+        ``headers`` already filtered); connects lazily, on its first turn."""
+        raise UpstreamError(501, f"the {self.name} upstream has no Responses WebSocket mode")
+
+
+class UpstreamSocket:
+    """One client connection's Responses WebSocket session with the upstream."""
+
+    async def connect(self) -> None:
+        """Make sure the upstream connection is open (raises UpstreamError)."""
+
+    def turn(self, message: dict[str, Any], headers: dict[str, str]) -> AsyncIterator[bytes]:
+        """Send one ``response.create`` and yield the upstream's messages (JSON bytes) up to
+        and including the turn's last (terminal or ``error``) event. ``headers`` are the
+        turn's own (e.g. the cycle id), for upstreams that take per-turn headers."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Close the upstream connection (idempotent)."""
+
+
+class _MockSocket(UpstreamSocket):
+    def __init__(self, model: Any, headers: dict[str, str]) -> None:
+        self.model = model
+        self.headers = headers
+
+    async def turn(self, message: dict[str, Any], headers: dict[str, str]
+                   ) -> AsyncIterator[bytes]:
+        async for event in self.model.respond_ws(message, {**self.headers, **headers}):
+            yield json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+
 
 class MockUpstream(Upstream):
     """The built-in simulated model, called in-process."""
@@ -150,6 +196,9 @@ class MockUpstream(Upstream):
 
         return UpstreamReply(reply.status, forwardable_response_headers(reply.headers),
                              body_iter, close)
+
+    def open_socket(self, headers: dict[str, str]) -> UpstreamSocket:
+        return _MockSocket(self.model, headers)
 
 
 class HttpUpstream(Upstream):
@@ -198,11 +247,20 @@ class HttpUpstream(Upstream):
             return {"x-api-key": key}
         return {"authorization": f"Bearer {key}"}
 
+    def open_socket(self, headers: dict[str, str]) -> UpstreamSocket:
+        if self.family != "openai":
+            return super().open_socket(headers)
+        url = self.url_for("/v1/responses")
+        url = "ws" + url[4:] if url.startswith("http") else url
+        return _HttpSocket(url, {**headers, **self._auth_headers()}, self._timeout)
+
     async def request(self, method: str, path: str, headers: dict[str, str],
                       body: bytes) -> UpstreamReply:
         await self.start()
         assert self._client is not None
         req_headers = {**headers, **self._auth_headers(), "accept-encoding": "identity"}
+        if self.family == "anthropic":
+            req_headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
         request = self._client.build_request(
             method, self.url_for(path), headers=req_headers, content=body or None
         )
@@ -226,6 +284,71 @@ class HttpUpstream(Upstream):
 
         return UpstreamReply(resp.status_code, forwardable_response_headers(resp.headers.items()),
                              chunks(), resp.aclose)
+
+
+class _HttpSocket(UpstreamSocket):
+    """A ``websockets`` client connection to a real Responses WebSocket endpoint."""
+
+    def __init__(self, url: str, headers: dict[str, str], timeout: httpx.Timeout) -> None:
+        self.url = url
+        self.user_agent = headers.pop("user-agent", None)
+        self.headers = headers
+        self.timeout = timeout
+        self._ws: Any = None
+
+    async def connect(self) -> None:
+        await self._connect()
+
+    async def _connect(self) -> Any:
+        from websockets.asyncio.client import connect
+        from websockets.protocol import State
+
+        if self._ws is not None and self._ws.state is State.OPEN:
+            return self._ws
+        try:
+            self._ws = await connect(
+                self.url, additional_headers=self.headers, user_agent_header=self.user_agent,
+                open_timeout=self.timeout.connect, max_size=None, compression="deflate",
+                proxy=None,  # never route model traffic through an env-configured proxy
+            )
+        except TimeoutError:
+            raise UpstreamError(504, "upstream WebSocket handshake timed out") from None
+        except Exception as exc:  # noqa: BLE001 - InvalidStatus, OSError, InvalidURI ...
+            raise UpstreamError(502, f"upstream WebSocket unreachable ({type(exc).__name__}: "
+                                     f"{str(exc)[:200]})") from None
+        return self._ws
+
+    async def turn(self, message: dict[str, Any], headers: dict[str, str]
+                   ) -> AsyncIterator[bytes]:
+        from websockets.exceptions import ConnectionClosed
+
+        ws = await self._connect()
+        try:
+            await ws.send(json.dumps(message, ensure_ascii=False, separators=(",", ":")))
+            while True:
+                async with asyncio.timeout(self.timeout.read):
+                    frame = await ws.recv(decode=False)
+                yield frame
+                # Cheap pre-check before parsing: only the last event of a turn matters.
+                if any(m in frame for m in _TERMINAL_MARKS):
+                    try:
+                        kind = json.loads(frame).get("type")
+                    except (ValueError, AttributeError):
+                        kind = None
+                    if kind in _TERMINAL_WS:
+                        return
+        except TimeoutError:
+            raise UpstreamError(504, "upstream timed out mid-answer (WebSocket)") from None
+        except ConnectionClosed as exc:
+            raise UpstreamError(502, f"upstream WebSocket closed mid-answer ({exc})") from None
+
+    async def close(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            try:
+                await ws.close()
+            except Exception:  # noqa: BLE001 - closing a dead socket
+                pass
 
 
 def missing_key_vars(config: StudyConfig) -> list[str]:
@@ -271,7 +394,6 @@ class UpstreamRouter:
 
     def for_family(self, family: str) -> Upstream | None:
         return self.by_family.get(family)
-
 
     async def start(self) -> None:
         for u in set(self.by_family.values()):

@@ -5,23 +5,55 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.agents.recording import RequestLog
 
-__all__ = ["AGENT_TIMEOUT_S", "BIN_DIR", "SERVERS", "AgentServer", "agent_binary", "run_agent"]
+__all__ = [
+    "AGENT_TIMEOUT_S",
+    "BIN_DIR",
+    "PROXY_STUDY",
+    "SERVERS",
+    "TARGET_TTFT_MS",
+    "AgentServer",
+    "agent_binary",
+    "flowtrial_proxy",
+    "run_agent",
+]
 
 AGENTS_DIR = Path(__file__).resolve().parent
 BIN_DIR = AGENTS_DIR / "node_modules" / ".bin"
 AGENT_TIMEOUT_S = 120.0  # one agent run; a healthy one takes a few seconds
+ROOT = AGENTS_DIR.parents[1]
+TARGET_TTFT_MS = 300.0
+#: The study the agents run under through the proxy: shaping on, a fast simulated model.
+PROXY_STUDY = f"""
+[study]
+name = "agent-tests"
+design = "parallel"
+[upstream.mock]
+tokens_per_second = 5000
+ttft_ms = 5
+[capture]
+content = "full"
+[[arms]]
+name = "shaped"
+ttft_ms = {TARGET_TTFT_MS}
+tokens_per_second = 400
+"""
 
 
 @dataclass
@@ -31,6 +63,8 @@ class AgentServer:
     base_url: str  # root URL, no /v1 (Claude Code's ANTHROPIC_BASE_URL)
     key: str
     log: RequestLog
+    #: For a proxy: run SQL on its study database (None for the bare simulated model).
+    rows: Callable[[str], list[Any]] | None = None
 
     @property
     def openai_base_url(self) -> str:
@@ -50,9 +84,96 @@ def _serve_mock() -> Iterator[AgentServer]:
         yield AgentServer(base_url, "ft_agenttest_not-a-real-key", log)
 
 
-# What the agents can be pointed at. Once the proxy speaks Anthropic Messages and the
-# Responses WebSocket mode, add e.g. "proxy": a `flowtrial proxy` with the mock upstream.
-SERVERS: dict[str, Callable[[], AbstractContextManager[AgentServer]]] = {"mock": _serve_mock}
+def _study_db(folder: Path) -> tuple[Path, Path, str]:
+    """PROXY_STUDY written to ``folder``, its database, and an enrolled participant's key."""
+    from study.config import load_study
+    from study.participants import enroll
+    from study.storage import init_db
+
+    study = folder / "study.toml"
+    study.write_text(PROXY_STUDY, encoding="utf-8")
+    db = folder / "study.db"
+    config = load_study(study)
+    database = init_db(db, config, PROXY_STUDY)
+    key = enroll(database, config, "p01")[1]
+    database.dispose()
+    return study, db, key
+
+
+def _query(db: Path) -> Callable[[str], list[Any]]:
+    import sqlite3
+
+    def rows(sql: str) -> list[Any]:
+        conn = sqlite3.connect(db)
+        conn.row_factory = sqlite3.Row
+        try:
+            return list(conn.execute(sql))
+        finally:
+            conn.close()
+
+    return rows
+
+
+@contextmanager
+def _serve_proxy() -> Iterator[AgentServer]:
+    """The flowtrial proxy (shaping on: PROXY_STUDY) over the simulated model, in-process
+    behind a request log so the generic agent tests can check the traffic too."""
+    from instrumentation.proxy.app import create_proxy_app
+    from study.config import load_study
+    from study.storage import open_db
+    from tests.instrumentation.servers import run_asgi_server
+
+    with tempfile.TemporaryDirectory(prefix="flowtrial-agents-") as tmp:
+        study, db, key = _study_db(Path(tmp))
+        database = open_db(db)
+        log = RequestLog(create_proxy_app(database, load_study(study)))
+        try:
+            with run_asgi_server(log, timeout_graceful_shutdown=5) as base_url:
+                yield AgentServer(base_url, key, log, _query(db))
+        finally:
+            database.dispose()
+
+
+@contextmanager
+def flowtrial_proxy(folder: Path) -> Iterator[tuple[str, str, Callable[[str], list[Any]]]]:
+    """`flowtrial proxy` as users run it (a subprocess of the CLI) on PROXY_STUDY in
+    ``folder``: yields (base URL, participant key, SQL runner on its database)."""
+    study, db, key = _study_db(folder)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "study.cli", "proxy", "--study", str(study), "--db", str(db),
+         "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        cwd=ROOT, start_new_session=True)
+    assert proc.stdout is not None
+    url = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and url is None:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        if m := re.match(r"ANTHROPIC_BASE_URL=(\S+)", line):
+            url = m.group(1)
+    try:
+        if url is None:
+            proc.kill()
+            pytest.fail(f"flowtrial proxy did not start:\n{proc.communicate()[1][-3000:]}")
+        yield url, key, _query(db)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+
+
+# What the agents can be pointed at: the bare simulated model, and the flowtrial proxy
+# (shaping on) in front of it.
+SERVERS: dict[str, Callable[[], AbstractContextManager[AgentServer]]] = {
+    "mock": _serve_mock,
+    "proxy": _serve_proxy,
+}
 
 
 def agent_binary(name: str) -> Path:

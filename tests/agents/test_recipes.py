@@ -1,4 +1,4 @@
-"""docs/clients.md: every config snippet parses, and the Codex and Claude Code recipes are the
+"""the README's client recipes: every config snippet parses, and the Codex and Claude Code recipes are the
 configurations the real-agent tests run with (tests/agents/agent_configs.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,16 @@ import yaml
 
 from tests.agents.agent_configs import claude_env, codex_config, to_toml
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "clients.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
+SECTION = "## Point your assistant at flowtrial"
+
+
+def _recipes() -> str:
+    """The README's client-recipe section (up to the next `## ` heading)."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index(SECTION)
+    end = text.find("\n## ", start + len(SECTION))
+    return text[start:] if end < 0 else text[start:end]
 PROXY = "http://127.0.0.1:8787"  # the proxy's default address
 OPENAI_BASE = PROXY + "/v1"
 KEY = "ft_your_participant_key"  # the placeholder the recipes use for the participant key
@@ -29,8 +38,8 @@ _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 
 
 def _sections() -> dict[str, list[tuple[str, str]]]:
-    """Fenced blocks (language tag, text) per `###` section of docs/clients.md."""
-    text = DOC.read_text(encoding="utf-8")
+    """Fenced blocks (language tag, text) per `###` section of the README's client recipes."""
+    text = _recipes()
     out: dict[str, list[tuple[str, str]]] = {}
     for part in re.split(r"^### ", text, flags=re.MULTILINE)[1:]:
         title, _, body = part.partition("\n")
@@ -41,7 +50,7 @@ def _sections() -> dict[str, list[tuple[str, str]]]:
 def _blocks(section: str, language: str) -> list[Any]:
     """The parsed blocks of one language in one section."""
     found = [text for lang, text in _sections()[section] if lang == language]
-    assert found, f"docs/clients.md section {section!r} has no {language} block"
+    assert found, f"the README's client recipes section {section!r} has no {language} block"
     return [PARSERS[language](text) if language in PARSERS else text for text in found]
 
 
@@ -97,7 +106,7 @@ def test_openai_style_recipes_point_at_the_proxy_with_the_participant_key() -> N
     provider = zed["language_models"]["openai_compatible"]["flowtrial"]
     assert provider["api_url"] == OPENAI_BASE and provider["available_models"][0]["name"]
 
-    cline = DOC.read_text(encoding="utf-8").split("### Cline", 1)[1].split("###", 1)[0]
+    cline = _recipes().split("### Cline", 1)[1].split("###", 1)[0]
     assert f"`{OPENAI_BASE}`" in cline and f"`{KEY}`" in cline
 
 

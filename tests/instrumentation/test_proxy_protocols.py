@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -197,29 +198,43 @@ def test_responses_split_renumbers_sequence(make_study) -> None:
     assert tuple(row) == (4, 4, True)
 
 
-def test_tool_calls_are_counted_and_paced(make_study) -> None:
-    s = make_study({"arms": [{"name": "slow", "ttft_ms": 80, "tokens_per_second": 100}]})
+def test_tool_call_deltas_are_counted_but_not_paced(make_study) -> None:
+    """Tool-call deltas go out as they arrive (the TTFT floor and the pace are for answer
+    text), unsplit, and are counted in tool_calls; text after them is still shaped."""
+    s = make_study({"capture": {"content": "full"},
+                    "arms": [{"name": "slow", "ttft_ms": 300, "tokens_per_second": 50}]})
     tc = {"index": 0, "id": "call_1", "type": "function",
           "function": {"name": "read_file", "arguments": ""}}
-    chunks = [chat_stream([])[0],
-              sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                   "choices": [{"index": 0, "delta": {"tool_calls": [tc]}}]}),
-              sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                   "choices": [{"index": 0, "delta": {"tool_calls": [
-                       {"index": 0, "function": {"arguments": '{"path": "a.py"}'}}]}}]}),
-              b"data: [DONE]\n\n"]
+    args = ['{"path": "a', '.py", "limit": 20', "}"]
+
+    def chunk(delta: dict) -> bytes:
+        return sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                    "choices": [{"index": 0, "delta": delta}]})
+
+    chunks = [chat_stream([])[0], chunk({"tool_calls": [tc]})]
+    chunks += [chunk({"tool_calls": [{"index": 0, "function": {"arguments": a}}]})
+               for a in args]
+    chunks += [chunk({"content": "and then some text"}), b"data: [DONE]\n\n"]
     app = create_proxy_app(s.database, s.config, upstream=ScriptedUpstream([(0, c) for c in
                                                                             chunks]))
     with run_asgi_server(app) as url:
         c = openai.OpenAI(base_url=url + "/v1", api_key=s.key, max_retries=0)
-        got = list(c.chat.completions.create(model="m", messages=MSG, stream=True))
-    args = "".join(ch.choices[0].delta.tool_calls[0].function.arguments or ""
-                   for ch in got if ch.choices and ch.choices[0].delta.tool_calls)
-    assert args == '{"path": "a.py"}'
-    row = s.rows("SELECT tool_calls, experienced_ttft_ms, tokens_sent FROM cycles")[0]
-    assert row[0] == 1
-    assert row[1] >= 80  # the tool call's first delta is held by the TTFT floor
-    assert row[2] > 3
+        t0 = time.monotonic()
+        got = []
+        for ch in c.chat.completions.create(model="m", messages=MSG, stream=True):
+            got.append((time.monotonic() - t0, ch))
+    tool = [(t, ch.choices[0].delta.tool_calls[0]) for t, ch in got
+            if ch.choices and ch.choices[0].delta.tool_calls]
+    assert [d.function.arguments for _, d in tool] == ["", *args]  # intact, never re-split
+    assert max(t for t, _ in tool) < 0.2  # not held by the 300 ms floor
+    texts = [(t, ch.choices[0].delta.content) for t, ch in got
+             if ch.choices and ch.choices[0].delta.content]
+    assert "".join(x for _, x in texts) == "and then some text" and len(texts) > 1
+    assert min(t for t, _ in texts) >= 0.3
+    row = s.rows("SELECT tool_calls, experienced_ttft_ms, tokens_sent, content_text, violation "
+                 "FROM cycles")[0]
+    assert row[0] == 1 and row[1] >= 300 and row[2] == len(texts)
+    assert row[3] == "and then some text" and not row[4]
 
 
 def test_async_client_against_app_with_mock_upstream_object(make_study) -> None:

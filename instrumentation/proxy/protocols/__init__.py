@@ -5,6 +5,7 @@ from __future__ import annotations
 from instrumentation.proxy.protocols.base import (
     BodyInfo,
     Classified,
+    JsonFrames,
     Kind,
     ProtocolAdapter,
     RequestInfo,
@@ -14,7 +15,8 @@ from instrumentation.proxy.protocols.base import (
 )
 from instrumentation.proxy.protocols.chat import ChatAdapter
 from instrumentation.proxy.protocols.completions import CompletionsAdapter
-from instrumentation.proxy.protocols.responses import ResponsesAdapter
+from instrumentation.proxy.protocols.messages import MessagesAdapter
+from instrumentation.proxy.protocols.responses import ResponsesAdapter, ResponsesSocketAdapter
 
 __all__ = [
     "ADAPTERS",
@@ -22,16 +24,20 @@ __all__ = [
     "ChatAdapter",
     "Classified",
     "CompletionsAdapter",
+    "JsonFrames",
     "Kind",
+    "MessagesAdapter",
     "ProtocolAdapter",
     "RequestInfo",
     "ResponsesAdapter",
+    "ResponsesSocketAdapter",
     "SSEEvent",
     "SSEParser",
     "openai_error",
 ]
 
-#: Proxy path -> adapter class. A later issue adds ``/v1/messages`` (Anthropic) here.
+#: Proxy path -> adapter class (HTTP). The Responses WebSocket mode uses
+#: :class:`ResponsesSocketAdapter` on ``ws://…/v1/responses``.
 ADAPTERS: dict[str, type[ProtocolAdapter]] = {
-    a.path: a for a in (ChatAdapter, CompletionsAdapter, ResponsesAdapter)
+    a.path: a for a in (ChatAdapter, CompletionsAdapter, ResponsesAdapter, MessagesAdapter)
 }

@@ -6,9 +6,11 @@ terminal / error / other, with its text, usage and response id), splits a conten
 token-sized *whole* events by rewriting only its text field, and renders keep-alives and
 errors in the protocol's own shape. The relay (``relay.py``) does the rest.
 
-Anthropic Messages (named events, ``ping`` keep-alives, ``{"type": "error", ...}``) and the
-Responses WebSocket mode slot in as further subclasses: everything a transport needs is a
-method here (``keepalive``, ``error_event``, ``error_body``, ``restamp``).
+Anthropic Messages (``messages.py``: named events, ``ping`` keep-alives,
+``{"type": "error", ...}``) and the Responses WebSocket mode (``ResponsesSocketAdapter``:
+JSON messages instead of SSE blocks, :class:`JsonFrames`) are further subclasses: everything
+a transport needs is a method here (``keepalive``, ``error_event``, ``error_body``,
+``restamp``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, ClassVar
 __all__ = [
     "BodyInfo",
     "Classified",
+    "JsonFrames",
     "Kind",
     "ProtocolAdapter",
     "RequestInfo",
@@ -39,7 +42,7 @@ class Kind(IntEnum):
 
     OTHER = 0  # structure (created, role-only chunk, done events, usage): sent on arrival
     CONTENT = 1  # carries answer text: paced
-    TOOL = 2  # starts a tool call or carries its arguments: paced like content
+    TOOL = 2  # starts a tool call or carries its arguments: counted, sent on arrival
     TERMINAL = 3  # the final event: released only once the cycle row is durable
     ERROR = 4  # an in-stream error from the upstream: passed on, cycle marked
 
@@ -99,6 +102,19 @@ class SSEParser:
         if not rest.strip():
             return []
         return [_parse_block(rest + b"\n\n", rest)]
+
+
+class JsonFrames:
+    """The WebSocket counterpart of :class:`SSEParser`: every chunk is one whole JSON message
+    (a text frame), kept as the event's exact bytes; ``name`` is left to the adapter."""
+
+    __slots__ = ()
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        return [SSEEvent(chunk, None, chunk.decode("utf-8", "replace"))]
+
+    def flush(self) -> list[SSEEvent]:
+        return []
 
 
 def _parse_block(raw: bytes, body: bytes) -> SSEEvent:

@@ -8,6 +8,10 @@ Named events (``event:`` + ``data:``), each with a ``sequence_number``: ``respon
 Splitting one delta into m pieces inserts m − 1 events, so every later event's
 ``sequence_number`` is shifted by the running offset to keep the numbers strictly increasing
 and gap-free, as clients check.
+
+:class:`ResponsesSocketAdapter` is the same protocol in the WebSocket mode
+(``ws://…/v1/responses``): each event is one JSON text message instead of an SSE block, and
+errors are ``{"type": "error", "status": …, "error": {type, code, message, param}}``.
 """
 
 from __future__ import annotations
@@ -123,7 +127,7 @@ class ResponsesAdapter(ProtocolAdapter):
         self.next_seq = new + 1
         if self.offset == 0:
             return ev.raw
-        return _set_seq(ev.raw, c.obj, ev.name, new)
+        return self._set_seq(ev.raw, c.obj, ev.name, new)
 
     def split(self, ev: SSEEvent, c: Classified, pieces: list[str]) -> Iterator[bytes]:
         seq = self._seq_of(c)
@@ -136,12 +140,31 @@ class ResponsesAdapter(ProtocolAdapter):
         # Later events are only handled once these pieces are out, so the offset can move now.
         self.offset += len(pieces) - 1
         self.next_seq = first + len(pieces)
-        return (_set_seq(raw, None, ev.name, first + i) for i, raw in enumerate(out))
+        return (self._set_seq(raw, None, ev.name, first + i) for i, raw in enumerate(out))
 
     def _reserialize(self, ev: SSEEvent, c: Classified, piece: str) -> bytes:
         obj = dict(c.obj)
         obj["delta"] = piece
-        return _sse(ev.name or obj.get("type"), obj)
+        return self._frame(ev.name or obj.get("type"), obj)
+
+    def _frame(self, name: str | None, obj: Any) -> bytes:
+        """One event on the wire (SSE here; a bare JSON message over a WebSocket)."""
+        return _sse(name, obj)
+
+    def _set_seq(self, raw: bytes, obj: Any, name: str | None, seq: int) -> bytes:
+        """``raw`` with its top-level sequence_number set to ``seq`` (re-serialized if the key
+        is not found exactly once)."""
+        matches = _SEQ.findall(raw)
+        if len(matches) == 1:
+            return _SEQ.sub(lambda m: b'"sequence_number"' + m.group(1) + str(seq).encode(), raw)
+        if obj is None:
+            obj = self._parse(raw)
+        obj = dict(obj)
+        obj["sequence_number"] = seq
+        return self._frame(name or obj.get("type"), obj)
+
+    def _parse(self, raw: bytes) -> Any:
+        return json.loads(raw.split(b"data:", 1)[1])
 
     def error_event(self, message: str, type_: str = "server_error", code: str | None = None,
                     ) -> bytes:
@@ -173,14 +196,43 @@ def _sse(name: str | None, obj: Any) -> bytes:
     return head + b"data: " + dumps(obj).encode() + b"\n\n"
 
 
-def _set_seq(raw: bytes, obj: Any, name: str | None, seq: int) -> bytes:
-    """``raw`` with its top-level sequence_number set to ``seq`` (re-serialized if the key is
-    not found exactly once)."""
-    matches = _SEQ.findall(raw)
-    if len(matches) == 1:
-        return _SEQ.sub(lambda m: b'"sequence_number"' + m.group(1) + str(seq).encode(), raw)
-    if obj is None:
-        obj = json.loads(raw.split(b"data:", 1)[1])
-    obj = dict(obj)
-    obj["sequence_number"] = seq
-    return _sse(name or obj.get("type"), obj)
+class ResponsesSocketAdapter(ResponsesAdapter):
+    """The Responses protocol over the WebSocket mode: bare JSON messages, the WS error shape.
+
+    ``last_error_status`` is the ``status`` of the last upstream ``error`` event (a 4xx is the
+    client's request being refused, not an upstream failure)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_error_status: int | None = None
+
+    def classify(self, ev: SSEEvent) -> Classified:
+        c = super().classify(ev)
+        if c.kind is Kind.ERROR and isinstance(c.obj, dict):
+            status = c.obj.get("status")
+            self.last_error_status = status if isinstance(status, int) else None
+        return c
+
+    def _frame(self, name: str | None, obj: Any) -> bytes:
+        return dumps(obj).encode()
+
+    def _parse(self, raw: bytes) -> Any:
+        return json.loads(raw)
+
+    def keepalive(self) -> bytes:
+        return b""
+
+    def error_event(self, message: str, type_: str = "server_error", code: str | None = None,
+                    ) -> bytes:
+        status = {"upstream_timeout": 504, "upstream_unreachable": 502,
+                  "upstream_error": 502}.get(code or "")
+        return ws_error(message, type_, code, status)
+
+
+def ws_error(message: str, type_: str = "invalid_request_error", code: str | None = None,
+             status: int | None = None, param: str | None = None) -> bytes:
+    """A Responses WebSocket ``error`` message (the socket stays usable after it)."""
+    if status is None:
+        status = 400 if type_ == "invalid_request_error" else 500
+    return dumps({"type": "error", "status": status, "error": {
+        "type": type_, "code": code or type_, "message": message, "param": param}}).encode()

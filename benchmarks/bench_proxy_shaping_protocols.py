@@ -1,0 +1,159 @@
+"""Shaping precision per protocol: Chat (SSE), Anthropic Messages (SSE) and the Responses
+WebSocket mode, N concurrent shaped streams each, through a proxy in its own process.
+
+The simulated model runs inside the proxy (``kind = "mock"``, answers arrive whole after its
+TTFT unless ``--upstream-tps`` is set), so the figures measure the proxy's shaping. Reported
+per protocol from the proxy's own cycle rows: |experienced TTFT − target| (p50 / p99 / max),
+the achieved tokens/s error of streams of at least 100 tokens, violations and statuses; and
+the lateness of a bare ``asyncio.sleep`` on the same machine (the floor under any timing).
+
+    python benchmarks/bench_proxy_shaping_protocols.py [--streams 50] [--ttft-ms 400]
+                                                       [--tps 50] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sqlite3
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_proxy_common import (  # noqa: E402
+    enroll_keys,
+    percentile,
+    proxy_process,
+    timer_noise,
+    write_study,
+)
+
+STUDY = """
+[study]
+name = "bench-shaping-protocols"
+design = "parallel"
+[upstream]
+kind = "mock"
+[upstream.mock]
+tokens_per_second = {upstream_tps}
+ttft_ms = 20
+[[arms]]
+name = "shaped"
+ttft_ms = {ttft}
+tokens_per_second = {tps}
+[capture]
+content = "fingerprint"
+"""
+PROMPT = "explain python generators in depth {i}"
+
+
+async def chat(url: str, key: str, i: int) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=120) as c, c.stream(
+            "POST", url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+            json={"model": "flowtrial-sim-1", "stream": True, "max_tokens": 400,
+                  "messages": [{"role": "user", "content": PROMPT.format(i=i)}]}) as r:
+        async for _ in r.aiter_raw():
+            pass
+
+
+async def messages(url: str, key: str, i: int) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=120) as c, c.stream(
+            "POST", url + "/v1/messages", headers={"x-api-key": key,
+                                                   "anthropic-version": "2023-06-01"},
+            json={"model": "flowtrial-sim-1", "stream": True, "max_tokens": 400,
+                  "messages": [{"role": "user", "content": PROMPT.format(i=i)}]}) as r:
+        async for _ in r.aiter_raw():
+            pass
+
+
+async def websocket(url: str, key: str, i: int) -> None:
+    from websockets.asyncio.client import connect
+
+    async with connect(url.replace("http://", "ws://") + "/v1/responses",
+                       additional_headers={"authorization": f"Bearer {key}"}) as ws:
+        await ws.send(json.dumps({"type": "response.create", "model": "flowtrial-sim-1",
+                                  "max_output_tokens": 400, "input": PROMPT.format(i=i)}))
+        while True:
+            ev = json.loads(await ws.recv())
+            if ev["type"] in ("response.completed", "response.incomplete", "error",
+                              "response.failed"):
+                return
+
+
+CLIENTS = {"chat": chat, "messages": messages, "websocket": websocket}
+
+
+async def load(fn, url: str, keys: list[str], n: int, stagger_ms: float) -> None:
+    tasks = []
+    for i in range(n):
+        tasks.append(asyncio.create_task(fn(url, keys[i % len(keys)], i)))
+        await asyncio.sleep(stagger_ms / 1000)
+    await asyncio.gather(*tasks)
+
+
+def summarize(rows: list[tuple]) -> dict:
+    ttft_err = [abs(r[0] - r[1]) for r in rows if r[0] is not None]
+    long = [r for r in rows if r[4] and r[4] >= 100 and r[2]]
+    tps_err = [abs(r[2] - r[3]) / r[3] * 100 for r in long]
+    return {
+        "cycles": len(rows),
+        "ttft_abs_err_ms": {"p50": percentile(ttft_err, 50), "p99": percentile(ttft_err, 99),
+                            "max": round(max(ttft_err), 3) if ttft_err else None},
+        "tps_err_pct_streams_ge_100_tokens": {
+            "n": len(tps_err), "p50": percentile(tps_err, 50), "p99": percentile(tps_err, 99)},
+        "violations": sum(1 for r in rows if r[5]),
+        "statuses": dict(Counter(r[6] for r in rows)),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--streams", type=int, default=50)
+    ap.add_argument("--ttft-ms", type=float, default=400.0)
+    ap.add_argument("--tps", type=float, default=50.0)
+    ap.add_argument("--upstream-tps", type=str, default="inf")
+    ap.add_argument("--stagger-ms", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    out: dict = {"streams_concurrent": args.streams, "rounds": args.rounds,
+                 "target_ttft_ms": args.ttft_ms, "target_tps": args.tps}
+    with contextlib.ExitStack() as stack:
+        d = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        study = write_study(d, STUDY.format(ttft=args.ttft_ms, tps=args.tps,
+                                            upstream_tps=args.upstream_tps))
+        db = d / "bench.db"
+        keys = enroll_keys(study, db, 10)
+        with proxy_process(study, db) as url:
+            for name, fn in CLIENTS.items():
+                asyncio.run(load(fn, url, keys, 3, 1))  # warm-up
+                con = sqlite3.connect(db)
+                (start,) = con.execute(
+                    "SELECT coalesce(max(t_request_ns), 0) FROM cycles").fetchone()
+                con.close()
+                for _ in range(args.rounds):
+                    asyncio.run(load(fn, url, keys, args.streams, args.stagger_ms))
+                con = sqlite3.connect(db)
+                rows = list(con.execute(
+                    "SELECT experienced_ttft_ms, target_ttft_ms, achieved_tps, target_tps, "
+                    "tokens_sent, violation, status FROM cycles WHERE t_request_ns > ?",
+                    (start,)))
+                con.close()
+                out[name] = summarize(rows)
+        out["bare_asyncio_sleep_lateness_ms_same_machine"] = timer_noise(2.0)
+    out["cpus"] = os.cpu_count()
+    out["load_avg_1m"] = os.getloadavg()[0]
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+"""One cycle's shaped relay, independent of the transport it is delivered over.
+
+:class:`CycleRun` holds what every proxied model answer shares: the cycle record, the arm
+resolution (the only database reads, all before the upstream call), the pacer, and the relay
+of a stream of classified upstream events to the client on the pacer's schedule. What a
+transport adds is a *sink*: :meth:`CycleRun._emit` (output frames, in order),
+:meth:`CycleRun._emit_keepalive` and :meth:`CycleRun._emit_last` (the final frame, sent only
+once the row is durable). HTTP + SSE (:class:`~instrumentation.proxy.relay.Exchange`) writes
+body chunks; the Responses WebSocket mode
+(:class:`~instrumentation.proxy.websocket.SocketTurn`) sends one text frame per event.
+
+Shaping rules (DESIGN.md §3): answer text is released on the schedule (split into token-sized
+whole events when there is a pace to keep; the TTFT floor holds the first text token).
+Tool-call / function-call events are passed on **as they arrive** — after any text already
+released, never re-split, never delayed by the floor — and counted in ``tool_calls``; they are
+not part of the text timeline (TTFT, pace, ``tokens_sent``). Everything else (structure,
+usage, unknown event types) goes out on arrival; ``all_at_once`` holds everything from the
+first text on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from instrumentation.proxy.auth import ParticipantInfo
+from instrumentation.proxy.protocols.base import Classified, Kind, ProtocolAdapter, RequestInfo
+from instrumentation.proxy.recorder import CycleRecord
+from instrumentation.proxy.shaping import Pacer, sleep_until
+from instrumentation.proxy.sources import Direct
+from instrumentation.proxy.state import ProxyState, new_cycle_id
+from instrumentation.proxy.upstream import UpstreamError
+from instrumentation.tokens import count_tokens, split_tokens
+
+__all__ = ["CycleRun"]
+
+log = logging.getLogger("flowtrial.proxy")
+_now = time.monotonic_ns
+
+
+class CycleRun:
+    """The transport-independent part of one proxied answer (subclasses add the sink)."""
+
+    #: Whether the transport needs keep-alive bytes during injected waits (SSE: yes;
+    #: WebSocket: no, the server's own ping frames keep the socket alive).
+    keepalive_frames: bool = True
+
+    def __init__(self, state: ProxyState, adapter: ProtocolAdapter, participant: ParticipantInfo,
+                 info: RequestInfo, t_request_ns: int, *, transport: str = "http",
+                 turn: int = 1, connection_id: str | None = None) -> None:
+        self.state = state
+        self.adapter = adapter
+        self.info = info
+        self.rec = CycleRecord(
+            id=new_cycle_id(), participant_id=participant.id, protocol=adapter.name,
+            stream=info.stream, model=info.model, upstream="", t_request_ns=t_request_ns,
+            mono_anchor_ns=state.mono_anchor_ns, wall_anchor_ns=state.wall_anchor_ns,
+            started_at=datetime.fromtimestamp(
+                (state.wall_anchor_ns + t_request_ns - state.mono_anchor_ns) / 1e9, UTC),
+            simulated=participant.simulated, prompt_text=info.prompt_text,
+            transport=transport, turn=turn, connection_id=connection_id,
+        )
+        self.pacer: Pacer | None = None
+        self._task_lookup: asyncio.Future[int | None] | None = None
+        self.finalizing = False  # the row is being made durable: a disconnect no longer cancels
+        self.last_write = t_request_ns
+        self._out: list[bytes] = []
+        self._pend_texts: list[str] = []
+        self._pend_tokens = 0
+        self._pend_output = False
+        self._pend_min: int | None = None
+        self._pend_max: int | None = None
+
+    @property
+    def cycle_id(self) -> str:
+        return self.rec.id
+
+    # ------------------------------------------------------------------ sink (transport)
+    async def _emit(self, frames: list[bytes]) -> None:
+        """Send output frames, in order."""
+        raise NotImplementedError
+
+    async def _emit_keepalive(self) -> None:
+        """Keep the connection alive during an injected wait."""
+
+    async def _emit_last(self, frame: bytes) -> None:
+        """Send the final frame (possibly empty) and end the answer."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ arm and record
+    async def _resolve(self) -> None:
+        """Resolve the arm and set up the pacer (raises NoAssignmentError)."""
+        rec = self.rec
+        res = await self.state.arms.resolve(rec.participant_id)
+        rec.arm, rec.target, rec.period = res.arm, res.target, res.period
+        rec.task_id, rec.draw_json = res.task_id, res.draw_json
+        self._task_lookup = res.task_lookup
+        if res.target is not None:
+            self.pacer = Pacer(res.target, rec.t_request_ns, seed=rec.id)
+
+    async def _record(self) -> None:
+        """Make the cycle durable (raises if the write fails)."""
+        if self._task_lookup is not None:
+            try:
+                self.rec.task_id = await asyncio.shield(self._task_lookup)
+            except Exception:  # noqa: BLE001 - a label only; the cycle must still be recorded
+                log.warning("task lookup failed for cycle %s", self.rec.id, exc_info=True)
+            self._task_lookup = None
+        await self.state.recorder.record(self.rec)
+
+    async def _abandon(self, why: str, status: str = "abandoned", started: bool = True) -> None:
+        rec = self.rec
+        self.finalizing = True
+        rec.status = status
+        rec.error = why
+        rec.http_status = rec.http_status or (200 if started else 499)
+        rec.t_done_ns = _now()
+        try:
+            await self._record()
+        except Exception:  # noqa: BLE001 - nobody is left to tell; the counter shows it
+            self.state.errors += 1
+
+    # ------------------------------------------------------------------ output buffer
+    async def _flush(self) -> None:
+        out = self._out
+        self._out = []
+        await self._emit(out)
+        now = _now()
+        self.last_write = now
+        if self._pend_output:
+            rec = self.rec
+            rec.sent(now, self._pend_min, self._pend_max)
+            rec.tokens_sent += self._pend_tokens
+            rec.content_parts.extend(self._pend_texts)
+            self._pend_texts = []
+            self._pend_tokens = 0
+            self._pend_output = False
+            self._pend_min = self._pend_max = None
+
+    def _push(self, raw: bytes, text: str, ntok: int, due: int | None) -> None:
+        self._out.append(raw)
+        self._pend_texts.append(text)
+        self._pend_tokens += ntok
+        self._pend_output = True
+        if due is not None:
+            if self._pend_min is None:
+                self._pend_min = due
+            self._pend_max = due  # dues only grow within a stream
+
+    async def _wait(self, due: int) -> None:
+        """Flush what is pending, then wait for ``due``, keeping the stream alive."""
+        if self._out:
+            await self._flush()
+        if not self.keepalive_frames:
+            await sleep_until(due)
+            return
+        ka = self.state.keepalive_ns
+        while True:
+            now = _now()
+            if now >= due:
+                return
+            next_ka = self.last_write + ka
+            if next_ka >= due:
+                await sleep_until(due)
+                return
+            if next_ka > now:
+                await sleep_until(next_ka)
+            await self._emit_keepalive()
+            self.last_write = _now()
+
+    async def _paced(self, ev: Any, c: Classified, k: int, pacer: Pacer, arrival: int) -> int:
+        """Release one text event on schedule (split into tokens if pacing); next k."""
+        text = c.text
+        pieces = split_tokens(text) if text else []
+        n = len(pieces)
+        if n > 1 and pacer.splits and c.text_key is not None:
+            units: Any = zip(self.adapter.split(ev, c, pieces), pieces, strict=True)
+            width = 1
+        else:
+            units = ((self.adapter.restamp(ev, c), text),)
+            width = n
+        for raw, piece in units:
+            if k == 0 and pacer.base is None:
+                due = pacer.first_due(arrival)
+                if due > _now():
+                    await self._wait(due)
+                self._push(raw, piece, width, due)
+                pacer.start(_now())
+            else:
+                due = pacer.due(k + width - 1 if width else k)
+                if due > _now():
+                    await self._wait(due)
+                self._push(raw, piece, width, due)
+            k += width
+        return k
+
+    def _note(self, c: Classified) -> None:
+        rec = self.rec
+        if c.usage is not None:
+            rec.usage = c.usage
+        if c.response_id and rec.upstream_response_id is None:
+            rec.upstream_response_id = c.response_id
+        rec.tool_calls += c.tool_calls
+        if c.error is not None:
+            rec.status = "upstream_error"
+            rec.error = c.error[:1000]
+
+    # ------------------------------------------------------------------ the stream
+    async def _relay_events(self, src: Direct) -> bytes:
+        """Relay ``src`` up to its final event; returns the final frame to send once the row
+        is durable (the terminal event, an error event, or b"" when the stream just ended)."""
+        rec, adapter, pacer = self.rec, self.adapter, self.pacer
+        terminal: tuple[Any, Classified] | None = None
+        tail = b""
+        hold: list[bytes] | None = None  # all_at_once: everything from the first text on
+        hold_texts: list[str] = []
+        hold_tokens = 0
+        k = 0
+        try:
+            while terminal is None:
+                got = await src.get()
+                if got is None:
+                    break
+                arrival, batch = got
+                for ev, c in batch:
+                    kind = c.kind
+                    self._note(c)
+                    if kind is Kind.TERMINAL:
+                        terminal = (ev, c)
+                        break
+                    if kind is Kind.CONTENT:
+                        if pacer is None:
+                            n = count_tokens(c.text) if c.text else 0
+                            self._push(adapter.restamp(ev, c), c.text, n, None)
+                        elif pacer.all_at_once:
+                            if hold is None:
+                                hold = []
+                            hold.append(adapter.restamp(ev, c))
+                            hold_texts.append(c.text)
+                            hold_tokens += count_tokens(c.text) if c.text else 0
+                        else:
+                            k = await self._paced(ev, c, k, pacer, arrival)
+                    elif hold is not None:
+                        hold.append(adapter.restamp(ev, c))
+                    else:
+                        # Structure, tool-call deltas, unknown events: on arrival, in order.
+                        self._out.append(adapter.restamp(ev, c))
+                if self._out and not src.ready():
+                    await self._flush()
+        except UpstreamError as exc:
+            rec.status = "upstream_error"
+            rec.error = exc.message
+            code = "upstream_timeout" if exc.status == 504 else "upstream_error"
+            tail = adapter.error_event(exc.message, "server_error", code)
+        finally:
+            if terminal is not None:
+                await src.drain()
+            await src.close()
+        if hold is not None and pacer is not None:
+            _, completion = adapter.usage_counts(rec.usage)
+            due = pacer.due_all(completion if completion is not None else hold_tokens)
+            await self._wait(due)
+            self._out.extend(hold)
+            self._pend_texts, self._pend_tokens = hold_texts, hold_tokens
+            self._pend_output, self._pend_min, self._pend_max = True, due, due
+        if self._out:
+            await self._flush()
+        if terminal is not None and not tail:
+            tail = adapter.restamp(*terminal)
+        return tail
+
+    async def _finish_stream(self, tail: bytes) -> None:
+        """Record the cycle, then send the final frame (an error event if the write fails)."""
+        rec = self.rec
+        self.finalizing = True
+        rec.t_done_ns = _now()
+        try:
+            await self._record()
+        except Exception:  # noqa: BLE001 - the final event must not go out unrecorded
+            self.state.errors += 1
+            await self._emit_last(self.adapter.error_event(
+                "flowtrial could not record this request, so the stream is ended without its "
+                "final event: check the proxy's database", "server_error", "recording_failed"))
+            return
+        if rec.status != "ok":
+            self.state.errors += 1
+        await self._emit_last(tail)

@@ -1,0 +1,282 @@
+"""The Responses WebSocket mode: ``ws://HOST/v1/responses`` (what Codex uses with
+``supports_websockets = true``).
+
+The participant key is checked at the handshake (``Authorization: Bearer`` or ``x-api-key``);
+a missing or unknown key is refused with HTTP 401 and an OpenAI error body before the socket
+is accepted. Once accepted, the client sends ``{"type": "response.create", …}`` messages (a
+Responses request body without ``stream``), one turn at a time, later turns chaining with
+``previous_response_id``; the Responses events come back as text messages.
+
+Each generating turn is a cycle (``transport = "websocket"``, ``turn`` = 1, 2, … on the
+connection, ``connection_id`` shared by the connection's cycles), shaped and recorded exactly
+as the SSE mode: the same adapter (:class:`ResponsesSocketAdapter`) and the same relay
+(:class:`~instrumentation.proxy.cycle.CycleRun`); the turn's ``response.completed`` is sent
+only once its row is durable.
+
+Warm-ups (``generate: false``: no output, only ``response.created`` … ``response.completed``)
+are passed through unshaped and **not recorded**: they produce nothing a participant waits
+for, and recording them would consume per-prompt draws and muddle turn numbers. They do not
+count as turns.
+
+Errors are WebSocket ``error`` messages
+(``{"type": "error", "status", "error": {type, code, message, param}}``) and the socket stays
+open: invalid JSON, a message that is not ``response.create``, an oversized message (no cycle
+is recorded), an upstream that cannot be reached (recorded as ``upstream_error``). A client
+that disconnects mid-turn leaves the cycle recorded as ``abandoned``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from typing import Any
+
+from starlette.datastructures import Headers
+
+from instrumentation.proxy.arms import NoAssignmentError
+from instrumentation.proxy.auth import ParticipantInfo
+from instrumentation.proxy.cycle import CycleRun
+from instrumentation.proxy.protocols.base import JsonFrames, openai_error
+from instrumentation.proxy.protocols.responses import ResponsesSocketAdapter, ws_error
+from instrumentation.proxy.sources import Direct, Prefetch
+from instrumentation.proxy.state import ProxyState
+from instrumentation.proxy.upstream import (
+    CYCLE_HEADER,
+    UpstreamError,
+    UpstreamSocket,
+    forwardable_request_headers,
+)
+
+__all__ = ["SocketTurn", "serve_responses_socket"]
+
+log = logging.getLogger("flowtrial.proxy")
+_now = time.monotonic_ns
+_ENVELOPE = ("type", "stream", "stream_id", "generate", "background")
+
+
+def _text(frame: bytes) -> str:
+    return frame.decode("utf-8")
+
+
+class _Connection:
+    """One accepted client socket: its sends, its upstream session, its turn counter."""
+
+    def __init__(self, state: ProxyState, participant: ParticipantInfo, send: Any,
+                 headers: dict[str, str]) -> None:
+        self.state = state
+        self.participant = participant
+        self._send = send
+        self.id = "conn_" + secrets.token_hex(8)
+        self.turns = 0
+        self.headers = headers
+        self.upstream_name = ""
+        self._upstream: UpstreamSocket | None = None
+        self.closed = False
+
+    async def send(self, frame: bytes) -> None:
+        await self._send({"type": "websocket.send", "text": _text(frame)})
+
+    def upstream(self) -> UpstreamSocket:
+        """The upstream session (opened on first use; raises UpstreamError)."""
+        if self._upstream is None:
+            up = self.state.upstreams.for_family("openai")
+            if up is None:
+                raise UpstreamError(501, "this proxy has no upstream for the responses "
+                                         "protocol: add [upstream.openai] to the study file")
+            self.upstream_name = up.name
+            self._upstream = up.open_socket(self.headers)
+        return self._upstream
+
+    async def close(self) -> None:
+        if self._upstream is not None:
+            await self._upstream.close()
+
+
+class SocketTurn(CycleRun):
+    """One generating ``response.create`` on a connection: a cycle."""
+
+    keepalive_frames = False
+
+    def __init__(self, conn: _Connection, message: dict[str, Any], t_request_ns: int) -> None:
+        adapter = ResponsesSocketAdapter()
+        body = {k: v for k, v in message.items() if k not in _ENVELOPE}
+        info = adapter.read_request(body)
+        info.stream = True
+        conn.turns += 1
+        super().__init__(conn.state, adapter, conn.participant, info, t_request_ns,
+                         transport="websocket", turn=conn.turns, connection_id=conn.id)
+        self.conn = conn
+        self.message = message
+
+    async def _emit(self, frames: list[bytes]) -> None:
+        send = self.conn.send
+        for f in frames:
+            await send(f)
+
+    async def _emit_last(self, frame: bytes) -> None:
+        if frame:
+            await self.conn.send(frame)
+
+    async def run(self) -> None:
+        """Answer the turn and record it; a cancellation (client gone) records it abandoned."""
+        st, rec = self.state, self.rec
+        st.open_cycle(rec.id, rec.participant_id)
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            if not self.finalizing:
+                await self._abandon("client disconnected" if self.conn.closed
+                                    else "proxy shut down mid-answer")
+            raise
+        except Exception as exc:  # noqa: BLE001 - record it, tell the client, keep the socket
+            log.exception("cycle %s failed", rec.id)
+            if not self.finalizing:
+                await self._abandon(f"proxy error: {type(exc).__name__}: {exc}", "error")
+            if not self.conn.closed:
+                try:
+                    await self.conn.send(ws_error("flowtrial proxy error (recorded): see the "
+                                                  "proxy's log", "server_error", "proxy_error"))
+                except Exception:  # noqa: BLE001 - the socket died too
+                    pass
+        finally:
+            st.close_cycle(rec.id)
+
+    async def _run(self) -> None:
+        st, rec, adapter = self.state, self.rec, self.adapter
+        try:
+            await self._resolve()
+        except NoAssignmentError as exc:
+            st.errors += 1
+            await self.conn.send(ws_error(str(exc), "invalid_request_error", "no_assignment",
+                                          403))
+            return
+        try:
+            sock = self.conn.upstream()
+            rec.upstream = self.conn.upstream_name
+            await sock.connect()
+        except UpstreamError as exc:
+            rec.upstream = self.conn.upstream_name
+            rec.status, rec.http_status, rec.error = "upstream_error", exc.status, exc.message
+            code = {501: "no_upstream", 504: "upstream_timeout"}.get(exc.status,
+                                                                     "upstream_unreachable")
+            await self._finish_stream(ws_error(exc.message, "server_error", code, exc.status))
+            return
+        events = sock.turn(self.message, {CYCLE_HEADER: rec.id})
+        rec.http_status = 101
+        kind = Prefetch if self.pacer is not None else Direct
+        src = kind(events, adapter, rec, JsonFrames())
+        tail = await self._relay_events(src)
+        status = adapter.last_error_status
+        if rec.status == "upstream_error" and status is not None and 400 <= status < 500:
+            rec.status = "error"  # the upstream refused the request: the client's fault
+        await self._finish_stream(tail)
+
+
+async def _deny(send: Any, status: int, body: bytes) -> None:
+    """Refuse the handshake with an HTTP response (or a close, without the extension)."""
+    await send({"type": "websocket.http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "websocket.http.response.body", "body": body})
+
+
+async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
+                                 send: Any) -> None:
+    """The ASGI handler of one ``ws://…/v1/responses`` connection."""
+    first = await receive()
+    if first["type"] != "websocket.connect":
+        return
+    state.requests += 1
+    headers = Headers(scope=scope)
+    participant = state.auth.cached(headers) or await state.auth.authenticate(headers)
+    if participant is None:
+        state.errors += 1
+        body = openai_error("missing or unknown flowtrial participant key: send your own key "
+                            "as the API key (Authorization: Bearer ft_…)",
+                            "invalid_request_error", "invalid_api_key")
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await _deny(send, 401, body)
+        else:
+            await send({"type": "websocket.close", "code": 1008})
+        return
+    await send({"type": "websocket.accept"})
+    conn = _Connection(state, participant, send, forwardable_request_headers(headers))
+    inbox: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
+    current: asyncio.Task[None] | None = None
+    turn: SocketTurn | None = None
+
+    async def read() -> None:
+        # Reads concurrently with a running turn, so a disconnect cancels it at once.
+        while True:
+            msg = await receive()
+            if msg["type"] == "websocket.disconnect":
+                conn.closed = True
+                if current is not None and not current.done() and turn is not None \
+                        and not turn.finalizing:
+                    current.cancel()
+                inbox.put_nowait(None)
+                return
+            if msg["type"] == "websocket.receive":
+                raw = msg.get("text")
+                if raw is None:
+                    raw = (msg.get("bytes") or b"").decode("utf-8", "replace")
+                inbox.put_nowait((time.monotonic_ns(), raw))
+
+    reader = asyncio.create_task(read())
+    try:
+        while (item := await inbox.get()) is not None:
+            t_request, raw = item
+            message = _check(raw, state.max_body_bytes)
+            if isinstance(message, bytes):
+                state.errors += 1
+                await conn.send(message)
+                continue
+            if message.get("generate") is False:
+                await _warmup(conn, message)
+                continue
+            state.requests += 1
+            turn = SocketTurn(conn, message, t_request)
+            current = asyncio.create_task(turn.run())
+            try:
+                await current
+            except asyncio.CancelledError:
+                if not conn.closed:
+                    raise  # the proxy is shutting down
+    except Exception:  # noqa: BLE001 - the client went away while we sent (no cycle open)
+        if not conn.closed:
+            log.debug("websocket connection %s ended", conn.id, exc_info=True)
+    finally:
+        reader.cancel()
+        await conn.close()
+
+
+def _check(raw: str, limit: int) -> dict[str, Any] | bytes:
+    """The message as a dict, or the error message to send back."""
+    if len(raw) > limit:
+        return ws_error(f"message larger than the proxy's limit of {limit} bytes "
+                        "(proxy.max_body_bytes)", code="request_too_large", status=413)
+    try:
+        message = json.loads(raw)
+    except ValueError as exc:
+        return ws_error(f"the message is not valid JSON: {exc}", code="invalid_json")
+    if not isinstance(message, dict) or message.get("type") != "response.create":
+        kind = message.get("type") if isinstance(message, dict) else type(message).__name__
+        return ws_error(f"unsupported message type {kind!r}: send 'response.create'",
+                        code="unsupported_type", param="type")
+    return message
+
+
+async def _warmup(conn: _Connection, message: dict[str, Any]) -> None:
+    """Relay a ``generate: false`` warm-up as is (not a cycle: see the module doc)."""
+    try:
+        sock = conn.upstream()
+        await sock.connect()
+        async for frame in sock.turn(message, {}):
+            await conn.send(frame)
+    except UpstreamError as exc:
+        conn.state.errors += 1
+        code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
+        await conn.send(ws_error(exc.message, "server_error", code, exc.status))
