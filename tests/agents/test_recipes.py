@@ -1,5 +1,5 @@
-"""the README's client recipes: every config snippet parses, and the Codex and Claude Code recipes are the
-configurations the real-agent tests run with (tests/agents/agent_configs.py)."""
+"""The README's client recipes: every config snippet parses, and the Codex and Claude Code
+recipes are the configurations the real-agent tests run with (tests/agents/agent_configs.py)."""
 
 from __future__ import annotations
 
