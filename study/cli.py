@@ -170,7 +170,10 @@ def _register_package_commands() -> None:
     from instrumentation.capture_commands import import_activitywatch, persistence
     from instrumentation.mock_model.commands import mock_model
     from instrumentation.proxy.commands import proxy
+    from study.simulator.commands import demo, simulate
 
+    app.command("demo")(demo)
+    app.command("simulate")(simulate)
     app.command("proxy")(proxy)
     app.command("mock-model")(mock_model)
     app.command("analyze")(analyze)

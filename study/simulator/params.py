@@ -5,8 +5,10 @@ anchors of DESIGN.md §7 as defaults. Durations are *real* seconds (as a person 
 them); a study with ``time_scale`` > 1 compresses them when they are acted out or recorded.
 
 The truth models give P(context switch during a wait) as a function of the **idle wait** w
-(DESIGN.md §2: TTFT plus the time by which delivery lags behind the reader) and the person's
-threshold ψᵢ:
+(DESIGN.md §2: TTFT plus the time by which delivery lags behind the reader, computed by the
+one shared function :func:`study.timeline.idle_wait_s` from the experienced TTFT, the
+number of tokens and the achieved tokens/s, at the participant's own reading speed) and the
+person's threshold ψᵢ:
 
 ``hinge``  logit p = a + b·max(0, log w − log ψᵢ)
            a = logit(p_low); b = (logit(p_high) − a) / log(m), so p = p_low for every
@@ -32,8 +34,9 @@ TruthModel = Literal["hinge", "smooth", "flat"]
 TRUTH_MODELS: tuple[str, ...] = ("hinge", "smooth", "flat")
 
 IDLE_WAIT_DEFINITION = (
-    "idle wait = TTFT + max(0, (n_tokens - 1) * (1/tokens_per_second - 1/reading_tps)) for a "
-    "stream (the time the reader has nothing new to read); all_at_once: TTFT + n/tps"
+    "study.timeline.idle_wait_s: experienced TTFT + max(0, n/achieved_tps - n/reading_tps) "
+    "(all-at-once delivery: the experienced TTFT, which includes the hold), at the "
+    "participant's own reading speed"
 )
 
 
@@ -171,52 +174,15 @@ def switch_probability(
     raise ValueError(f"unknown truth model {truth!r}: use hinge, smooth or flat")
 
 
-def idle_wait_s(
-    ttft_s: Any,
-    n_tokens: Any,
-    tokens_per_second: Any,
-    reading_tps: Any,
-    *,
-    all_at_once: Any = False,
+def expected_switch_probability(
+    idle_wait: Any, params: SimParams, truth: TruthModel | None = None, nodes: int = 40
 ) -> np.ndarray:
-    """Idle wait (s): the part of a wait in which the reader has nothing new to read.
+    """Population-averaged P(switch) at each wait: E over ψᵢ ~ LogNormal(ψ, threshold_logsd).
 
-    DESIGN.md §2: TTFT plus the time by which delivery lags behind the reader. Token k (k = 0
-    .. n−1) arrives at TTFT + k/tps; a reader at ``reading_tps`` reading every token as soon as
-    it is there finishes at max(TTFT + n/r, TTFT + (n−1)/tps + 1/r) (the maximum over k of
-    arrival_k + (n − k)/r is at an end, arrivals being linear in k). Idle wait is that finish
-    time minus the n/r spent reading:
-
-        idle = TTFT + max(0, (n − 1)·(1/tps − 1/r))
-
-    so delivery faster than reading adds nothing, and slower delivery adds the lag. An
-    unshaped pace (``tokens_per_second`` None, NaN or inf) adds nothing. With
-    ``all_at_once`` the whole answer appears at TTFT + n/tps, all of it idle. Works on scalars
-    and numpy arrays alike (broadcasting).
+    Gauss–Hermite quadrature over log ψᵢ; used to score analysis against its true estimand.
     """
-    ttft = np.asarray(ttft_s, dtype=float)
-    n = np.maximum(np.asarray(n_tokens, dtype=float), 1.0)
-    tps = np.asarray(
-        np.nan if tokens_per_second is None else tokens_per_second, dtype=float
-    )
-    inv_tps = np.where(np.isfinite(tps) & (tps > 0), 1.0 / np.where(tps > 0, tps, 1.0), 0.0)
-    inv_r = 1.0 / np.asarray(reading_tps, dtype=float)
-    streamed = ttft + np.maximum(0.0, (n - 1.0) * (inv_tps - inv_r))
-    held = ttft + n * inv_tps
-    return np.where(np.asarray(all_at_once, dtype=bool), held, streamed)
-
-
-def idle_wait_from_arrivals(
-    arrival_s: Any, tokens: Any, reading_tps: float
-) -> float:
-    """Idle wait (s) from observed arrivals: chunk j with ``tokens[j]`` tokens at ``arrival_s[j]``
-    (seconds since the request). Same reader as :func:`idle_wait_s`, for any delivery pattern:
-    finish = max_j(arrival_j + tokens from j on / r); idle = finish − n/r.
-    """
-    t = np.asarray(arrival_s, dtype=float)
-    c = np.asarray(tokens, dtype=float)
-    if t.size == 0:
-        return float("nan")
-    remaining = np.cumsum(c[::-1])[::-1]  # tokens from chunk j to the end
-    n = float(c.sum())
-    return float(np.max(t + remaining / reading_tps) - n / reading_tps)
+    z, w = np.polynomial.hermite_e.hermegauss(nodes)
+    w = w / w.sum()
+    psi_i = params.threshold_s * np.exp(params.threshold_logsd * z)
+    waits = np.asarray(idle_wait, dtype=float)
+    return switch_probability(waits[..., None], psi_i, params, truth) @ w

@@ -1,0 +1,371 @@
+"""`flowtrial analyze`: the preregistered analysis of a study database (DESIGN.md §6).
+
+``run_analysis`` reads the database through the metrics layer (``analysis.metrics``), then
+runs, in this order:
+
+1. **checks** — sample-ratio mismatch, carry-over (crossover), manipulation check per arm,
+   missing data per arm;
+2. **task-time effect** — METR-style ``estimate_effect`` (fast arm = treatment, log
+   ``forecast_slow_s`` as the forecast), when tasks span two arms;
+3. **flow threshold** — ``fit_threshold`` on idle wait (sensitivity rows: total wait,
+   experienced TTFT, and the switch definition at the other sensitivity thresholds);
+4. **secondary outcomes** — resumption lag, cycles per hour, acceptance, persistence,
+   review time, by arm and by wait band;
+5. **ground truth** (simulated studies) — true ψ against the estimate.
+
+It writes ``results.json`` and a self-contained ``report.html`` (figures embedded as PNG).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis import AnalysisInputError
+from analysis import report_figures as figs
+from analysis.metrics import (
+    StudyFrames,
+    cycle_table_from_frames,
+    read_frames,
+    task_table_from_frames,
+)
+from analysis.report_sections import (
+    WAIT_MEASURES,
+    compare_truth,
+    ground_truth,
+    jsonable,
+    order_arms,
+    secondary_outcomes,
+    threshold_section,
+)
+from analysis.switches import switch_column
+from analysis.workers import run_jobs
+
+PRIMARY_WAIT = "idle_wait_s"
+SENSITIVITY_WAITS = ("total_wait_s", "experienced_ttft_s")
+MIN_CYCLES = 20  # below this, the report says there is too little data for wait analyses
+
+
+# ------------------------------------------------------------------------------- checks
+
+
+def checks_section(
+    config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks: pd.DataFrame
+) -> dict[str, Any]:
+    """Checks first (DESIGN §6.1), with ``analysis.checks``; a check that does not apply or
+    cannot run says why in ``skipped``."""
+    from analysis import checks
+
+    def run(fn: Callable[[], Any]) -> dict[str, Any]:
+        try:
+            return fn().to_dict()
+        except AnalysisInputError as exc:
+            return {"skipped": str(exc)}
+
+    design = config.study.design
+    planned = {a.name: a.weight for a in config.arms}
+    assign = frames.extra.get("assignments")
+    out: dict[str, Any] = {}
+    if design == "parallel" and len(planned) > 1 and assign is not None:
+        observed = assign["arm"].astype(str).value_counts().to_dict()
+        out["srm"] = {**run(lambda: checks.srm_check(observed, planned)),
+                      "unit": "participants"}
+    elif design == "crossover" and len(planned) > 1:
+        # Every arm should get an equal share of the periods' cycles.
+        observed = cycles["arm"].astype(str).value_counts().to_dict()
+        out["srm"] = {**run(lambda: checks.srm_check(observed, dict.fromkeys(planned, 1.0))),
+                      "unit": "cycles"}
+    else:
+        out["srm"] = {"skipped": f"{design} design with {len(planned)} arm(s): no allocation "
+                                 "ratio to check"}
+    if design == "crossover":
+        out["carryover"] = run(lambda: checks.carryover_check(tasks))
+    else:
+        out["carryover"] = {"skipped": f"{design} design: no periods to carry over"}
+    out["manipulation"] = run(lambda: checks.manipulation_check(cycles))
+    # Missing data per arm: cycle outcomes (a missing decision is a cycle nobody answered),
+    # and task times and forecasts.
+    cyc = cycles.assign(decision=cycles["decision"].where(cycles["decision"] != "none"))
+    parts = {"cycles": run(lambda: checks.missing_data(
+        cyc, columns=["total_wait_s", "experienced_ttft_s", "tokens_completion", "decision"]))}
+    if len(tasks):
+        parts["tasks"] = run(lambda: checks.missing_data(
+            tasks, columns=["task_time_s", "forecast_fast_s", "forecast_slow_s"]))
+    out["missing_data"] = parts
+    return out
+
+
+# -------------------------------------------------------------------------- task effect
+
+
+def task_effect_section(config: Any, tasks: pd.DataFrame, median_tokens: float) -> dict[str, Any]:
+    """METR-style effect of the fast arm on log task time (forecast: log forecast_slow_s)."""
+    from analysis.effects import estimate_effect
+
+    if config.study.design == "per_prompt":
+        return {"skipped": "per-prompt design: latency is randomized per request, not per "
+                           "task, so there is no task-time contrast between arms"}
+    if tasks.empty:
+        return {"skipped": "no tasks in this study"}
+    t = tasks[np.isfinite(tasks["task_time_s"].to_numpy(float))
+              & (tasks["task_time_s"].to_numpy(float) > 0) & tasks["arm"].notna()]
+    arms = order_arms(config, sorted(t["arm"].astype(str).unique()), median_tokens)
+    if len(arms) < 2:
+        return {"skipped": "tasks with a time in at least two arms are needed "
+                           f"(found {len(arms)} arm(s) with timed tasks)"}
+    fast, slow = arms[0], arms[-1]
+    note = None if len(arms) == 2 else (f"{len(arms)} arms: fastest ({fast}) against slowest "
+                                       f"({slow}); other arms left out")
+    t = t[t["arm"].isin([fast, slow])].assign(treatment=lambda d: (d["arm"] == fast).astype(int))
+    has_fc = t["forecast_slow_s"].notna().any()
+    try:
+        res = estimate_effect(
+            t, time="task_time_s", treatment="treatment",
+            forecast="forecast_slow_s" if has_fc else None, cluster="participant_id",
+            impute="drop",
+        )
+    except AnalysisInputError as exc:
+        return {"skipped": str(exc), "treatment_arm": fast, "control_arm": slow}
+    d = res.to_dict()
+    d.update({"treatment_arm": fast, "control_arm": slow, "note": note,
+              "forecast": "forecast_slow_s" if has_fc else None,
+              "interpretation": "relative change in task time with the fast arm: "
+                                "exp(β) − 1 (negative = faster)"})
+    return d
+
+
+# ----------------------------------------------------------------------------- analysis
+
+
+def _say(progress: bool) -> Callable[[str], None]:
+    if not progress:
+        return lambda _msg: None
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    start = time.perf_counter()
+    return lambda msg: console.print(f"[dim]{time.perf_counter() - start:5.1f}s[/dim] {msg}")
+
+
+def run_analysis(
+    db_path: str | Path,
+    out_dir: str | Path | None,
+    *,
+    n_boot: int = 200,
+    seed: int = 0,
+    progress: bool = False,
+    figures: bool = True,
+    workers: int | None = None,
+) -> dict[str, Any]:
+    """Analyse the study database at ``db_path``; write ``results.json`` and ``report.html``
+    into ``out_dir`` (nothing is written when it is None). Returns the results dict.
+
+    ``n_boot`` is used for both the bootstrap CI and the existence test of every threshold
+    fit. ``workers`` (default: up to 2 CPUs) processes share the threshold fits while this
+    process draws the figures that do not depend on them.
+
+    Raises ``study.storage.StorageError`` for a missing/foreign database and
+    ``AnalysisInputError`` when there is nothing to analyse (no cycles and no tasks).
+    """
+    from study.storage import open_db
+
+    say = _say(progress)
+    database = open_db(db_path)
+    try:
+        config = database.config()
+        frames = read_frames(database)
+        say(f"read {len(frames.cycles)} cycles, {len(frames.events)} events, "
+            f"{len(frames.tasks)} tasks")
+        truth = ground_truth(database)
+    finally:
+        database.dispose()
+    cycles = cycle_table_from_frames(frames)
+    tasks = task_table_from_frames(frames)
+    if cycles.empty and tasks.empty:
+        raise AnalysisInputError(
+            f"{db_path}: the study has no cycles and no tasks yet: point participants' "
+            "assistants at the proxy (or run `flowtrial simulate`) before analysing"
+        )
+    say("metrics tables built")
+    draw = figures and out_dir is not None
+    fig_uris: dict[str, str | None] = {}
+
+    def other_figures() -> None:
+        fig_uris.update(_independent_figures(cycles, truth, seed))
+        say("figures drawn")
+
+    results, fit = analyse_tables(config, frames, cycles, tasks, truth, n_boot=n_boot,
+                                  seed=seed, say=say, workers=workers,
+                                  while_fitting=other_figures if draw else None)
+    results["study"]["database"] = str(db_path)
+    if draw:
+        fig_uris.update(_fit_figures(cycles, truth, fit))
+    results["figures"] = sorted(k for k, v in fig_uris.items() if v)
+    results = jsonable(results)
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+        (out / "report.html").write_text(render_html(results, fig_uris), encoding="utf-8")
+        say(f"wrote {out / 'results.json'} and {out / 'report.html'}")
+    return results
+
+
+def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks: pd.DataFrame,
+                   truth: dict[str, Any] | None, *, n_boot: int = 200, seed: int = 0,
+                   say: Callable[[str], None] = lambda _m: None, workers: int | None = 1,
+                   while_fitting: Callable[[], None] | None = None,
+                   ) -> tuple[dict[str, Any], Any]:
+    """Every section of the analysis on already-built metrics tables (no files).
+
+    Returns (results, the primary ``ThresholdResult`` or None, for figures).
+    ``while_fitting`` runs in this process while worker processes fit the thresholds."""
+    scale = frames.time_scale
+    switch_col = "switched"
+    ok = cycles[(cycles["status"].astype(str) == "ok").to_numpy()]
+    tok = ok["tokens_completion"].dropna()
+    median_tokens = float(tok.median()) if len(tok) else None
+    messages: list[str] = []
+    if scale != 1:
+        messages.append(
+            f"This study ran with time compressed {scale:g}× (time_scale = {scale:g}); every "
+            "duration and rate in this report was converted back to real seconds."
+        )
+    if (n_boot + 1) * 0.05 <= 1:
+        messages.append(f"With {n_boot} null replicates the existence test cannot reach "
+                        "p < 0.05, so no threshold can be reported: use --n-boot 200.")
+    if len(ok) < MIN_CYCLES:
+        messages.append(f"Only {len(ok)} completed cycle(s): too few for the wait analyses "
+                        f"(need at least {MIN_CYCLES}).")
+    results: dict[str, Any] = {
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "study": {
+            "name": config.study.name, "design": config.study.design,
+            "unit": config.study.unit, "time_scale": scale, "time_compressed": scale != 1,
+            "arms": [a.name for a in config.arms],
+            "n_participants": int(cycles["participant_id"].nunique()),
+            "n_cycles": int(len(cycles)), "n_cycles_ok": int(len(ok)),
+            "n_tasks": int(len(tasks)),
+            "switch_min_away_s": frames.switch_min_away_s,
+            "idle_limit_s": frames.idle_limit_s,
+            "median_response_tokens": median_tokens,
+        },
+        "wait_measure": PRIMARY_WAIT,
+        "wait_measure_label": WAIT_MEASURES[PRIMARY_WAIT],
+        "messages": messages,
+    }
+    results["checks"] = checks_section(config, frames, cycles, tasks)
+    say("checks done")
+    results["task_effect"] = task_effect_section(config, tasks, median_tokens or 300.0)
+    say("task-time effect done")
+
+    jobs = [(PRIMARY_WAIT, switch_col)] + [(w, switch_col) for w in SENSITIVITY_WAITS]
+    for m in sorted({2.0, 30.0, *frames.switch_sensitivity_s} - {frames.switch_min_away_s}):
+        if switch_column(m) in cycles.columns:
+            jobs.append((PRIMARY_WAIT, switch_column(m)))
+    fits = _fit_thresholds(cycles, jobs, n_boot=n_boot, seed=seed, median_tokens=median_tokens,
+                           workers=workers, while_fitting=while_fitting)
+    thr, res = fits[0]
+    results["threshold"] = thr
+    sens = [_sens_row(row) for row, _ in fits[1:]]
+    say(f"flow threshold and {len(sens)} sensitivity fits done")
+    results["threshold_sensitivity"] = sens
+    results["secondary"] = secondary_outcomes(cycles, PRIMARY_WAIT, switch_col)
+    if truth is not None:
+        waits = cycles.loc[cycles["status"] == "ok", PRIMARY_WAIT]
+        results["ground_truth"] = {**truth, "comparison": compare_truth(truth, thr, waits)}
+    else:
+        results["ground_truth"] = None
+    return results, res
+
+
+def _fit_thresholds(cycles: pd.DataFrame, jobs: list[tuple[str, str]], *, n_boot: int,
+                    seed: int, median_tokens: float | None, workers: int | None,
+                    while_fitting: Callable[[], None] | None = None,
+                    ) -> list[tuple[dict[str, Any], Any]]:
+    """``threshold_section`` for each (wait, switch) job, on worker processes
+    (``analysis.workers``); every fit is seeded, so results do not depend on the workers."""
+    cols = sorted({"participant_id", "status", *(c for job in jobs for c in job)})
+    narrow = cycles[cols]
+    return run_jobs(_fit_job, [(narrow, w, sw, n_boot, seed, median_tokens) for w, sw in jobs],
+                    workers, while_waiting=while_fitting)
+
+
+def _fit_job(cycles: pd.DataFrame, wait: str, switch: str, n_boot: int, seed: int,
+             median_tokens: float | None) -> tuple[dict[str, Any], Any]:
+    return threshold_section(cycles, wait, switch, n_boot=n_boot, seed=seed,
+                             median_tokens=median_tokens)
+
+
+def _sens_row(row: dict[str, Any]) -> dict[str, Any]:
+    keys = ["wait_measure", "wait_measure_label", "switch_measure", "n_cycles", "psi_s", "ci_s",
+            "p_exists", "model_choice", "found", "reason",
+            "tokens_per_second_at_median_length"]
+    return {k: row.get(k) for k in keys}
+
+
+def _independent_figures(cycles: pd.DataFrame, truth: dict[str, Any] | None, seed: int
+                         ) -> dict[str, str | None]:
+    """Figures that do not need the threshold fit."""
+    return {
+        "wait_distributions": figs.wait_distributions(cycles),
+        "manipulation": figs.manipulation(cycles, seed),
+        "participants": figs.participants(cycles, PRIMARY_WAIT, "switched",
+                                          (truth or {}).get("participant_threshold_s")),
+    }
+
+
+def _fit_figures(cycles: pd.DataFrame, truth: dict[str, Any] | None, res: Any
+                 ) -> dict[str, str | None]:
+    t = truth or {}
+    true_psi = t.get("threshold_s") if t.get("has_threshold") else None
+    return {"switch_vs_wait": figs.switch_vs_wait(cycles, PRIMARY_WAIT, "switched", res,
+                                                  WAIT_MEASURES[PRIMARY_WAIT], true_psi)}
+
+
+# --------------------------------------------------------------------------------- HTML
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, float):
+        if abs(x) >= 10 ** digits:
+            return f"{x:,.0f}"  # 8000, not 8e+03
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def _pct(x: Any) -> str:
+    return "—" if x is None else f"{100 * float(x):.1f} %"
+
+
+def _signed_pct(x: Any) -> str:
+    return "—" if x is None else f"{100 * float(x):+.1f} %"
+
+
+def render_html(results: dict[str, Any], figures: dict[str, str | None]) -> str:
+    """The self-contained report (jinja2 template ``analysis/templates/report.html.j2``)."""
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
+    env = Environment(loader=PackageLoader("analysis", "templates"),
+                      autoescape=select_autoescape(["html", "j2"]))
+    env.filters["fmt"] = _fmt
+    env.filters["pct"] = _pct
+    env.filters["spct"] = _signed_pct
+    template = env.get_template("report.html.j2")
+    clean = {k: v for k, v in results.items() if not k.startswith("_")}
+    return template.render(r=clean, fig=figures,
+                           results_json=json.dumps(jsonable(clean), indent=1))

@@ -1,0 +1,192 @@
+"""CLI command functions `analyze` and `power` (registered on `flowtrial` by the lead).
+
+Heavy imports live inside the functions so that `flowtrial --help` stays fast. Bad input
+is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+def _fail(message: str) -> typer.Exit:
+    """Print one line on stderr and return the exit-2 exception to raise."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _num(x: Any, fmt: str = ".3g") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    return format(x, fmt)
+
+
+def _pct(x: Any) -> str:
+    return "—" if x is None else f"{100 * float(x):+.1f} %"
+
+
+def analyze(
+    db: Annotated[str, typer.Option("--db", help="Study database: a SQLite path or a URL.")],
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory for results.json and report.html.")
+    ] = Path("flowtrial-report"),
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print results.json on stdout (files are written too).")
+    ] = False,
+    n_boot: Annotated[
+        int, typer.Option("--n-boot", help="Bootstrap and null replicates per threshold fit.")
+    ] = 200,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed of the bootstraps.")] = 0,
+) -> None:
+    """Run the preregistered analysis: checks, task-time effect, flow threshold, secondary
+    outcomes; write results.json and a self-contained report.html."""
+    from analysis import AnalysisInputError
+    from analysis.report import run_analysis
+    from study.errors import FlowtrialError
+
+    if n_boot < 10:
+        raise _fail(f"--n-boot {n_boot} is too small: use at least 10 (200 for reporting)")
+    try:
+        results = run_analysis(db, out, n_boot=n_boot, seed=seed, progress=not json_out)
+    except (FlowtrialError, AnalysisInputError) as exc:
+        raise _fail(str(exc).splitlines()[0]) from None
+    if json_out:
+        typer.echo(json.dumps(results, indent=2))
+        return
+    _print_summary(results, out)
+
+
+def _print_summary(r: dict[str, Any], out: Path) -> None:
+    from rich.console import Console
+
+    console = Console()
+    st = r["study"]
+    console.print(f"[bold]{st['name']}[/bold]  design={st['design']}  "
+                  f"participants={st['n_participants']}  cycles={st['n_cycles']}  "
+                  f"tasks={st['n_tasks']}")
+    for m in r.get("messages", []):
+        console.print(f"[yellow]note:[/yellow] {m}")
+    srm = r["checks"].get("srm") or {}
+    if "flagged" in srm:
+        flag = "[red]MISMATCH[/red]" if srm["flagged"] else "[green]ok[/green]"
+        console.print(f"Sample-ratio check: p = {_num(srm.get('p_value'))} {flag}")
+    t = r["threshold"]
+    if t.get("found"):
+        ci = t["ci_s"]
+        console.print(f"Flow threshold ψ = [bold]{_num(t['psi_s'])} s[/bold] of "
+                      f"{t['wait_measure_label']} (95 % CI {_num(ci[0])}–{_num(ci[1])} s, "
+                      f"p_exists = {_num(t['p_exists'])}, model: {t['model_choice']})")
+        if t.get("tokens_per_second_at_median_length"):
+            console.print(f"  ≈ {_num(t['tokens_per_second_at_median_length'])} tokens/s for "
+                          f"an answer of {_num(st.get('median_response_tokens'), '.0f')} tokens")
+    else:
+        console.print(f"Flow threshold: {t.get('reason') or 'not reported'}")
+    e = r["task_effect"]
+    if e.get("estimate") is not None:
+        ci = (e.get("ci") or {}).get("cluster") or [None, None]
+        console.print(f"Task time, {e['treatment_arm']} vs {e['control_arm']}: "
+                      f"{_pct(e['estimate'])} (clustered 95 % CI {_pct(ci[0])} … {_pct(ci[1])})")
+    elif e.get("skipped"):
+        console.print(f"Task-time effect: not estimated ({e['skipped']})")
+    g = (r.get("ground_truth") or {}).get("comparison")
+    if g:
+        console.print(f"Ground truth: {g['truth_model']}, true ψ = {_num(g.get('true_psi_s'))} s; "
+                      f"verdict correct: {g['verdict_correct']}")
+    console.print(f"Report: {out / 'report.html'}  (data: {out / 'results.json'})")
+
+
+def _int_list(value: str, option: str) -> list[int]:
+    try:
+        items = [int(v) for v in value.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise _fail(f"{option} {value!r}: give whole numbers separated by commas, "
+                    "e.g. 10,20,40") from None
+    if not items or any(v < 1 for v in items):
+        raise _fail(f"{option} {value!r}: give whole numbers >= 1 separated by commas")
+    return items
+
+
+def power(
+    study: Annotated[Path, typer.Option("--study", help="The study file (study.toml).")],
+    participants: Annotated[
+        str, typer.Option("--participants", help="Participant counts, comma-separated.")
+    ] = "10,20,40",
+    prompts: Annotated[
+        str, typer.Option("--prompts", help="Prompts per participant, comma-separated.")
+    ] = "30,60",
+    sims: Annotated[int, typer.Option("--sims", help="Simulated studies per cell.")] = 200,
+    truth: Annotated[
+        str, typer.Option("--truth", help="Truth model: hinge, smooth or flat (null).")
+    ] = "hinge",
+    threshold_s: Annotated[
+        float, typer.Option("--threshold-s", help="True population ψ in seconds of idle wait.")
+    ] = 8,
+    out: Annotated[Path, typer.Option("--out", help="CSV file for the grid.")] = Path(
+        "power.csv"
+    ),
+    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    n_boot: Annotated[
+        int, typer.Option("--n-boot", help="Bootstrap and null replicates per fit.")
+    ] = 100,
+) -> None:
+    """Power analysis by simulation: power to detect the flow threshold, CI coverage of the
+    true ψ and power of the task-time effect, per participants × prompts cell."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from rich.table import Table
+
+    from analysis.power import power_grid
+    from study.config import load_study
+    from study.errors import FlowtrialError
+
+    ns = _int_list(participants, "--participants")
+    ks = _int_list(prompts, "--prompts")
+    if min(ns) < 2:
+        raise _fail("--participants: need at least 2 participants per study (they are the "
+                    "bootstrap clusters)")
+    if sims < 1:
+        raise _fail(f"--sims {sims}: need at least 1 simulated study per cell")
+    if truth not in ("hinge", "smooth", "flat"):
+        raise _fail(f"--truth {truth!r}: use hinge, smooth or flat")
+    if not math.isfinite(threshold_s) or threshold_s <= 0:
+        raise _fail(f"--threshold-s {threshold_s:g}: must be > 0 seconds")
+    if n_boot < 10:
+        raise _fail(f"--n-boot {n_boot}: use at least 10")
+    try:
+        config = load_study(study)
+    except FlowtrialError as exc:
+        raise _fail(str(exc).splitlines()[0]) from None
+
+    console = Console(stderr=True)
+    if (n_boot + 1) * 0.05 <= 1:
+        console.print(f"[yellow]note:[/yellow] with --n-boot {n_boot} the existence test cannot "
+                      "reach p < 0.05: every cell will show power 0 (use >= 100)")
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
+        task = bar.add_task("simulated studies", total=len(ns) * len(ks) * sims)
+        grid = power_grid(config, ns, ks, sims, truth=truth, threshold_s=threshold_s,
+                          seed=seed, n_boot=n_boot,
+                          progress=lambda done, _total: bar.update(task, completed=done))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    grid.to_csv(out, index=False)
+
+    table = Table(title=f"Power ({truth} truth, ψ = {threshold_s:g} s, {sims} simulated "
+                        "studies per cell)")
+    for col in ("participants", "prompts", "P(threshold found)", "CI coverage", "median ψ",
+                "power (task time)"):
+        table.add_column(col, justify="right")
+    for row in grid.itertuples():
+        table.add_row(
+            str(row.participants), str(row.prompts),
+            f"{row.power_threshold:.2f} ({row.power_threshold_ci_lo:.2f}–"
+            f"{row.power_threshold_ci_hi:.2f})",
+            _num(row.ci_coverage, ".2f"), _num(row.median_psi_s, ".3g"),
+            _num(row.power_effect, ".2f"),
+        )
+    Console().print(table)
+    Console().print(f"Wrote {out}")

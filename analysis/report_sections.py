@@ -1,0 +1,320 @@
+"""Building blocks of the `flowtrial analyze` report: the threshold section, secondary
+outcomes, arm ordering, ground truth, and JSON conversion.
+
+Each section returns plain JSON-ready dicts; sections that cannot be computed say why in a
+``reason`` (or ``skipped``) field instead of raising, so a small study still gets a report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from study.timeline import DEFAULT_READING_TPS
+
+WAIT_MEASURES = {
+    "idle_wait_s": "idle wait (TTFT + delivery lag behind reading at 5.3 tokens/s)",
+    "total_wait_s": "total wait (t_last_sent − t_request)",
+    "experienced_ttft_s": "experienced time to first token",
+}
+WAIT_BANDS_S = [0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0, math.inf]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def jsonable(obj: Any) -> Any:
+    """Recursively convert numpy/pandas values to JSON types (NaN and NA become None)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [jsonable(v) for v in obj.tolist()]
+    if isinstance(obj, bool | np.bool_):
+        return bool(obj)
+    if isinstance(obj, int | np.integer):
+        return int(obj)
+    if isinstance(obj, float | np.floating):
+        f = float(obj)
+        return f if math.isfinite(f) else None
+    if obj is None or obj is pd.NA or obj is pd.NaT:
+        return None
+    if isinstance(obj, pd.Timestamp):
+        return obj.isoformat()
+    if isinstance(obj, str):
+        return obj
+    try:
+        if pd.isna(obj):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return str(obj)
+
+
+def wilson(k: np.ndarray | float, n: np.ndarray | float, z: float = 1.959964
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval for k successes out of n (vectorized; NaN where n = 0)."""
+    k = np.asarray(k, dtype=float)
+    n = np.asarray(n, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = k / n
+        den = 1 + z * z / n
+        mid = (p + z * z / (2 * n)) / den
+        half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return mid - half, mid + half
+
+
+def analysable(cycles: pd.DataFrame, wait_col: str) -> pd.DataFrame:
+    """Cycles usable for wait analyses: status ok and a finite positive wait."""
+    w = cycles[wait_col].to_numpy(dtype=float)
+    ok = (cycles["status"].astype(str) == "ok").to_numpy() & np.isfinite(w) & (w > 0)
+    return cycles[ok]
+
+
+def binned_rate(df: pd.DataFrame, wait_col: str, flag_col: str, n_bins: int = 10
+                ) -> pd.DataFrame:
+    """P(flag) in log-spaced quantile bins of the wait, with Wilson 95 % CIs."""
+    w = df[wait_col].to_numpy(float)
+    y = df[flag_col].to_numpy(dtype=float)
+    if len(w) == 0:
+        return pd.DataFrame(columns=["wait_s", "n", "k", "p", "lo", "hi"])
+    n_bins = max(1, min(n_bins, len(np.unique(w)), len(w) // 20 or 1))
+    edges = np.unique(np.quantile(np.log(w), np.linspace(0, 1, n_bins + 1)))
+    idx = np.clip(np.searchsorted(edges, np.log(w), side="right") - 1, 0, max(len(edges) - 2, 0))
+    g = pd.DataFrame({"b": idx, "lw": np.log(w), "y": y}).groupby("b")
+    out = pd.DataFrame({"wait_s": np.exp(g["lw"].mean()), "n": g["y"].size(), "k": g["y"].sum()})
+    out["p"] = out["k"] / out["n"]
+    out["lo"], out["hi"] = wilson(out["k"].to_numpy(), out["n"].to_numpy())
+    return out.reset_index(drop=True)
+
+
+# ------------------------------------------------------------------------------ arms
+
+
+def expected_wait_s(arm: Any, n_tokens: float) -> float:
+    """Expected generation wait of an arm for an answer of ``n_tokens`` (unshaped arms: 0)."""
+    ttft = (arm.ttft_ms or 0.0) / 1000.0
+    tps = arm.tokens_per_second
+    pace = (n_tokens - 1) / tps if tps else 0.0
+    return ttft + pace
+
+
+def order_arms(config: Any, arms: Sequence[str], n_tokens: float) -> list[str]:
+    """Arms from fastest to slowest by their expected wait at the median answer length."""
+    by_name = {a.name: a for a in config.arms}
+    known = [a for a in arms if a in by_name]
+    return sorted(known, key=lambda a: expected_wait_s(by_name[a], n_tokens))
+
+
+# ------------------------------------------------------------------------- threshold
+
+
+def threshold_section(
+    cycles: pd.DataFrame,
+    wait_col: str,
+    switch_col: str,
+    *,
+    n_boot: int,
+    seed: int,
+    median_tokens: float | None,
+) -> tuple[dict[str, Any], Any]:
+    """fit_threshold on (participant, wait, switched); returns (JSON dict, result or None)."""
+    from analysis import AnalysisInputError
+    from analysis.threshold import fit_threshold
+
+    df = analysable(cycles, wait_col)
+    base: dict[str, Any] = {
+        "wait_measure": wait_col,
+        "wait_measure_label": WAIT_MEASURES.get(wait_col, wait_col),
+        "switch_measure": switch_col,
+        "n_cycles": int(len(df)),
+        "n_participants": int(df["participant_id"].nunique()),
+    }
+    empty = {"psi_s": None, "ci_s": None, "p_exists": None,
+             "tokens_per_second_at_median_length": None, "model_choice": None,
+             "found": False}
+    frame = pd.DataFrame({"participant_id": df["participant_id"].to_numpy(),
+                          "wait_s": df[wait_col].to_numpy(float),
+                          "switched": df[switch_col].to_numpy(dtype=bool).astype(int)})
+    n = max(10, int(n_boot))
+    tokens = median_tokens if median_tokens is not None and median_tokens > 1 else None
+    try:
+        res = fit_threshold(frame, n_boot=n, n_null=n, seed=seed, median_response_tokens=tokens)
+    except AnalysisInputError as exc:
+        return {**base, **empty, "reason": f"Threshold not estimated: {exc}"}, None
+    d = res.to_dict()
+    d.pop("profile_loglik", None)
+    d.pop("grid_s", None)
+    out = {**base, **d}
+    out["tokens_per_second_definition"] = (
+        "pace at which an answer of the median length streams for ψ seconds after the first "
+        "token (TTFT 0)"
+    )
+    if tokens is not None and res.psi_s > 0:
+        # Pace at which delivery lags behind a 5.3 tokens/s reader by ψ: the idle-wait view.
+        out["tokens_per_second_idle_at_median_length"] = tokens / (
+            res.psi_s + tokens / DEFAULT_READING_TPS)
+    return out, res
+
+
+# ------------------------------------------------------------------------ secondary
+
+
+def _rates(g: pd.DataFrame, switch_col: str, persist_cols: list[str]) -> dict[str, Any]:
+    decided = g["decision"] != "none"
+    n_dec = int(decided.sum())
+    sw = g[switch_col].to_numpy(dtype=bool)
+    ct = g["cycle_time_s"].to_numpy(float)
+    per_part = (
+        g.assign(ct=ct).groupby("participant_id")["ct"].mean().dropna()
+    )
+    cph = 3600.0 / per_part[per_part > 0]
+    row: dict[str, Any] = {
+        "n_cycles": int(len(g)),
+        "n_participants": int(g["participant_id"].nunique()),
+        "switch_rate": float(sw.mean()) if len(g) else None,
+        "resumption_lag_s_mean": float(g["resumption_lag_s"].mean()) if len(g) else None,
+        "resumption_lag_s_median_switched": (
+            float(np.median(g["resumption_lag_s"].to_numpy(float)[sw])) if sw.any() else None),
+        "cycles_per_hour": float(cph.mean()) if len(cph) else None,
+        "decision_rate": float(decided.mean()) if len(g) else None,
+        "acceptance_rate": float((g["decision"] == "accept").sum() / n_dec) if n_dec else None,
+        "partial_rate": float((g["decision"] == "partial").sum() / n_dec) if n_dec else None,
+        "review_time_s_median": (float(g["review_time_s"].median())
+                                 if g["review_time_s"].notna().any() else None),
+        "idle_wait_s_median": float(g["idle_wait_s"].median()) if len(g) else None,
+        "total_wait_s_median": float(g["total_wait_s"].median()) if len(g) else None,
+    }
+    for c in persist_cols:
+        v = g[c].dropna()
+        row[f"{c}_rate"] = float(v.astype(bool).mean()) if len(v) else None
+    return row
+
+
+def secondary_outcomes(cycles: pd.DataFrame, wait_col: str, switch_col: str) -> dict[str, Any]:
+    """Resumption lag, cycles per hour, acceptance and persistence rates, review time: by arm
+    and by band of the wait measure."""
+    ok = cycles[(cycles["status"].astype(str) == "ok").to_numpy()]
+    persist_cols = [c for c in ok.columns if c.startswith("persisted_")]
+    by_arm = [{"arm": arm, **_rates(g, switch_col, persist_cols)}
+              for arm, g in ok.groupby("arm", sort=True)]
+    w = ok[wait_col].to_numpy(float)
+    band = np.searchsorted(WAIT_BANDS_S, np.nan_to_num(w, nan=-1), side="right") - 1
+    by_band = []
+    for b in range(len(WAIT_BANDS_S) - 1):
+        g = ok[(band == b) & np.isfinite(w)]
+        if len(g) == 0:
+            continue
+        lo, hi = WAIT_BANDS_S[b], WAIT_BANDS_S[b + 1]
+        label = f"{lo:g}–{hi:g} s" if math.isfinite(hi) else f"≥ {lo:g} s"
+        row = {"band": label, "lo_s": lo, "hi_s": hi if math.isfinite(hi) else None,
+               **_rates(g, switch_col, persist_cols)}
+        k = int(g[switch_col].to_numpy(dtype=bool).sum())
+        ci = wilson(k, len(g))
+        row["switch_rate_ci"] = [float(ci[0]), float(ci[1])]
+        by_band.append(row)
+    return {"wait_measure": wait_col, "switch_measure": switch_col, "by_arm": by_arm,
+            "by_wait_band": by_band, "persistence_intervals": persist_cols,
+            "overall": _rates(ok, switch_col, persist_cols) if len(ok) else None}
+
+
+# ---------------------------------------------------------------------- ground truth
+
+
+def ground_truth(database: Any) -> dict[str, Any] | None:
+    """The simulator's population truth and per-participant ψ, if the database has them."""
+    from sqlalchemy import inspect
+
+    if not inspect(database.engine).has_table("ground_truth"):
+        return None
+    with database.engine.connect() as conn:
+        rows = pd.read_sql("SELECT scope, participant_id, truth_model, params_json "
+                           "FROM ground_truth", conn)
+    return ground_truth_from_rows(rows)
+
+
+def ground_truth_from_rows(rows: pd.DataFrame) -> dict[str, Any] | None:
+    """Parse ground-truth rows (the table's columns) into a dict."""
+    if rows is None or rows.empty:
+        return None
+    pop = rows[rows["scope"] == "population"]
+    if pop.empty:
+        return None
+    params = json.loads(pop["params_json"].iloc[-1])
+    per = {}
+    for pid, raw in zip(rows.loc[rows["scope"] == "participant", "participant_id"],
+                        rows.loc[rows["scope"] == "participant", "params_json"], strict=True):
+        try:
+            d = json.loads(raw)
+        except (TypeError, json.JSONDecodeError):
+            continue
+        psi = d.get("threshold_s", d.get("psi_s"))
+        if psi is not None:
+            per[str(pid)] = float(psi)
+    truth_model = str(pop["truth_model"].iloc[-1])
+    return {
+        "truth_model": truth_model,
+        "params": params,
+        "has_threshold": bool(params.get("has_threshold", truth_model == "hinge")),
+        "threshold_s": params.get("threshold_s"),
+        "threshold_logsd": params.get("threshold_logsd"),
+        "seed": params.get("seed"),
+        "share_of_switches_counted": params.get("share_of_switches_counted"),
+        "participant_threshold_s": per,
+    }
+
+
+def truth_params(truth: dict[str, Any]) -> Any:
+    """The simulator parameters stored with the ground truth, as a SimParams."""
+    from study.simulator import SimParams
+
+    known = set(SimParams.model_fields)
+    stored = {k: v for k, v in (truth.get("params") or {}).items() if k in known}
+    stored["truth"] = truth["truth_model"]
+    return SimParams.model_validate(stored)
+
+
+def estimand_psi(truth: dict[str, Any], waits_s: Any) -> float | None:
+    """ψ*: the pooled hinge's estimand for this study's waits and the simulator's truth.
+
+    With thresholds varying between people the pooled model estimates where the
+    population-averaged curve starts rising, which lies below the median person's ψ.
+    """
+    from analysis.threshold import pseudo_true_psi
+    from study.simulator.params import expected_switch_probability
+
+    w = np.asarray(waits_s, dtype=float)
+    w = w[np.isfinite(w) & (w > 0)]
+    if not truth.get("has_threshold") or w.size < 2:
+        return None
+    params = truth_params(truth)
+    return pseudo_true_psi(w, expected_switch_probability(w, params))
+
+
+def compare_truth(
+    truth: dict[str, Any], threshold: dict[str, Any], waits_s: Any = None
+) -> dict[str, Any]:
+    """True ψ against the estimate: error, CI coverage, and whether the verdict is right.
+
+    Coverage is scored against ψ* (the estimand of the pooled model, see `estimand_psi`);
+    the median individual threshold is reported beside it.
+    """
+    psi_median = truth.get("threshold_s")
+    psi_star = estimand_psi(truth, waits_s) if waits_s is not None else None
+    est, ci = threshold.get("psi_s"), threshold.get("ci_s")
+    out: dict[str, Any] = {"truth_model": truth["truth_model"], "true_psi_s": psi_median,
+                           "estimand_psi_s": psi_star, "estimated_psi_s": est, "ci_s": ci,
+                           "found": bool(threshold.get("found"))}
+    target = psi_star or psi_median
+    if truth["has_threshold"] and target and est:
+        out["log_ratio"] = math.log(est / target)
+        out["ci_covers_truth"] = bool(ci and ci[0] <= target <= ci[1])
+        out["ci_covers_median"] = bool(ci and ci[0] <= psi_median <= ci[1]) if psi_median else None
+    out["verdict_correct"] = out["found"] == bool(truth["has_threshold"])
+    return out

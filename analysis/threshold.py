@@ -1,0 +1,778 @@
+"""The flow threshold ψ (DESIGN §6.3).
+
+Model: P(context switch during a wait of w seconds) follows a hinge logistic
+
+    logit p = a + b · max(0, log w − log ψ)
+
+(flat below ψ, rising in log w above it), fitted to all cycles pooled, with participants as
+the resampling clusters:
+
+* ψ by profile likelihood over a grid of log ψ between the 5th and 95th percentile of the
+  observed log waits, refined by a parabola through the best grid point and its neighbours;
+* 95 % CI for ψ from a participant-cluster bootstrap (resample participants with
+  replacement, refit the whole profile): the union of (i) the BCa interval of log ψ*
+  (acceleration from a delete-one-participant jackknife) and (ii) the profile-likelihood
+  interval {ψ : 2(ℓ(ψ̂) − ℓ(ψ)) ≤ q}, q = 95th percentile of the bootstrap profile LR at ψ̂.
+  The estimate's standard error shrinks when ψ̂ is overestimated (steeper fitted rise), which
+  makes plain percentile intervals undercover; each of (i), (ii) covers ~0.92–0.93 with 40
+  participants in simulation, their union ~0.94 (benchmarks/bench_threshold_quality.py);
+* existence test: LR = 2(ℓ_hinge − ℓ_flat) against the intercept-only model, calibrated by a
+  parametric bootstrap under the null. The null keeps each participant's own switch rate
+  (a composite null "no dependence on the wait"), so between-participant differences in
+  switching propensity cannot masquerade as a wait effect when waits differ by participant;
+* comparison with the smooth logistic `logit p = a + b · log w` (and the flat model) by AIC
+  and BIC, counting ψ as a parameter (k = 3 for the hinge, 2 smooth, 1 flat).
+
+The hinge is reported ("found") only when the existence test rejects at α, the slope above
+ψ is positive, the hinge beats the smooth model on both AIC and BIC, and the CI for ψ spans
+at most one decade and stays inside the observed wait range.
+
+Estimand: the pooled model describes the population-averaged curve. When individual
+thresholds vary (DESIGN §7: log-sd 0.35), its ψ is the onset of that averaged curve, which
+lies below the median individual threshold (≈ 6.8 s for a median of 8 s with the default
+simulator; `population_onset_psi` computes it for any simulator setting).
+
+Speed: the 2-parameter logistic fits are a vectorised Newton–Raphson over all grid points
+at once (one column per ψ), on binomial sufficient statistics: cycles are aggregated by
+participant × log-wait bin. When there are at most `max_bins` distinct waits this is exact;
+otherwise waits are put in `max_bins` equal-width bins of log w and each bin is represented by
+the mean log wait of its cycles (width ≈ 0.02 in log w, i.e. 2 % of the wait, for a
+0.2–60 s range — far below the resolution of the ψ grid). Bootstrap replicates then only
+re-weight participants, and null replicates only redraw the switch counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from analysis import AnalysisInputError
+
+ModelName = Literal["flat", "smooth", "hinge"]
+_K_PARAMS = {"flat": 1, "smooth": 2, "hinge": 3}  # ψ counts as a parameter of the hinge
+
+
+# --------------------------------------------------------------------------- numerics
+
+
+def _expit(eta: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * eta))  # overflow-free logistic
+
+
+def _p_and_ll(
+    a: np.ndarray, b: np.ndarray, H: np.ndarray, sH: np.ndarray, n: np.ndarray, s_tot: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fitted probabilities and binomial log-likelihood per column, from one pass over η.
+
+    ℓ = Σ s·η − n·log(1 + e^η) = s_tot·a + b·(s @ H) − n @ softplus(η)."""
+    eta = a + b * H
+    e = np.exp(-np.abs(eta))  # in (0, 1]: no overflow
+    p = np.where(eta >= 0, 1.0, e) / (1.0 + e)
+    softplus = np.maximum(eta, 0.0) + np.log1p(e)
+    return p, s_tot * a + b * sH - n @ softplus
+
+
+def _newton(
+    H: np.ndarray,
+    H2: np.ndarray,
+    sH: np.ndarray,
+    n: np.ndarray,
+    s: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    max_iter: int = 60,
+    tol: float = 1e-9,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fit logit p = a_g + b_g·H[:, g] for every column g at once (binomial, n trials, s
+    successes per row). H2 = H**2 and sH = s @ H are precomputed. Returns (a, b, loglik).
+
+    Newton–Raphson on the 2×2 system per column with step clipping and per-column step
+    halving (the log-likelihood is concave, so halving always restores ascent)."""
+    a = a.astype(float).copy()
+    b = b.astype(float).copy()
+    s_tot = float(s.sum())
+    p, ll = _p_and_ll(a, b, H, sH, n, s_tot)
+    for _ in range(max_iter):
+        v = p * (1.0 - p)
+        g0 = s_tot - n @ p
+        g1 = sH - n @ (p * H)
+        h00 = n @ v
+        vH = v * H
+        h01 = n @ vH
+        h11 = n @ (vH * H) if H2 is None else n @ (v * H2)
+        det = h00 * h11 - h01 * h01
+        ok = det > 1e-12 * np.maximum(h00 * h11, 1e-300)
+        safe = np.where(ok, det, 1.0)
+        # Columns with a (near-)singular Hessian (e.g. complete separation): intercept step.
+        da = np.where(ok, (h11 * g0 - h01 * g1) / safe, np.clip(g0 / np.maximum(h00, 1e-9), -1, 1))
+        db = np.where(ok, (h00 * g1 - h01 * g0) / safe, 0.0)
+        da = np.clip(da, -5.0, 5.0)
+        db = np.clip(db, -5.0, 5.0)
+        step = np.ones_like(a)
+        a_new, b_new = a + da, b + db
+        p_new, ll_new = _p_and_ll(a_new, b_new, H, sH, n, s_tot)
+        for _halving in range(30):
+            worse = ll_new < ll - 1e-12 * (1.0 + np.abs(ll))
+            if not worse.any():
+                break
+            idx = np.flatnonzero(worse)
+            step[idx] *= 0.5
+            a_new[idx] = a[idx] + step[idx] * da[idx]
+            b_new[idx] = b[idx] + step[idx] * db[idx]
+            p_new[:, idx], ll_new[idx] = _p_and_ll(
+                a_new[idx], b_new[idx], H[:, idx], sH[idx], n, s_tot
+            )
+        gain = float(np.max(np.abs(ll_new - ll)))
+        moved = float(np.max(np.abs(step * da)) + np.max(np.abs(step * db)))
+        a, b, p, ll = a_new, b_new, p_new, ll_new
+        # Quadratic convergence: after a step this small the remaining error is ~1e-10.
+        if gain < tol * (1.0 + float(np.max(np.abs(ll)))) or moved < 1e-5:
+            break
+    return a, b, ll
+
+
+def _binom_ll_flat(n_tot: float, s_tot: float) -> tuple[float, float]:
+    """(intercept, log-likelihood) of the flat (intercept-only) model, closed form."""
+    if s_tot <= 0 or s_tot >= n_tot:
+        return (-math.inf if s_tot <= 0 else math.inf), 0.0
+    p = s_tot / n_tot
+    return math.log(p / (1 - p)), s_tot * math.log(p) + (n_tot - s_tot) * math.log1p(-p)
+
+
+# ------------------------------------------------------------------------------ data
+
+
+@dataclass
+class _Binned:
+    x: np.ndarray  # (K,) representative log wait
+    counts: np.ndarray  # (P, K) cycles per participant × bin
+    succ: np.ndarray  # (P, K) switches per participant × bin
+    exact: bool
+
+
+def _bin(logw: np.ndarray, y: np.ndarray, pid: np.ndarray, n_part: int, max_bins: int) -> _Binned:
+    uniq, inv = np.unique(logw, return_inverse=True)
+    exact = uniq.size <= max_bins
+    if exact:
+        x, idx = uniq, inv
+    else:
+        edges = np.linspace(logw.min(), logw.max(), max_bins + 1)
+        idx = np.clip(np.searchsorted(edges, logw, side="right") - 1, 0, max_bins - 1)
+        used, idx = np.unique(idx, return_inverse=True)
+        x = np.bincount(idx, weights=logw) / np.bincount(idx)
+    k = x.size
+    flat = pid * k + idx
+    counts = np.bincount(flat, minlength=n_part * k).reshape(n_part, k).astype(float)
+    succ = np.bincount(flat, weights=y, minlength=n_part * k).reshape(n_part, k)
+    return _Binned(x=x, counts=counts, succ=succ, exact=exact)
+
+
+class _Problem:
+    """Everything needed to refit the three models on re-weighted / redrawn data."""
+
+    def __init__(self, binned: _Binned, grid: np.ndarray) -> None:
+        self.x = binned.x
+        self.grid = grid
+        self.H = np.maximum(0.0, self.x[:, None] - grid[None, :])  # hinge basis, one column/ψ
+        self.H2 = self.H * self.H
+        self.xc = self.x.mean()
+        self.S = (self.x - self.xc)[:, None]  # smooth basis (centred for conditioning)
+        self.S2 = self.S * self.S
+
+    def hinge_at(
+        self, n: np.ndarray, s: np.ndarray, c: np.ndarray, a: np.ndarray, b: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Hinge fits (a, b, loglik) at the given log ψ values `c` (one column each)."""
+        h = np.maximum(0.0, self.x[:, None] - np.asarray(c, dtype=float)[None, :])
+        return _newton(h, h * h, s @ h, n, s, a, b)
+
+    def fit(
+        self, n: np.ndarray, s: np.ndarray, start: dict[str, np.ndarray] | None = None
+    ) -> dict[str, Any]:
+        """Fit flat, smooth and hinge (profile over the grid + parabolic refinement)."""
+        n_tot, s_tot = float(n.sum()), float(s.sum())
+        a0, ll_flat = _binom_ll_flat(n_tot, s_tot)
+        if not math.isfinite(a0):
+            # No switches (or only switches): every model fits perfectly and identically.
+            g = self.grid.size
+            return {
+                "ll_flat": 0.0,
+                "flat_a": a0,
+                "ll_smooth": 0.0,
+                "ll_hinge": 0.0,
+                "smooth": (a0, 0.0),
+                "hinge": (a0, 0.0, float(self.grid[g // 2])),
+                "profile": np.zeros(g),
+                "degenerate": True,
+            }
+        g = self.grid.size
+        if start is None:
+            ah, bh = np.full(g, a0), np.zeros(g)
+            as_, bs = np.array([a0]), np.zeros(1)
+        else:
+            ah, bh, as_, bs = start["ah"], start["bh"], start["as"], start["bs"]
+        sS = s @ self.S
+        as_, bs, lls = _newton(self.S, self.S2, sS, n, s, as_, bs)
+        sH = s @ self.H
+        ah, bh, prof = _newton(self.H, self.H2, sH, n, s, ah, bh)
+        j = int(np.argmax(prof))
+        best = (float(ah[j]), float(bh[j]), float(self.grid[j]), float(prof[j]))
+        if 0 < j < g - 1:
+            # Parabola through the best grid point and its neighbours (grid is equispaced).
+            l0, l1, l2 = prof[j - 1], prof[j], prof[j + 1]
+            curv = l0 - 2 * l1 + l2
+            if curv < 0:
+                step = self.grid[1] - self.grid[0]
+                c = self.grid[j] + float(np.clip(0.5 * step * (l0 - l2) / curv, -step, step))
+                h = np.maximum(0.0, self.x - c)[:, None]
+                ar, br, llr = _newton(h, h * h, s @ h, n, s, ah[j : j + 1], bh[j : j + 1])
+                if llr[0] > best[3]:
+                    best = (float(ar[0]), float(br[0]), c, float(llr[0]))
+        return {
+            "ll_flat": ll_flat,
+            "flat_a": a0,
+            "ll_smooth": float(lls[0]),
+            "ll_hinge": best[3],
+            "smooth": (float(as_[0]), float(bs[0])),
+            "hinge": best[:3],
+            "profile": prof,
+            "start": {"ah": ah, "bh": bh, "as": as_, "bs": bs},
+            "degenerate": False,
+        }
+
+
+# ---------------------------------------------------------------------------- result
+
+
+@dataclass
+class ThresholdResult:
+    """Outcome of `fit_threshold`. `psi_s`/`ci_s` are the hinge estimates; interpret them only
+    when `found` is True (otherwise `reason` says why no threshold is reported)."""
+
+    psi_s: float
+    ci_s: list[float]
+    ci_lr_s: list[float]
+    ci_bca_s: list[float]
+    ci_percentile_s: list[float]
+    ci_lr_crit: float
+    p_exists: float
+    lr_stat: float
+    model_choice: ModelName
+    found: bool
+    reason: str | None
+    aic: dict[str, float]
+    bic: dict[str, float]
+    loglik: dict[str, float]
+    params: dict[str, dict[str, float]]
+    tokens_per_second_at_median_length: float | None
+    tokens_per_second_ci: list[float] | None
+    median_response_tokens: float | None
+    n_obs: int
+    n_participants: int
+    n_switches: int
+    dropped: int
+    grid_s: list[float]
+    profile_loglik: list[float]
+    n_boot: int
+    n_null: int
+    seed: int
+    alpha: float
+    exact: bool
+    boot_hinge: np.ndarray = field(repr=False, default_factory=lambda: np.empty((0, 3)))
+    boot_smooth: np.ndarray = field(repr=False, default_factory=lambda: np.empty((0, 2)))
+    x_center: float = 0.0
+
+    def curve(
+        self, wait_grid: Sequence[float] | np.ndarray, level: float = 0.95
+    ) -> dict[str, np.ndarray]:
+        """Fitted P(switch) at the given waits (seconds) for plotting: `hinge`, `smooth`,
+        `flat`, and pointwise bootstrap bands `hinge_lo/hinge_hi`, `smooth_lo/smooth_hi`."""
+        w = np.asarray(wait_grid, dtype=float)
+        if np.any(w <= 0):
+            raise AnalysisInputError("curve(): waits must be > 0 seconds")
+        x = np.log(w)
+        ha, hb, hc = (self.params["hinge"][k] for k in ("a", "b", "log_psi"))
+        sa, sb = self.params["smooth"]["a"], self.params["smooth"]["b"]
+        out: dict[str, np.ndarray] = {
+            "wait_s": w,
+            "hinge": _expit(ha + hb * np.maximum(0.0, x - hc)),
+            "smooth": _expit(sa + sb * (x - self.x_center)),
+            "flat": np.full_like(x, _expit(np.array(self.params["flat"]["a"]))),
+        }
+        q = [(1 - level) / 2, (1 + level) / 2]
+        if len(self.boot_hinge):
+            bh = self.boot_hinge
+            ph = _expit(bh[:, :1] + bh[:, 1:2] * np.maximum(0.0, x[None, :] - bh[:, 2:3]))
+            out["hinge_lo"], out["hinge_hi"] = np.quantile(ph, q, axis=0)
+            bs = self.boot_smooth
+            ps = _expit(bs[:, :1] + bs[:, 1:2] * (x[None, :] - self.x_center))
+            out["smooth_lo"], out["smooth_hi"] = np.quantile(ps, q, axis=0)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (without the bootstrap draws)."""
+        keys = [
+            "psi_s",
+            "ci_s",
+            "ci_lr_s",
+            "ci_bca_s",
+            "ci_percentile_s",
+            "ci_lr_crit",
+            "p_exists",
+            "lr_stat",
+            "model_choice",
+            "found",
+            "reason",
+            "aic",
+            "bic",
+            "loglik",
+            "params",
+            "tokens_per_second_at_median_length",
+            "tokens_per_second_ci",
+            "median_response_tokens",
+            "n_obs",
+            "n_participants",
+            "n_switches",
+            "dropped",
+            "grid_s",
+            "profile_loglik",
+            "n_boot",
+            "n_null",
+            "seed",
+            "alpha",
+            "exact",
+        ]
+        return {k: getattr(self, k) for k in keys}
+
+
+# ------------------------------------------------------------------------------- API
+
+
+def _prepare(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    if not isinstance(df, pd.DataFrame):
+        raise AnalysisInputError("expected a pandas DataFrame of cycles")
+    need = ["participant_id", "wait_s", "switched"]
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise AnalysisInputError(
+            f"cycles data lacks column(s) {', '.join(missing)}; "
+            "need participant_id, wait_s, switched"
+        )
+    wait = pd.to_numeric(df["wait_s"], errors="coerce")
+    sw_raw = df["switched"]
+    sw = pd.to_numeric(sw_raw.astype(float) if sw_raw.dtype == bool else sw_raw, errors="coerce")
+    if (wait.isna() & df["wait_s"].notna()).any():
+        raise AnalysisInputError("wait_s has non-numeric values; give waits in seconds")
+    if (sw.isna() & sw_raw.notna()).any() or (sw.notna() & ~sw.isin([0, 1])).any():
+        raise AnalysisInputError("switched must be boolean or 0/1")
+    if (wait.notna() & ~np.isfinite(wait.fillna(1.0)) | (wait <= 0)).any():
+        raise AnalysisInputError("wait_s must be finite and > 0 seconds (the model uses log wait)")
+    keep = wait.notna() & sw.notna() & df["participant_id"].notna()
+    dropped = int((~keep).sum())
+    pid, _ = pd.factorize(df.loc[keep, "participant_id"])
+    return (
+        np.log(wait[keep].to_numpy(float)),
+        sw[keep].to_numpy(float),
+        pid,
+        int(pid.max()) + 1 if pid.size else 0,
+        dropped,
+    )
+
+
+def _lr_interval(c: np.ndarray, dev: np.ndarray, crit: float, c_hat: float) -> tuple[float, float]:
+    """Hull of {c : dev(c) <= crit} on a fine grid, with linear interpolation at the ends
+    (clipped to the grid: then the CI reaches the edge of the observed waits)."""
+    inside = np.flatnonzero(dev <= crit)
+    if inside.size == 0:
+        return c_hat, c_hat
+    i, j = int(inside[0]), int(inside[-1])
+    lo = (
+        c[0]
+        if i == 0
+        else c[i - 1] + (c[i] - c[i - 1]) * (dev[i - 1] - crit) / (dev[i - 1] - dev[i])
+    )
+    hi = (
+        c[-1]
+        if j == c.size - 1
+        else c[j] + (c[j + 1] - c[j]) * (crit - dev[j]) / (dev[j + 1] - dev[j])
+    )
+    return float(min(lo, c_hat)), float(max(hi, c_hat))
+
+
+def _jackknife(
+    prob: _Problem,
+    binned: _Binned,
+    main: dict[str, Any],
+    rng: np.random.Generator,
+    max_groups: int = 100,
+) -> np.ndarray:
+    """Delete-one-participant (or delete-one-group, for > max_groups participants) log ψ."""
+    n_part = binned.counts.shape[0]
+    groups = np.arange(n_part) if n_part <= max_groups else rng.permutation(n_part) % max_groups
+    out = np.empty(int(groups.max()) + 1)
+    for g in range(out.size):
+        keep = (groups != g).astype(float)
+        f = prob.fit(keep @ binned.counts, keep @ binned.succ, start=main.get("start"))
+        out[g] = f["hinge"][2]
+    return out
+
+
+def _bca(boot: np.ndarray, est: float, jack: np.ndarray, level: float = 0.95) -> np.ndarray:
+    """Bias-corrected and accelerated percentile interval (Efron 1987)."""
+    from scipy.stats import norm
+
+    prop = (np.sum(boot < est) + 0.5 * np.sum(boot == est)) / boot.size
+    z0 = norm.ppf(np.clip(prop, 1.0 / (boot.size + 1), boot.size / (boot.size + 1)))
+    d = jack.mean() - jack
+    denom = 6.0 * np.sum(d * d) ** 1.5
+    acc = float(np.sum(d**3) / denom) if denom > 0 else 0.0
+    z = norm.ppf([(1 - level) / 2, (1 + level) / 2])
+    adj = norm.cdf(z0 + (z0 + z) / (1 - acc * (z0 + z)))
+    return np.quantile(boot, adj)
+
+
+def _ic(ll: dict[str, float], n: int) -> tuple[dict[str, float], dict[str, float]]:
+    aic = {m: 2 * _K_PARAMS[m] - 2 * ll[m] for m in _K_PARAMS}
+    bic = {m: _K_PARAMS[m] * math.log(n) - 2 * ll[m] for m in _K_PARAMS}
+    return aic, bic
+
+
+def fit_threshold(
+    df: pd.DataFrame,
+    n_boot: int = 200,
+    n_null: int = 200,
+    seed: int = 0,
+    median_response_tokens: float | None = None,
+    grid_size: int = 60,
+    *,
+    alpha: float = 0.05,
+    wait_quantiles: tuple[float, float] = (0.05, 0.95),
+    max_ci_decades: float = 1.0,
+    ttft_s: float = 0.0,
+    max_bins: int = 256,
+) -> ThresholdResult:
+    """Fit the hinge-logistic flow threshold to cycles (`participant_id`, `wait_s` > 0,
+    `switched` 0/1), with a participant-cluster bootstrap CI (`n_boot`), a parametric-bootstrap
+    existence test (`n_null`) and AIC/BIC comparison with smooth and flat models.
+
+    `median_response_tokens` N converts ψ to tokens/s: the generation wait is
+    TTFT + (N − 1)/tps (DESIGN §2: tokens after the first over t_last − t_first), so
+    tps(ψ) = (N − 1) / (ψ − ttft_s); `ttft_s` defaults to 0 (None when ψ ≤ ttft_s).
+    Deterministic for a given `seed`.
+    """
+    if n_boot < 10 or n_null < 10:
+        raise AnalysisInputError("n_boot and n_null must be >= 10 (use >= 200 for reporting)")
+    if grid_size < 5:
+        raise AnalysisInputError("grid_size must be >= 5")
+    logw, y, pid, n_part, dropped = _prepare(df)
+    n_obs = int(y.size)
+    if n_obs < 20:
+        raise AnalysisInputError(f"too few cycles: {n_obs} usable (need >= 20)")
+    if n_part < 2:
+        raise AnalysisInputError(
+            "need cycles from >= 2 participants (participants are the clusters)"
+        )
+    n_sw = int(y.sum())
+    if n_sw == 0 or n_sw == n_obs:
+        raise AnalysisInputError(
+            f"switched is {'never' if n_sw == 0 else 'always'} 1; "
+            "the switch rate cannot depend on the wait"
+        )
+    lo_q, hi_q = np.quantile(logw, wait_quantiles)
+    if hi_q - lo_q < 1e-6:
+        raise AnalysisInputError("waits hardly vary; a threshold needs a range of waits")
+
+    grid = np.linspace(lo_q, hi_q, grid_size)
+    binned = _bin(logw, y, pid, n_part, max_bins)
+    prob = _Problem(binned, grid)
+    n_k, s_k = binned.counts.sum(0), binned.succ.sum(0)
+    main = prob.fit(n_k, s_k)
+    rng = np.random.default_rng(seed)
+
+    # Existence test: parametric bootstrap under "P(switch) does not depend on the wait",
+    # keeping each participant's own observed switch rate.
+    lr = max(0.0, 2 * (main["ll_hinge"] - main["ll_flat"]))
+    p_i = binned.succ.sum(1) / binned.counts.sum(1)
+    null_lr = np.empty(n_null)
+    for r in range(n_null):
+        s_null = rng.binomial(binned.counts.astype(np.int64), p_i[:, None]).sum(0).astype(float)
+        f = prob.fit(n_k, s_null)
+        null_lr[r] = 2 * (f["ll_hinge"] - f["ll_flat"])
+    p_exists = float((1 + np.sum(null_lr >= lr - 1e-9)) / (1 + n_null))
+
+    # Participant-cluster bootstrap: resample participants, refit everything (warm start).
+    # Each replicate also records the profile LR at the original estimate, LR* =
+    # 2(ℓ*(ψ̂*) − ℓ*(ψ̂)), whose quantile calibrates the profile-likelihood CI below.
+    ha0, hb0, hc0 = main["hinge"]
+    boot_h = np.empty((n_boot, 3))
+    boot_s = np.empty((n_boot, 2))
+    boot_lr = np.empty(n_boot)
+    for r in range(n_boot):
+        m = rng.multinomial(n_part, np.full(n_part, 1.0 / n_part)).astype(float)
+        nb, sb = m @ binned.counts, m @ binned.succ
+        f = prob.fit(nb, sb, start=main.get("start"))
+        boot_h[r] = f["hinge"]
+        boot_s[r] = f["smooth"]
+        if f["degenerate"]:
+            boot_lr[r] = 0.0
+            continue
+        _, _, ll_at = prob.hinge_at(nb, sb, np.array([hc0]), np.array([ha0]), np.array([hb0]))
+        boot_lr[r] = max(0.0, 2 * (f["ll_hinge"] - float(ll_at[0])))
+    ci_pct = np.exp(np.quantile(boot_h[:, 2], [0.025, 0.975]))
+    jack = _jackknife(prob, binned, main, rng)
+    ci_bca = np.exp(_bca(boot_h[:, 2], hc0, jack))
+    lr_crit = float(np.quantile(boot_lr, 0.95))
+    fine = np.linspace(grid[0], grid[-1], 4 * (grid_size - 1) + 1)
+    g_f = fine.size
+    _, _, prof_f = prob.hinge_at(n_k, s_k, fine, np.full(g_f, ha0), np.zeros(g_f))
+    ci_lr = np.exp(_lr_interval(fine, 2 * (main["ll_hinge"] - prof_f), lr_crit, hc0))
+    # Reported CI: the union of the two intervals. Each alone covers ~0.92–0.93 with 40
+    # participants in simulation (benchmarks/bench_threshold_quality.py); the union ~0.94.
+    ci = [float(min(ci_lr[0], ci_bca[0])), float(max(ci_lr[1], ci_bca[1]))]
+    at_edge = ci[0] <= math.exp(grid[0]) * (1 + 1e-9) or ci[1] >= math.exp(grid[-1]) * (1 - 1e-9)
+
+    ll = {"flat": main["ll_flat"], "smooth": main["ll_smooth"], "hinge": main["ll_hinge"]}
+    aic, bic = _ic(ll, n_obs)
+    ha, hb, hc = main["hinge"]
+    psi = float(math.exp(hc))
+    hinge_beats_smooth = aic["hinge"] < aic["smooth"] and bic["hinge"] < bic["smooth"]
+    if p_exists < alpha and hb > 0 and hinge_beats_smooth:
+        choice: ModelName = "hinge"
+    elif bic["smooth"] < bic["flat"]:
+        choice = "smooth"
+    else:
+        choice = "flat"
+    reason = None
+    if p_exists >= alpha:
+        reason = (
+            f"No threshold: no evidence that switching depends on the wait "
+            f"(p_exists = {p_exists:.3g} >= {alpha:g})"
+        )
+    elif hb <= 0:
+        reason = "No threshold: switching does not rise above the best breakpoint (slope <= 0)"
+    elif not hinge_beats_smooth:
+        reason = (
+            "No threshold: a smooth logistic dose-response fits as well or better "
+            "(AIC/BIC, ψ counted as a parameter)"
+        )
+    elif math.log10(ci[1] / ci[0]) > max_ci_decades:
+        reason = (
+            f"No threshold: the 95 % CI for ψ ({ci[0]:.3g}–{ci[1]:.3g} s) spans more "
+            f"than {max_ci_decades:g} decade"
+        )
+    elif at_edge:
+        reason = (
+            f"No threshold: the 95 % CI for ψ ({ci[0]:.3g}–{ci[1]:.3g} s) reaches the "
+            "edge of the observed waits, so the data do not bound it"
+        )
+    found = reason is None
+
+    tps = tps_ci = None
+    if median_response_tokens is not None:
+        if median_response_tokens <= 1:
+            raise AnalysisInputError("median_response_tokens must be > 1")
+
+        def to_tps(w: float) -> float | None:
+            return (median_response_tokens - 1) / (w - ttft_s) if w > ttft_s else None
+
+        tps = to_tps(psi)
+        hi_tps, lo_tps = to_tps(ci[0]), to_tps(ci[1])
+        tps_ci = [lo_tps, hi_tps] if lo_tps is not None and hi_tps is not None else None
+
+    return ThresholdResult(
+        psi_s=psi,
+        ci_s=ci,
+        ci_lr_s=[float(v) for v in ci_lr],
+        ci_bca_s=[float(v) for v in ci_bca],
+        ci_percentile_s=[float(v) for v in ci_pct],
+        ci_lr_crit=lr_crit,
+        p_exists=p_exists,
+        lr_stat=float(lr),
+        model_choice=choice,
+        found=found,
+        reason=reason,
+        aic=aic,
+        bic=bic,
+        loglik=ll,
+        params={
+            "flat": {"a": main["flat_a"]},
+            "smooth": {"a": main["smooth"][0], "b": main["smooth"][1]},
+            "hinge": {"a": ha, "b": hb, "log_psi": hc},
+        },
+        tokens_per_second_at_median_length=tps,
+        tokens_per_second_ci=tps_ci,
+        median_response_tokens=median_response_tokens,
+        n_obs=n_obs,
+        n_participants=n_part,
+        n_switches=n_sw,
+        dropped=dropped,
+        grid_s=[float(v) for v in np.exp(grid)],
+        profile_loglik=[float(v) for v in main["profile"]],
+        n_boot=n_boot,
+        n_null=n_null,
+        seed=seed,
+        alpha=alpha,
+        exact=binned.exact,
+        boot_hinge=boot_h,
+        boot_smooth=boot_s,
+        x_center=float(prob.xc),
+    )
+
+
+# ------------------------------------------------------------------------- simulator
+
+
+def _sim_logit_eta(
+    truth: str,
+    logw: np.ndarray,
+    log_psi_i: np.ndarray | float,
+    p_low: float,
+    p_high: float,
+    p_flat: float,
+    psi_s: float,
+    wait_range_s: tuple[float, float],
+) -> np.ndarray:
+    def logit(p: float) -> float:
+        return math.log(p / (1 - p))
+
+    w_min, w_max = wait_range_s
+    if truth == "hinge":
+        slope = (logit(p_high) - logit(p_low)) / math.log(w_max / psi_s)
+        return logit(p_low) + slope * np.maximum(0.0, logw - log_psi_i)
+    if truth == "smooth":
+        slope = (logit(p_high) - logit(p_low)) / math.log(w_max / w_min)
+        return logit(p_low) + slope * (logw - math.log(w_min)) + 0.0 * log_psi_i
+    return np.full(np.broadcast(logw, log_psi_i).shape, logit(p_flat))
+
+
+def simulate_switch_data(
+    truth: Literal["hinge", "smooth", "flat"],
+    n_participants: int,
+    n_prompts: int,
+    psi_s: float = 8.0,
+    psi_sd: float = 0.35,
+    p_low: float = 0.03,
+    p_high: float = 0.60,
+    seed: int = 0,
+    *,
+    wait_range_s: tuple[float, float] = (0.2, 60.0),
+    p_flat: float = 0.10,
+    intercept_sd: float = 0.0,
+) -> pd.DataFrame:
+    """Simulate cycles (`participant_id`, `wait_s`, `switched`, `true_psi_s`) with known truth.
+
+    Waits are log-uniform on `wait_range_s` (per-prompt randomisation). Participant i has
+    ψᵢ = ψ·exp(psi_sd·zᵢ) and a random intercept uᵢ ~ N(0, intercept_sd).
+    * hinge:  logit p = logit(p_low) + uᵢ + b·max(0, log w − log ψᵢ), with b such that a
+      participant at ψᵢ = ψ reaches p_high at the longest wait;
+    * smooth: logit p = logit(p_low) + uᵢ + b·(log w − log w_min), p_low at the shortest and
+      p_high at the longest wait, no threshold;
+    * flat:   logit p = logit(p_flat) + uᵢ (the null; p_flat ≈ the default hinge's mean rate).
+    """
+    if truth not in ("hinge", "smooth", "flat"):
+        raise AnalysisInputError(f"unknown truth {truth!r}; use hinge, smooth or flat")
+    rng = np.random.default_rng(seed)
+    w_min, w_max = wait_range_s
+    psi_i = psi_s * np.exp(psi_sd * rng.standard_normal(n_participants))
+    u_i = intercept_sd * rng.standard_normal(n_participants)
+    logw = rng.uniform(math.log(w_min), math.log(w_max), size=(n_participants, n_prompts))
+    eta = _sim_logit_eta(
+        truth, logw, np.log(psi_i)[:, None], p_low, p_high, p_flat, psi_s, wait_range_s
+    )
+    eta = eta + u_i[:, None]
+    switched = rng.random(logw.shape) < _expit(eta)
+    return pd.DataFrame(
+        {
+            "participant_id": np.repeat(np.arange(n_participants), n_prompts),
+            "wait_s": np.exp(logw).ravel(),
+            "switched": switched.ravel().astype(int),
+            "true_psi_s": np.repeat(psi_i, n_prompts),
+        }
+    )
+
+
+def population_onset_psi(
+    psi_s: float = 8.0,
+    psi_sd: float = 0.35,
+    p_low: float = 0.03,
+    p_high: float = 0.60,
+    *,
+    wait_range_s: tuple[float, float] = (0.2, 60.0),
+    intercept_sd: float = 0.0,
+    wait_quantiles: tuple[float, float] = (0.05, 0.95),
+) -> float:
+    """ψ* (seconds): the value `fit_threshold` converges to on data from
+    `simulate_switch_data("hinge", ...)` as the study grows.
+
+    With thresholds varying between people (psi_sd > 0) the pooled hinge fits the
+    population-averaged curve P̄(w) = E_i[P_i(w)], whose onset lies below the median individual
+    threshold ψ (the most sensitive people start switching first). Computed without sampling:
+    P̄ by Gauss–Hermite quadrature over ψᵢ and uᵢ on a fine log-uniform wait grid, then the
+    hinge fitted to P̄ by maximum expected log-likelihood with the estimator's own ψ grid range.
+    """
+    nodes, weights = np.polynomial.hermite_e.hermegauss(40)
+    weights = weights / weights.sum()
+    lo, hi = math.log(wait_range_s[0]), math.log(wait_range_s[1])
+    x = np.linspace(lo, hi, 1201)
+    x = 0.5 * (x[1:] + x[:-1])  # midpoints: equal mass under the log-uniform design
+    log_psi_i = math.log(psi_s) + psi_sd * nodes
+    eta = _sim_logit_eta(
+        "hinge", x[:, None], log_psi_i[None, :], p_low, p_high, 0.5, psi_s, wait_range_s
+    )
+    p_bar = np.zeros_like(x)
+    for u, wu in zip(
+        intercept_sd * nodes if intercept_sd > 0 else [0.0],
+        weights if intercept_sd > 0 else [1.0],
+        strict=True,
+    ):
+        p_bar += wu * (_expit(eta + u) @ weights)
+    n = np.ones_like(x)
+    c_lo, c_hi = lo + wait_quantiles[0] * (hi - lo), lo + wait_quantiles[1] * (hi - lo)
+    a0 = math.log(p_low / (1 - p_low))
+    grid = np.linspace(c_lo, c_hi, 121)
+    for _ in range(2):  # coarse grid, then a fine grid around its best point
+        H = np.maximum(0.0, x[:, None] - grid[None, :])
+        g = grid.size
+        _, _, ll = _newton(H, H * H, p_bar @ H, n, p_bar, np.full(g, a0), np.ones(g))
+        best = grid[int(np.argmax(ll))]
+        step = grid[1] - grid[0]
+        grid = np.linspace(best - step, best + step, 81)
+    return float(math.exp(best))
+
+
+def pseudo_true_psi(
+    waits_s: Sequence[float] | np.ndarray,
+    p_expected: Sequence[float] | np.ndarray,
+    *,
+    wait_quantiles: tuple[float, float] = (0.05, 0.95),
+) -> float:
+    """ψ* for a given design: what `fit_threshold` estimates on these waits as data grow.
+
+    The hinge is fitted by maximum *expected* log-likelihood to the true switch
+    probabilities ``p_expected`` at the study's own waits (one value per cycle, already
+    averaged over the population's individual thresholds), over the same ψ range the
+    estimator searches. This is the estimand of the pooled model (the onset of the
+    population-averaged curve), so CI coverage is scored against it.
+    """
+    logw = np.log(np.asarray(waits_s, dtype=float))
+    p = np.clip(np.asarray(p_expected, dtype=float), 1e-9, 1 - 1e-9)
+    if logw.shape != p.shape or logw.size < 2:
+        raise AnalysisInputError("pseudo_true_psi needs one expected probability per wait")
+    c_lo, c_hi = np.quantile(logw, wait_quantiles)
+    n = np.ones_like(logw)
+    a0 = math.log(p.mean() / (1 - p.mean()))
+    grid = np.linspace(c_lo, c_hi, 121)
+    best = grid[0]
+    for _ in range(2):  # coarse grid, then a fine grid around its best point
+        H = np.maximum(0.0, logw[:, None] - grid[None, :])
+        g = grid.size
+        _, _, ll = _newton(H, H * H, p @ H, n, p, np.full(g, a0), np.ones(g))
+        best = grid[int(np.argmax(ll))]
+        step = grid[1] - grid[0]
+        grid = np.linspace(best - step, best + step, 81)
+    return float(math.exp(best))

@@ -1,0 +1,136 @@
+"""CLI command functions of the simulator (registered on `flowtrial` by the lead).
+
+``simulate`` -> ``flowtrial simulate``; ``demo`` -> ``flowtrial demo``. Heavy imports happen
+inside the functions so ``flowtrial --help`` stays fast. User errors print one line on
+stderr and exit with code 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from study.errors import FlowtrialError
+
+MODES = ("virtual", "live")
+TRUTHS = ("hinge", "smooth", "flat")
+
+
+def _fail(message: str) -> typer.Exit:
+    for line in message.splitlines() or [message]:
+        typer.echo(f"error: {line}", err=True)
+    return typer.Exit(2)
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    """FlowtrialError anywhere below -> one line on stderr, exit 2 (also outside the app)."""
+    try:
+        yield
+    except FlowtrialError as exc:
+        raise _fail(str(exc)) from None
+
+
+def simulate(
+    study: Annotated[Path, typer.Option("--study", help="The study file (study.toml).")],
+    db: Annotated[str, typer.Option(
+        "--db", help="Study database to write: a SQLite path or a SQLAlchemy URL.")],
+    participants: Annotated[int, typer.Option(
+        "--participants", help="Number of simulated participants to add.")],
+    tasks: Annotated[int, typer.Option("--tasks", help="Tasks per participant.")] = 4,
+    prompts_per_task: Annotated[int, typer.Option(
+        "--prompts-per-task", help="Prompt cycles per task.")] = 15,
+    mode: Annotated[str, typer.Option(
+        "--mode", help="virtual (no HTTP, fast) or live (through the real proxy).")] = "virtual",
+    truth: Annotated[str, typer.Option(
+        "--truth", help="How waiting drives switching: hinge, smooth or flat.")] = "hinge",
+    threshold_s: Annotated[float, typer.Option(
+        "--threshold-s", help="Population threshold ψ of idle wait, seconds.")] = 8.0,
+    threshold_sd: Annotated[float, typer.Option(
+        "--threshold-sd", help="Log-sd of ψ across participants.")] = 0.35,
+    seed: Annotated[int | None, typer.Option(
+        "--seed", help="Seed of the simulated behaviour (default: random, recorded).")] = None,
+) -> None:
+    """Add simulated participants with known ground truth to a study database."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    if participants < 1:
+        raise _fail(f"--participants {participants}: need at least 1")
+    if tasks < 1:
+        raise _fail(f"--tasks {tasks}: need at least 1")
+    if prompts_per_task < 1:
+        raise _fail(f"--prompts-per-task {prompts_per_task}: need at least 1")
+    if mode not in MODES:
+        raise _fail(f"--mode {mode!r} is not a mode: use virtual or live")
+    if truth not in TRUTHS:
+        raise _fail(f"--truth {truth!r} is not a truth model: use hinge, smooth or flat")
+    if not threshold_s > 0:
+        raise _fail(f"--threshold-s {threshold_s:g}: must be > 0 (seconds of idle wait)")
+    if not threshold_sd >= 0:
+        raise _fail(f"--threshold-sd {threshold_sd:g}: must be >= 0")
+    with _user_errors():
+        from study.config import load_study
+        from study.simulator.live import simulate_live
+        from study.simulator.params import SimParams
+        from study.simulator.summary import study_glance
+        from study.simulator.virtual import new_seed, simulate_virtual
+        from study.storage import init_db
+
+        config = load_study(study)
+        if mode == "live":
+            from study.simulator.live import compression_warnings
+
+            for w in compression_warnings(config):
+                typer.echo(f"warning: {w}", err=True)
+        params = SimParams(truth=truth, threshold_s=threshold_s,  # type: ignore[arg-type]
+                           threshold_logsd=threshold_sd)
+        database = init_db(db, config, study.read_text(encoding="utf-8"))
+        seed = new_seed() if seed is None else seed
+        console = Console(stderr=True)
+        run = simulate_virtual if mode == "virtual" else simulate_live
+        total_label = "participants" if mode == "virtual" else "cycles"
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                      transient=True) as bar:
+            job = bar.add_task(f"simulating ({mode}, {total_label})", total=None)
+            res = run(database, config, params, participants, tasks, prompts_per_task, seed,
+                      progress=lambda d, t: bar.update(job, completed=d, total=t))
+        glance = study_glance(database)
+        database.dispose()
+    out = Console()
+    out.print(
+        f"Simulated {len(res.participants)} participants ({mode}, truth={truth}, "
+        f"ψ={threshold_s:g} s, seed={res.seed}): {res.cycles} cycles, {res.events} events, "
+        f"{res.tasks} tasks -> {db}", highlight=False)
+    rates = ", ".join(
+        f"{b['band']} {'—' if b['rate'] is None else format(b['rate'] * 100, '.0f') + ' %'}"
+        for b in glance.bands)
+    out.print(f"Switch rate by experienced TTFT (whole database): {rates}", highlight=False)
+
+
+def demo(
+    dir: Annotated[Path, typer.Option(
+        "--dir", help="Directory for the demo (replaced if it holds an earlier demo).")] = Path(
+        "flowtrial-demo"),
+    participants: Annotated[int, typer.Option(
+        "--participants", help="Number of simulated participants.")] = 12,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of study and behaviour.")] = 1,
+) -> None:
+    """Run a whole latency trial offline in about a minute: proxy, simulated participants,
+    analysis, report."""
+    from rich.console import Console
+
+    from study.demo import run_demo
+
+    if participants < 1:
+        raise _fail(f"--participants {participants}: need at least 1")
+    with _user_errors():
+        result = run_demo(dir, participants, seed, progress=True)
+    out = Console()
+    for line in result.summary_lines():
+        out.print(line, highlight=False, soft_wrap=True)

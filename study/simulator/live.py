@@ -1,0 +1,515 @@
+"""Live simulation: simulated participants drive the real proxy over HTTP.
+
+Each participant is an asyncio task with its own official ``openai`` SDK client
+(``AsyncOpenAI``, streaming chat completions, authenticated with the API key ``enroll``
+returned) pointed at the proxy, and an ``httpx`` client posting focus, decision and task
+events to the proxy's event API (``POST /flowtrial/v1/events``). The proxy shapes latency
+per the study (per-prompt draws or arms, compressed by ``study.time_scale``) and records the
+cycles; the participant measures when tokens actually arrive, converts the experienced wait
+back to real seconds, and decides about switching with the same behaviour model and the same
+random draws as a virtual run of the same seed. Its own human durations (crafting, time
+away, resumption, reading, review, own coding, task breaks) are acted out compressed by
+``time_scale``. Tasks (rows and task_start/task_end events) and the ground truth are written
+by the simulator; cycles are the proxy's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import func, select
+
+from study.config import StudyConfig
+from study.errors import FlowtrialError
+from study.participants import PER_PROMPT_ARM, assignments_for
+from study.schema import Cycle, Event, GroundTruth
+from study.simulator.model import (
+    Behaviour,
+    Population,
+    cycle_timeline,
+    decide,
+    draw_behaviour,
+    draw_population,
+    resumption_s,
+    rng_streams,
+    task_forecasts,
+)
+from study.simulator.params import SimParams
+from study.simulator.records import (
+    ProgressFn,
+    SimulationResult,
+    enroll_simulated,
+    ground_truth_rows,
+    new_seed,
+)
+from study.simulator.timing import TimerProbe
+from study.simulator.virtual import CHARS_PER_TOKEN, WORKING_CATEGORY
+from study.storage import Database, WriteBatch, write_rows
+from study.tasks import add_task, end_task, link_cycles_to_tasks
+from study.timeline import idle_wait_s
+
+CYCLE_ID_HEADER = "x-flowtrial-cycle-id"
+EVENTS_PATH = "/flowtrial/v1/events"
+LIVE_MODEL = "flowtrial-sim-1"
+
+_PROMPTS = (
+    "In my Python service, step {j} of task {t}: write a function that retries a flaky HTTP "
+    "call with backoff.",
+    "Task {t}, step {j}: refactor this Python loop into a list comprehension and add type "
+    "hints.",
+    "Step {j} of task {t}: add a pytest test for the parser in this Python module.",
+    "Task {t} / step {j}: explain why this Python async code deadlocks and fix it.",
+    "Step {j} (task {t}): write a Python dataclass for the config and validate its fields.",
+)
+
+
+class LiveSimulationError(FlowtrialError):
+    """The live simulation could not run (proxy missing or unreachable)."""
+
+
+@dataclass
+class ObservedCycle:
+    """What one simulated participant observed and did in one cycle (client side)."""
+
+    participant_id: str
+    index: int
+    cycle_id: str | None
+    sent_wall_ns: int
+    ttft_raw_s: float
+    gen_wait_raw_s: float
+    n_tokens: int
+    tps_raw: float
+    idle_wait_s: float  # real seconds, at the participant's reading speed
+    p_switch: float
+    switched: bool
+    time_away_s: float
+    decision: str
+    error: str | None = None
+
+
+@dataclass
+class _Run:
+    """Everything the participants share."""
+
+    database: Database
+    config: StudyConfig
+    params: SimParams
+    base_url: str
+    ids: list[str]
+    keys: list[str]
+    pop: Population
+    beh: Behaviour
+    progress: Callable[[], None]
+    observed: list[ObservedCycle] = field(default_factory=list)
+    event_errors: list[str] = field(default_factory=list)
+
+    @property
+    def scale(self) -> float:
+        return self.config.study.time_scale
+
+
+def compression_warnings(config: StudyConfig) -> list[str]:
+    """Targets that ``time_scale`` compresses below what the simulated model can deliver.
+
+    The proxy only ever slows delivery, so a compressed TTFT shorter than the model's own,
+    or a compressed pace faster than the model's, makes such cycles manipulation violations.
+    """
+    up = config.upstream
+    if up.kind != "mock":
+        return []
+    s = config.study.time_scale
+    floor_ms, pace = up.mock.ttft_ms, up.mock.tokens_per_second
+    ttfts: list[tuple[str, float]] = []
+    paces: list[tuple[str, float]] = []
+    pp = config.per_prompt
+    if config.study.design == "per_prompt" and pp is not None:
+        if pp.ttft_ms:
+            ttfts.append(("[per_prompt] ttft_ms.min", pp.ttft_ms.min))
+        if pp.tokens_per_second:
+            paces.append(("[per_prompt] tokens_per_second.max", pp.tokens_per_second.max))
+    else:
+        ttfts += [(f"arm {a.name!r} ttft_ms", a.ttft_ms) for a in config.arms if a.ttft_ms]
+        paces += [(f"arm {a.name!r} tokens_per_second", a.tokens_per_second)
+                  for a in config.arms if a.tokens_per_second]
+    out = [
+        f"{name} = {v:g} ms is {v / s:.1f} ms at time_scale {s:g}, below the simulated "
+        f"model's own {up.mock.ttft_ms:g} ms: expect violations (lower time_scale or "
+        "[upstream.mock] ttft_ms)"
+        for name, v in ttfts if v / s < floor_ms
+    ]
+    out += [
+        f"{name} = {v:g}/s is {v * s:g}/s at time_scale {s:g}, faster than the simulated "
+        f"model's {pace:g}/s: expect violations (raise [upstream.mock] tokens_per_second)"
+        for name, v in paces if v * s > pace
+    ]
+    return out
+
+
+def _require_proxy() -> Any:
+    try:
+        from instrumentation.proxy.server import serve_proxy
+    except ImportError as exc:
+        raise LiveSimulationError(
+            f"live mode needs the flowtrial proxy (instrumentation.proxy.server): {exc}; "
+            "use --mode virtual"
+        ) from None
+    return serve_proxy
+
+
+def simulate_live(
+    database: Database,
+    config: StudyConfig,
+    params: SimParams,
+    n_participants: int,
+    tasks: int = 4,
+    prompts_per_task: int = 15,
+    seed: int | None = None,
+    *,
+    base_url: str | None = None,
+    progress: ProgressFn | None = None,
+) -> SimulationResult:
+    """Run simulated participants against the proxy (started in-process unless ``base_url``).
+
+    With ``base_url`` the proxy must record into ``database`` (participants are enrolled
+    there). Returns what was written; ``extra["observed"]`` is a DataFrame of what the
+    participants observed client-side, ``extra["event_errors"]`` failed event posts.
+    """
+    if n_participants < 1 or tasks < 1 or prompts_per_task < 1:
+        raise LiveSimulationError("need at least one participant, task and prompt per task")
+    seed = new_seed() if seed is None else seed
+    serve_proxy = None if base_url is not None else _require_proxy()
+    ids, keys, _first = enroll_simulated(database, config, n_participants)
+    rng_pop, rng_beh, _ = rng_streams(seed)
+    pop = draw_population(params, ids, rng_pop)
+    beh = draw_behaviour(params, pop, tasks, prompts_per_task, rng_beh)
+    write_rows(database, [WriteBatch(GroundTruth, [
+        {k: v for k, v in row.items() if k != "id"}
+        for row in ground_truth_rows(config, params, pop, seed, mode="live",
+                                     n_tasks=tasks, prompts_per_task=prompts_per_task)
+    ])])
+    total = n_participants * tasks * prompts_per_task
+    done = [0]
+
+    def tick() -> None:
+        done[0] += 1
+        if progress:
+            progress(done[0], total)
+
+    started = time.perf_counter()
+    # The in-process proxy and the participants share the GIL. Python hands it over every
+    # 5 ms by default, which would delay token writes and arrivals by up to 5 ms: a
+    # manipulation violation at the proxy, and a wait error of 5 ms × time_scale for the
+    # participant. A short interval keeps both threads responsive.
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch_interval, 0.0002))
+    # A full garbage collection walks every object the process has imported (pandas,
+    # SQLAlchemy, the SDK, the proxy: ~200k objects, 0.1-0.3 s) with both threads stopped:
+    # freeze what exists now so the collector only looks at what the run allocates.
+    gc.collect()
+    gc.freeze()
+    try:
+        with TimerProbe() as probe:
+            if serve_proxy is not None:
+                with serve_proxy(database.url, config) as handle:
+                    run = _Run(database, config, params, handle.base_url.rstrip("/"), ids,
+                               keys, pop, beh, tick)
+                    asyncio.run(_run_all(run))
+            else:
+                assert base_url is not None
+                run = _Run(database, config, params, base_url.rstrip("/"), ids, keys, pop,
+                           beh, tick)
+                asyncio.run(_run_all(run))
+    finally:
+        gc.unfreeze()
+        sys.setswitchinterval(switch_interval)
+    elapsed = time.perf_counter() - started
+    link_cycles_to_tasks(database, ids)
+    with database.session() as s:
+        n_cycles = s.execute(select(func.count()).select_from(Cycle).where(
+            Cycle.participant_id.in_(ids))).scalar_one()  # type: ignore[attr-defined]
+        n_events = s.execute(select(func.count()).select_from(Event).where(
+            Event.participant_id.in_(ids))).scalar_one()  # type: ignore[attr-defined]
+    observed = pd.DataFrame([vars(o) for o in run.observed])
+    return SimulationResult(
+        participants=ids, cycles=int(n_cycles), events=int(n_events),
+        tasks=n_participants * tasks, seed=seed, mode="live",
+        extra={"observed": observed, "event_errors": run.event_errors,
+               "elapsed_s": elapsed, "timer_late_rate": probe.rate,
+               "request_errors": int(observed["error"].notna().sum()) if len(observed) else 0},
+    )
+
+
+def _warm_sdk() -> None:
+    """Import and exercise the SDK's chunk types once, before any wait is being timed (the
+    first parse otherwise costs tens of ms that would count as waiting)."""
+    from openai.types.chat import ChatCompletionChunk
+
+    from instrumentation.tokens import count_tokens
+
+    ChatCompletionChunk.model_validate({
+        "id": "warm", "object": "chat.completion.chunk", "created": 0, "model": LIVE_MODEL,
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": "x"},
+                     "finish_reason": None}],
+    })
+    count_tokens("warm up")
+
+
+async def _run_all(run: _Run) -> None:
+    _warm_sdk()
+    await asyncio.gather(*(_participant(run, i) for i in range(len(run.ids))))
+
+
+def _ts(wall_ns: float) -> float:
+    """Event API timestamp: epoch seconds."""
+    return wall_ns / 1e9
+
+
+class _Clock:
+    """Acts out real durations compressed by time_scale, against one monotonic origin.
+
+    For a request the origin is the moment httpx hands it to the connection (an event
+    hook), so the SDK's own request building does not count as waiting.
+    """
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        self.mark()
+
+    def mark(self) -> None:
+        self.t0 = time.perf_counter()
+        self.wall0 = time.time_ns()
+
+    def raw_now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def wall_at(self, raw_s: float) -> int:
+        return self.wall0 + int(raw_s * 1e9)
+
+    async def until_raw(self, raw_s: float) -> None:
+        delay = raw_s - self.raw_now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+class _Hooks:
+    """httpx event hooks: when the current request left and when its headers came back."""
+
+    def __init__(self) -> None:
+        self.clock: _Clock | None = None
+        self.headers_at: float | None = None
+
+    async def on_request(self, request: Any) -> None:
+        if self.clock is not None and request.url.path.endswith("/chat/completions"):
+            self.clock.mark()
+
+    async def on_response(self, response: Any) -> None:
+        if self.clock is not None and response.request.url.path.endswith("/chat/completions"):
+            self.headers_at = self.clock.raw_now()
+
+
+async def _post(run: _Run, http: Any, events: list[dict[str, Any]]) -> None:
+    try:
+        r = await http.post(EVENTS_PATH, json={"events": events})
+        if r.status_code != 200 or r.json().get("accepted") != len(events):
+            run.event_errors.append(f"{r.status_code}: {r.text[:200]}")
+    except Exception as exc:  # noqa: BLE001 - a failed post is reported, not fatal
+        run.event_errors.append(f"{type(exc).__name__}: {exc}")
+
+
+def _away(run: _Run, cat: int, app: int) -> dict[str, str]:
+    category = run.beh.categories[int(cat)]
+    apps = run.params.away_apps[category]
+    return {"app": apps[int(app) % len(apps)], "category": category}
+
+
+async def _participant(run: _Run, i: int) -> None:
+    import httpx
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
+    pid, key, beh, scale = run.ids[i], run.keys[i], run.beh, run.scale
+    fast, slow = task_forecasts(beh, run.pop)
+    arms = await asyncio.to_thread(assignments_for, run.database, pid)
+    hooks = _Hooks()
+    client = AsyncOpenAI(
+        api_key=key, base_url=run.base_url + "/v1", max_retries=0,
+        timeout=run.config.upstream.timeout_s,
+        http_client=DefaultAsyncHttpxClient(
+            event_hooks={"request": [hooks.on_request], "response": [hooks.on_response]}),
+    )
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=run.base_url, headers=headers, timeout=60.0) as http:
+        try:
+            # Authenticated and arm-neutral: opens the connection and checks the key before
+            # anything is timed.
+            await client.models.list()
+            for t in range(beh.n_tasks):
+                await asyncio.sleep(beh.gap_s[i, t] / scale)
+                period = t % len(arms) if arms else None
+                arm = arms.get(period, PER_PROMPT_ARM) if period is not None else PER_PROMPT_ARM
+                start_ns = time.time_ns()
+                task_id = await asyncio.to_thread(
+                    add_task, run.database, pid, f"task-{t + 1}", arm=arm, period=period,
+                    forecast_fast_s=float(fast[i, t]), forecast_slow_s=float(slow[i, t]),
+                    description="simulated task", started_at_ns=start_ns)
+                payload = {"task_id": task_id, "name": f"task-{t + 1}"}
+                await _post(run, http, [{"kind": "task_start", "ts": _ts(start_ns),
+                                         "payload": payload}])
+                for j in range(beh.prompts_per_task):
+                    k = t * beh.prompts_per_task + j
+                    await asyncio.sleep(beh.craft_s[i, k] / scale)
+                    await _cycle(run, client, hooks, http, i, k, t, j)
+                    run.progress()
+                end_ns = time.time_ns()
+                await _post(run, http, [{"kind": "task_end", "ts": _ts(end_ns),
+                                         "payload": payload}])
+                await asyncio.to_thread(end_task, run.database, task_id, end_ns)
+        finally:
+            await client.close()
+
+
+def _proxy_window(database: Database, cycle_id: str | None, clock: _Clock
+                  ) -> tuple[float, float] | None:
+    """The proxy's t_request and t_last_sent of a cycle, on the participant's clock (s).
+
+    A simulator's privilege, not a client's: on a busy machine the client sees tokens a few
+    ms after the proxy sent them, and with time_scale 100 that is a sizeable part of a short
+    wait. A switch placed by the client's view alone could then fall just after the proxy's
+    t_last_sent and not count as "during the wait" (DESIGN.md §2). The proxy makes the
+    record durable before it closes the stream, so it is there to read.
+    """
+    if cycle_id is None:
+        return None
+    t = Cycle.__table__  # type: ignore[attr-defined]
+    wall = t.c.wall_anchor_ns - t.c.mono_anchor_ns
+    with database.engine.connect() as conn:
+        row = conn.execute(select(wall + t.c.t_request_ns, wall + t.c.t_last_sent_ns)
+                           .where(t.c.id == cycle_id)).first()
+    if row is None or row[0] is None or row[1] is None:
+        return None
+    return (row[0] - clock.wall0) / 1e9, (row[1] - clock.wall0) / 1e9
+
+
+async def _cycle(run: _Run, client: Any, hooks: _Hooks, http: Any, i: int, k: int, t: int,
+                 j: int) -> None:
+    """One prompt -> wait -> review -> decision cycle, then own coding."""
+    import openai
+
+    from instrumentation.tokens import count_tokens
+
+    beh, pop, params, scale = run.beh, run.pop, run.params, run.scale
+    pid = run.ids[i]
+    n_ask = int(beh.n_tokens[i, k])
+    prompt = _PROMPTS[k % len(_PROMPTS)].format(t=t + 1, j=j + 1) + f" ({pid}, #{k + 1})"
+    clock = _Clock(scale)
+    hooks.clock, hooks.headers_at = clock, None
+    arrivals: list[float] = []
+    counts: list[int] = []
+    usage: int | None = None
+    headers_at = 0.0
+    cycle_id: str | None = None
+    error: str | None = None
+    try:
+        async with client.chat.completions.with_streaming_response.create(
+            model=LIVE_MODEL, messages=[{"role": "user", "content": prompt}], stream=True,
+            max_tokens=n_ask, stream_options={"include_usage": True},
+        ) as resp:
+            headers_at = hooks.headers_at if hooks.headers_at is not None else clock.raw_now()
+            cycle_id = resp.headers.get(CYCLE_ID_HEADER)
+            stream = await resp.parse()
+            async for chunk in stream:
+                now = clock.raw_now()
+                if chunk.usage is not None:
+                    usage = chunk.usage.completion_tokens
+                for choice in chunk.choices:
+                    text = choice.delta.content if choice.delta else None
+                    if text:
+                        arrivals.append(now)
+                        counts.append(count_tokens(text))
+    except openai.APIError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    if error is not None or not arrivals:
+        run.observed.append(ObservedCycle(
+            pid, k, cycle_id, clock.wall0, float("nan"), float("nan"), 0, float("nan"),
+            float("nan"), float("nan"), False, float("nan"), "none",
+            error or "no content received"))
+        await clock.until_raw(clock.raw_now() + beh.coding_s[i, k] / scale)
+        return
+
+    # What the participant experienced, converted back to real seconds.
+    n = int(usage or sum(counts))
+    first, last = arrivals[0], arrivals[-1]
+    tps_raw = (n - 1) / (last - first) if n > 1 and last > first else float("nan")
+    ttft = first * scale
+    tps = tps_raw / scale
+    r = float(pop.reading_tps[i])
+    idle = float(idle_wait_s(ttft, n, tps, r))
+    tl = cycle_timeline(
+        params, ttft_s=np.array(ttft), tps=np.array(tps), n_tokens=np.array(n),
+        idle_s=np.array(idle), reading_tps=np.array(r),
+        threshold_s=np.array(pop.threshold_s[i]), u_switch=np.array(beh.u_switch[i, k]),
+        switch_frac=np.array(beh.switch_frac[i, k]), away_s=np.array(beh.away_s[i, k]),
+        resume_z=np.array(beh.resume_z[i, k]), verify_s=np.array(beh.verify_s[i, k]),
+    )
+    switched = bool(tl["switched"])
+    if switched:
+        out_raw = float(tl["switch_at"]) / scale
+        window = await asyncio.to_thread(_proxy_window, run.database, cycle_id, clock)
+        if window is None:  # not recorded (should not happen): keep inside what we saw
+            window = (headers_at, last)
+        lo, hi = window[0] + 0.0005, window[1] - 0.0005
+        out_raw = min(max(out_raw, lo), hi) if lo <= hi else (window[0] + window[1]) / 2
+        away_raw = float(beh.away_s[i, k]) / scale
+        await _post(run, http, [{
+            "kind": "focus_out", "ts": _ts(clock.wall_at(out_raw)), "cycle_id": cycle_id,
+            "duration_s": away_raw,
+            "payload": _away(run, beh.away_cat[i, k], beh.away_app[i, k]),
+        }])
+        await clock.until_raw(out_raw + away_raw)
+        await _post(run, http, [{
+            "kind": "focus_in", "ts": _ts(clock.wall_at(out_raw + away_raw)),
+            "cycle_id": cycle_id,
+            "payload": {"app": params.working_app, "category": WORKING_CATEGORY},
+        }])
+    decision_raw = float(tl["decision_at"]) / scale
+    await clock.until_raw(decision_raw)
+    kind = str(decide(np.array(beh.u_decision[i, k]), np.array(pop.acceptance[i]),
+                      np.array(pop.partial_accept[i])))
+    ev: dict[str, Any] = {"kind": kind, "ts": _ts(clock.wall_at(decision_raw)),
+                          "cycle_id": cycle_id}
+    if kind == "partial_accept":
+        acc = int(round(beh.partial_frac[i, k] * n))
+        ev["payload"] = {"accepted_tokens": acc, "accepted_chars": acc * CHARS_PER_TOKEN}
+    await _post(run, http, [ev])
+    run.observed.append(ObservedCycle(
+        pid, k, cycle_id, clock.wall0, first, last, n, tps_raw, idle, float(tl["p_switch"]),
+        switched, float(beh.away_s[i, k]) if switched else float("nan"), kind))
+
+    # Own coding until the next prompt, perhaps with a switch unrelated to the assistant.
+    coding_raw = float(beh.coding_s[i, k]) / scale
+    end_raw = decision_raw + coding_raw
+    if beh.bg_switch[i, k]:
+        out_raw = decision_raw + float(beh.bg_frac[i, k]) * coding_raw
+        away_raw = float(beh.bg_away_s[i, k]) / scale
+        resume_raw = float(resumption_s(params, beh.bg_away_s[i, k], beh.bg_resume_z[i, k])
+                           ) / scale
+        await clock.until_raw(out_raw)
+        await _post(run, http, [{
+            "kind": "focus_out", "ts": _ts(clock.wall_at(out_raw)), "duration_s": away_raw,
+            "payload": _away(run, beh.bg_cat[i, k], beh.bg_app[i, k]),
+        }])
+        await clock.until_raw(out_raw + away_raw)
+        await _post(run, http, [{
+            "kind": "focus_in", "ts": _ts(clock.wall_at(out_raw + away_raw)),
+            "payload": {"app": params.working_app, "category": WORKING_CATEGORY},
+        }])
+        end_raw += away_raw + resume_raw
+    await clock.until_raw(end_raw)
+

@@ -1,0 +1,118 @@
+"""CLI functions `analysis.commands.effect` / `threshold`, on a tiny typer app."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from analysis.commands import effect, threshold
+from analysis.effects import estimate_effect
+from analysis.threshold import simulate_switch_data
+from tests.analysis.test_effects import TIME, make_metr_like
+
+app = typer.Typer()
+app.command("effect")(effect)
+app.command("threshold")(threshold)
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "issues.csv"
+    make_metr_like().to_csv(path, index=False)
+    return path
+
+
+ARGS = [
+    "--time",
+    TIME,
+    "--treatment",
+    "ai_treatment",
+    "--forecast",
+    "predicted_time_no_ai",
+    "--cluster",
+    "dev_id",
+    "--impute",
+    "arm_mean",
+]
+
+
+def test_effect_json(csv: Path) -> None:
+    res = runner.invoke(app, ["effect", str(csv), *ARGS, "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert list(data)[:3] == ["estimate", "ci", "n"]
+    assert list(data["ci"]) == ["nonrobust", "hc3", "cluster"]
+    ref = estimate_effect(
+        pd.read_csv(csv), TIME, "ai_treatment", "predicted_time_no_ai", "dev_id", impute="arm_mean"
+    )
+    assert data["estimate"] == pytest.approx(ref.estimate)
+    assert data["ci"]["hc3"] == pytest.approx(ref.ci["hc3"])
+    assert data["n"] == ref.n
+
+
+def test_effect_table(csv: Path) -> None:
+    res = runner.invoke(app, ["effect", str(csv), *ARGS])
+    assert res.exit_code == 0, res.output
+    for label in ("non-robust", "HC3", "clustered", "mixed"):
+        assert label in res.stdout
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--treatment", "nope"],
+        ["--impute", "median"],
+        [
+            "--forecast",
+            "initial_implementation_time",
+            "--time",
+            "issue_id+dev_id",
+            "--treatment",
+            "dev_id",
+        ],
+    ],
+)
+def test_effect_bad_input_exits_2_with_one_line(csv: Path, extra: list[str]) -> None:
+    res = runner.invoke(app, ["effect", str(csv), *ARGS, *extra])
+    assert res.exit_code == 2
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: ")
+    assert res.stdout == ""
+
+
+def test_effect_missing_file_exits_2(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["effect", str(tmp_path / "none.csv"), *ARGS])
+    assert res.exit_code == 2 and "no such file" in res.stderr
+
+
+def test_threshold_command(tmp_path: Path) -> None:
+    path = tmp_path / "cycles.csv"
+    simulate_switch_data("hinge", 30, 80, psi_sd=0.0, seed=1).rename(
+        columns={"wait_s": "idle_wait_s"}
+    ).to_csv(path, index=False)
+    res = runner.invoke(
+        app,
+        [
+            "threshold",
+            str(path),
+            "--wait",
+            "idle_wait_s",
+            "--n-boot",
+            "20",
+            "--n-null",
+            "20",
+            "--median-tokens",
+            "300",
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["ci_s"][0] <= data["psi_s"] <= data["ci_s"][1]
+    bad = runner.invoke(app, ["threshold", str(path)])
+    assert bad.exit_code == 2 and "wait_s" in bad.stderr

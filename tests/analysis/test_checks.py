@@ -1,0 +1,132 @@
+"""Checks first: SRM, carry-over, manipulation, missing data."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import AnalysisInputError
+from analysis.checks import carryover_check, manipulation_check, missing_data, srm_check
+
+
+def test_srm_balanced_is_ok_and_skewed_is_flagged() -> None:
+    planned = {"fast": 0.5, "slow": 0.5}
+    ok = srm_check({"fast": 1010, "slow": 990}, planned)
+    assert ok.ok and not ok.flagged and ok.p_value > 0.5
+    bad = srm_check({"fast": 1100, "slow": 900}, planned)
+    assert bad.flagged and not bad.ok and bad.p_value < 0.001
+    assert bad.expected == {"fast": 1000.0, "slow": 1000.0}
+    json.dumps(bad.to_dict())
+
+
+def test_srm_weights_are_normalised_and_unplanned_arms_flagged() -> None:
+    assert srm_check({"a": 1000, "b": 2000}, {"a": 1, "b": 2}).ok
+    assert srm_check({"a": 1000, "b": 1000}, {"a": 1, "b": 2}).flagged
+    odd = srm_check({"a": 500, "b": 500, "c": 3}, {"a": 1, "b": 1})
+    assert odd.flagged and odd.unplanned == ["c"]
+    with pytest.raises(AnalysisInputError):
+        srm_check({"a": 1}, {"a": 0.0, "b": 1.0})
+
+
+def _crossover(carry: float, seed: int) -> pd.DataFrame:
+    """AB/BA crossover, 40 participants × 2 periods × 3 tasks; `carry` = extra log time in
+    period 2 after the fast arm (a first-order carry-over)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(40):
+        seq = ["fast", "slow"] if i % 2 == 0 else ["slow", "fast"]
+        u = rng.normal(0, 0.3)
+        for period, arm in enumerate(seq):
+            for _ in range(3):
+                log_t = 7 + u - 0.2 * (arm == "fast") + 0.05 * period + rng.normal(0, 0.3)
+                if period == 1 and seq[0] == "fast":
+                    log_t += carry
+                rows.append(
+                    {
+                        "participant_id": f"p{i}",
+                        "period": period,
+                        "arm": arm,
+                        "task_time_s": float(np.exp(log_t)),
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def test_carryover_detected_when_present() -> None:
+    strong = carryover_check(_crossover(carry=1.0, seed=1))
+    assert not strong.ok and strong.p_value < 0.01
+    assert strong.df_num == 1 and strong.df_denom == 39 and strong.terms
+    none = carryover_check(_crossover(carry=0.0, seed=2))
+    assert none.p_value > strong.p_value
+    json.dumps(none.to_dict())
+
+
+def test_carryover_bad_input() -> None:
+    df = _crossover(0.0, 0)
+    with pytest.raises(AnalysisInputError, match="not found"):
+        carryover_check(df, outcome="nope")
+    with pytest.raises(AnalysisInputError, match="2 periods"):
+        carryover_check(df[df["period"] == 0])
+
+
+def _cycles(violation_rate: float, miss_ms: float, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for arm, ttft, tps in [("fast", 200.0, 1000.0), ("slow", 4000.0, 20.0)]:
+        for _ in range(400):
+            viol = rng.random() < (violation_rate if arm == "slow" else 0.0)
+            rows.append(
+                {
+                    "arm": arm,
+                    "target_ttft_ms": ttft,
+                    "experienced_ttft_ms": ttft + abs(rng.normal(miss_ms, 5)) + 900 * viol,
+                    "target_tps": tps,
+                    "achieved_tps": tps * rng.uniform(0.97, 1.0),
+                    "violation": viol,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_manipulation_check() -> None:
+    good = manipulation_check(_cycles(0.01, 15))
+    assert good.ok, good.problems
+    slow = next(r for r in good.by_arm if r["arm"] == "slow")
+    assert slow["target_ttft_ms_median"] == 4000 and 10 < slow["ttft_miss_ms_median"] < 20
+    bad = manipulation_check(_cycles(0.2, 15))
+    assert not bad.ok and any("violation rate" in p for p in bad.problems)
+    late = manipulation_check(_cycles(0.0, 400))
+    assert any("TTFT miss" in p for p in late.problems)
+    # The metrics layer's cycle table gives seconds: accepted and converted.
+    secs = _cycles(0.0, 15).rename(
+        columns={"target_ttft_ms": "target_ttft_s", "experienced_ttft_ms": "experienced_ttft_s"}
+    )
+    secs[["target_ttft_s", "experienced_ttft_s"]] /= 1000
+    assert manipulation_check(secs).by_arm[0]["target_ttft_ms_median"] == pytest.approx(200)
+    json.dumps(bad.to_dict())
+    with pytest.raises(AnalysisInputError, match="not found"):
+        manipulation_check(_cycles(0, 0).drop(columns=["violation"]))
+
+
+def test_missing_data_flags_differential_missingness() -> None:
+    rng = np.random.default_rng(3)
+    arm = np.repeat(["a", "b"], 500)
+    even = pd.DataFrame({"arm": arm, "x": np.where(rng.random(1000) < 0.05, np.nan, 1.0)})
+    res = missing_data(even, "arm", ["x"])
+    assert res.ok and res.by_column[0]["rate"] == pytest.approx(0.05, abs=0.02)
+    skew = pd.DataFrame(
+        {
+            "arm": arm,
+            "x": np.where(rng.random(1000) < np.where(arm == "a", 0.02, 0.12), np.nan, 1.0),
+        }
+    )
+    res = missing_data(skew, "arm", ["x"])
+    assert not res.ok and "different rates" in res.problems[0]
+    by_arm = {r["arm"]: r["rate"]["x"] for r in res.by_arm}
+    assert by_arm["b"] > by_arm["a"]
+    json.dumps(res.to_dict())
+    with pytest.raises(AnalysisInputError):
+        missing_data(skew, "arm", ["y"])
