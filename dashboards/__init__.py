@@ -1,1 +1,1 @@
-"""Streamlit dashboard for researchers and teams (issue 7; not built yet)."""
+"""Streamlit dashboard for researchers and teams (`flowtrial dashboard`)."""

@@ -167,6 +167,7 @@ def export(
 def _register_package_commands() -> None:
     """Commands that live with their own package (kept thin; heavy imports happen inside)."""
     from analysis.report_commands import analyze, power
+    from dashboards.commands import dashboard
     from instrumentation.capture_commands import import_activitywatch, persistence
     from instrumentation.mock_model.commands import mock_model
     from instrumentation.proxy.commands import proxy
@@ -178,6 +179,7 @@ def _register_package_commands() -> None:
     app.command("mock-model")(mock_model)
     app.command("analyze")(analyze)
     app.command("power")(power)
+    app.command("dashboard")(dashboard)
     app.command("import-activitywatch")(import_activitywatch)
     app.command("persistence")(persistence)
 

@@ -1,0 +1,125 @@
+"""Results that need the analysis layer itself, computed off the page's critical path.
+
+Context switches, resumption lag and the flow threshold are defined by
+``analysis.metrics.cycle_table`` (focus timelines joined to every wait) and
+``analysis.threshold.fit_threshold``; the dashboard reuses them rather than approximating
+them in SQL, so its numbers are the report's. At 100,000 cycles they take a few seconds, more
+than a page may take to render, so large studies get them from one background worker: the
+page renders its SQL parts at once and a fragment shows these when ready. Small studies
+(≤ ``SYNC_CYCLES``) compute inline, which is also what the tests see.
+
+Results are kept per (URL, freshness token, ...) key in a small process-wide table, so every
+session and page shares one computation.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+SYNC_CYCLES = 20_000
+MAX_KEPT = 8
+# Bootstrap and null replicates of the interactive fit: enough for the existence test to reach
+# p < 0.05 and for a CI band; `flowtrial analyze` (200) gives the preregistered figures.
+THRESHOLD_BOOT = 50
+SWITCH_COLUMNS = ["cycle_id", "participant_id", "arm", "task_id", "status", "request_at",
+                  "experienced_ttft_s", "total_wait_s", "idle_wait_s", "tokens_completion",
+                  "switched", "time_away_s", "resumption_lag_s", "decision", "cycle_time_s"]
+
+_lock = threading.Lock()
+_results: OrderedDict[Hashable, Future[Any]] = OrderedDict()
+_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowtrial-dashboard")
+
+
+def submit(key: Hashable, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """The future of ``fn(*args)`` under ``key``, started once per key (process-wide)."""
+    with _lock:
+        fut = _results.get(key)
+        if fut is None:
+            fut = _pool.submit(fn, *args)
+            _results[key] = fut
+            while len(_results) > MAX_KEPT:
+                _results.popitem(last=False)
+        else:
+            _results.move_to_end(key)
+        return fut
+
+
+def get(key: Hashable, fn: Callable[..., Any], *args: Any, block: bool) -> Any | None:
+    """The result, or None while it is still computing (when not ``block``).
+
+    A failed computation re-raises here, on the page, where Streamlit shows it."""
+    fut = submit(key, fn, *args)
+    if block or fut.done():
+        return fut.result()
+    return None
+
+
+def _switch_table(url: str) -> pd.DataFrame:
+    from analysis.metrics import cycle_table
+    from dashboards.data import database
+
+    table = cycle_table(database(url))
+    return table[[c for c in SWITCH_COLUMNS if c in table.columns]]
+
+
+def switch_table(url: str, fresh: tuple[int, ...], *, block: bool | None = None
+                 ) -> pd.DataFrame | None:
+    """``analysis.metrics.cycle_table`` (the columns the pages use) for the whole study."""
+    block = fresh[0] <= SYNC_CYCLES if block is None else block
+    return get(("cycles", url, fresh), _switch_table, url, block=block)
+
+
+def filter_cycles(table: pd.DataFrame, f: Any, task_names: dict[int, str] | None = None
+                  ) -> pd.DataFrame:
+    """Apply the sidebar filters to a cycle table (same meaning as ``data.cycle_where``)."""
+    keep = np.ones(len(table), dtype=bool)
+    if f.start is not None:
+        keep &= (table["request_at"] >= pd.Timestamp(f.start, tz="UTC")).to_numpy()
+    if f.end is not None:
+        keep &= (table["request_at"] < pd.Timestamp(f.end, tz="UTC")
+                 + pd.Timedelta(days=1)).to_numpy()
+    if f.participants:
+        keep &= table["participant_id"].isin(f.participants).to_numpy()
+    if f.arms:
+        keep &= table["arm"].isin(f.arms).to_numpy()
+    if f.tasks:
+        ids = [i for i, n in (task_names or {}).items() if n in f.tasks]
+        keep &= table["task_id"].isin(ids).fillna(False).to_numpy(dtype=bool)
+    return table[keep]
+
+
+def _fit(cycles: pd.DataFrame, wait_col: str, median_tokens: float | None,
+         n_boot: int) -> tuple[dict[str, Any], Any]:
+    from analysis.report_sections import threshold_section
+
+    return threshold_section(cycles, wait_col, "switched", n_boot=n_boot, seed=0,
+                             median_tokens=median_tokens)
+
+
+def threshold_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, *, block: bool,
+                  n_boot: int = THRESHOLD_BOOT) -> tuple[dict[str, Any], Any] | None:
+    """``analysis.report_sections.threshold_section`` (the report's ψ fit) on ``cycles``:
+    (summary dict, ``ThresholdResult`` or None when it could not be fitted)."""
+    ok = cycles[cycles["status"].astype(str) == "ok"]
+    tok = pd.to_numeric(ok["tokens_completion"], errors="coerce").dropna()
+    median_tokens = float(tok.median()) if len(tok) else None
+    return get(("fit", key, wait_col, n_boot), _fit, cycles, wait_col, median_tokens, n_boot,
+               block=block)
+
+
+def task_names(url: str, fresh: tuple[int, ...]) -> dict[int, str]:
+    """Task id → name, for the task filter on in-memory cycle tables."""
+    from sqlalchemy import select
+
+    from dashboards.data import database
+    from study.schema import Task
+
+    with database(url).engine.connect() as conn:
+        return {int(i): str(n) for i, n in conn.execute(select(Task.id, Task.name))}

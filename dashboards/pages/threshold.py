@@ -1,0 +1,126 @@
+"""Flow threshold: P(switch) vs wait with the fitted hinge and smooth curves, CI band, ψ in
+seconds and tokens/s, and per-participant curves (``analysis.threshold`` via the report's
+``threshold_section``)."""
+
+from __future__ import annotations
+
+import altair as alt
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from dashboards import compute, ui
+
+WAITS = {"idle_wait_s": "idle wait (the report's primary measure)",
+         "total_wait_s": "total wait (request → last token)",
+         "experienced_ttft_s": "experienced time to first token"}
+
+ctx = ui.context()
+st.title("Flow threshold")
+wait_col = st.radio("Wait measure", list(WAITS), format_func=WAITS.get, horizontal=True,
+                    key="threshold_wait")
+
+
+def curves(cyc: pd.DataFrame, res: object) -> pd.DataFrame:
+    w = cyc[wait_col].to_numpy(float)
+    grid = np.geomspace(max(np.nanmin(w), 0.05), np.nanmax(w), 120)
+    c = res.curve(grid)  # type: ignore[attr-defined]
+    rows = [pd.DataFrame({"wait_s": grid, "model": m, "p": c[m],
+                          "lo": c.get(f"{m}_lo"), "hi": c.get(f"{m}_hi")})
+            for m in ("hinge", "smooth")]
+    return pd.concat(rows, ignore_index=True)
+
+
+def show(table: pd.DataFrame) -> None:
+    from analysis.report_sections import analysable, binned_rate
+
+    cyc = analysable(compute.filter_cycles(table, ctx.filters,
+                                           compute.task_names(ctx.url, ctx.fresh)), wait_col)
+    if cyc.empty:
+        st.warning("No completed cycles with a wait match the filters.")
+        return
+    key = (ctx.url, ctx.fresh, ctx.filters)
+    fit = compute.threshold_fit(key, cyc, wait_col, block=len(cyc) <= compute.SYNC_CYCLES)
+    if fit is None:
+        st.info(f"Fitting the threshold on {len(cyc):,} cycles (bootstrap CI); the fit "
+                "appears here in a few seconds.")
+        return
+    summary, res = fit
+    m = st.columns(4)
+    psi = summary.get("psi_s")
+    ci = summary.get("ci_s") or [None, None]
+    m[0].metric("ψ (seconds)", ui.fmt(psi, ".2f", " s"),
+                help="the hinge's onset; interpret only when a threshold is found")
+    m[1].metric("95 % CI", f"{ui.fmt(ci[0], '.2f')}–{ui.fmt(ci[1], '.2f')} s")
+    tps = summary.get("tokens_per_second_at_median_length")
+    m[2].metric("ψ as tokens/s", ui.fmt(tps, ".0f", " tok/s"),
+                help=summary.get("tokens_per_second_definition"))
+    m[3].metric("Existence test p", ui.fmt(summary.get("p_exists"), ".3f"))
+    if summary.get("found"):
+        st.success(f"Threshold found: switching rises above ψ ≈ {psi:.2f} s "
+                   f"({summary.get('model_choice')} model chosen by AIC/BIC).")
+    else:
+        st.warning(summary.get("reason") or "No threshold reported.")
+    binned = binned_rate(cyc.assign(sw=cyc["switched"].astype(float)), wait_col, "sw",
+                         n_bins=12)
+    pts = alt.Chart(binned).mark_point(filled=True, color="black").encode(
+        x=alt.X("wait_s:Q", scale=alt.Scale(type="log"), title=WAITS[wait_col] + " (s)"),
+        y=alt.Y("p:Q", title="P(switch during the wait)", axis=alt.Axis(format="%")),
+        tooltip=[alt.Tooltip("wait_s:Q", format=".2f"), "n", "k",
+                 alt.Tooltip("p:Q", format=".1%"), alt.Tooltip("lo:Q", format=".1%"),
+                 alt.Tooltip("hi:Q", format=".1%")])
+    err = alt.Chart(binned).mark_rule(color="black").encode(x="wait_s:Q", y="lo:Q", y2="hi:Q")
+    layers = [err, pts]
+    if res is not None:
+        cv = curves(cyc, res)
+        band = alt.Chart(cv.dropna(subset=["lo"])).mark_area(opacity=0.2).encode(
+            x="wait_s:Q", y="lo:Q", y2="hi:Q", color=alt.Color("model:N"))
+        line = alt.Chart(cv).mark_line().encode(
+            x="wait_s:Q", y="p:Q", color=alt.Color("model:N", title="fitted"),
+            tooltip=["model", alt.Tooltip("wait_s:Q", format=".2f"),
+                     alt.Tooltip("p:Q", format=".1%")])
+        layers = [band, line, *layers]
+        if psi:
+            layers.append(alt.Chart(pd.DataFrame({"psi_s": [psi]})).mark_rule(
+                strokeDash=[4, 4]).encode(x="psi_s:Q", tooltip=[alt.Tooltip(
+                    "psi_s:Q", format=".2f", title="ψ (s)")]))
+        data_out = pd.concat([cv.assign(kind="fitted curve"),
+                              binned.assign(kind="binned rate", model=None)], ignore_index=True)
+    else:
+        data_out = binned.assign(kind="binned rate")
+    ui.chart(alt.layer(*layers).properties(height=380), data_out, "switch vs wait")
+    st.caption("Points: observed switch rate in wait bins with 95 % Wilson intervals. Lines: "
+               "hinge and smooth logistic fits with pointwise bootstrap bands "
+               f"({compute.THRESHOLD_BOOT} replicates; `flowtrial analyze` uses 200 for the "
+               "preregistered ψ and CI).")
+
+    st.subheader("Per participant")
+    per = []
+    for pid, g in cyc.groupby("participant_id"):
+        b = binned_rate(g.assign(sw=g["switched"].astype(float)), wait_col, "sw", n_bins=6)
+        per.append(b.assign(participant_id=pid))
+    per_df = pd.concat(per, ignore_index=True)
+    ch = alt.Chart(per_df).mark_line(point=True, opacity=0.5).encode(
+        x=alt.X("wait_s:Q", scale=alt.Scale(type="log"), title=WAITS[wait_col] + " (s)"),
+        y=alt.Y("p:Q", title="P(switch)", axis=alt.Axis(format="%")),
+        color=alt.Color("participant_id:N", legend=None),
+        tooltip=["participant_id", alt.Tooltip("wait_s:Q", format=".2f"), "n",
+                 alt.Tooltip("p:Q", format=".1%")]).properties(height=300)
+    ui.chart(ch, per_df, "per-participant switch curves")
+
+
+if not ui.no_cycles(ctx, "The switch-vs-wait curve"):
+    table = compute.switch_table(ctx.url, ctx.fresh)
+    if table is not None and ctx.n_cycles <= compute.SYNC_CYCLES:
+        show(table)
+    else:
+        @st.fragment(run_every=2.0)
+        def pending() -> None:
+            t = compute.switch_table(ctx.url, ctx.fresh, block=False)
+            if t is None:
+                st.info(f"Classifying context switches over {ctx.n_cycles:,} cycles with the "
+                        "analysis layer; the curve appears here by itself in a few seconds.")
+            else:
+                show(t)
+
+        pending()

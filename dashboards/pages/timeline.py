@@ -1,0 +1,126 @@
+"""Flow timeline: one participant's day, each cycle as prompt → wait → review, with the
+time focus was away (switches) and the resumption lag shaded.
+
+Only that participant-day is read (indexed range queries), and the cycle numbers come from
+``analysis.metrics.cycle_table_from_frames`` on it, so they are the report's."""
+
+from __future__ import annotations
+
+import altair as alt
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from dashboards import data, ui
+
+PHASE_COLORS = {"wait": "#f28e2b", "review": "#4e79a7", "resumption lag": "#e15759",
+                "away (switch)": "#9d9d9d"}
+
+
+def build(url: str, fresh: tuple[int, ...], participant: str, day: str
+          ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-cycle table, drawable segments) for one participant-day."""
+    from analysis.metrics import _working_overrides, cycle_table_from_frames, frames_from_tables
+    from analysis.switches import AFK_KINDS, FOCUS_KINDS, afk_intervals, away_episodes
+
+    config = data.database(url).config()
+    tables = data.participant_day_tables(url, fresh, participant, day)
+    frames = frames_from_tables(tables, config, data.database(url).time_scale())
+    cyc = cycle_table_from_frames(frames)
+    scale = frames.time_scale
+    req = cyc["request_at"]
+    last = cyc["last_sent_at"]
+    segs = []
+    for phase, start, end in (
+        ("wait", req, last),
+        ("review", last, last + pd.to_timedelta(cyc["review_time_s"] / scale, unit="s")),
+        ("resumption lag", last,
+         last + pd.to_timedelta(cyc["resumption_lag_s"].where(cyc["resumption_lag_s"] > 0)
+                                / scale, unit="s")),
+    ):
+        seg = cyc.assign(phase=phase, start=start, end=end)
+        segs.append(seg[seg["end"].notna() & seg["start"].notna()])
+    # Away episodes (focus outside the working apps), as analysis.switches defines them.
+    ev = tables["events"]
+    focus = ev[ev["kind"].isin(FOCUS_KINDS)]
+    if len(focus):
+        import json
+
+        payload = [json.loads(p) if isinstance(p, str) and p else {} for p in
+                   focus["payload_json"]]
+        focus = focus.assign(ts_ns=pd.to_numeric(focus["ts_ns"]).astype(np.int64),
+                             app=[p.get("app") for p in payload],
+                             category=[p.get("category") for p in payload])
+        afk = ev[ev["kind"].isin(AFK_KINDS)].assign(
+            ts_ns=lambda d: pd.to_numeric(d["ts_ns"]).astype(np.int64))
+        ep = away_episodes(focus, afk_intervals(afk), frames.working_apps,
+                           _working_overrides(frames.participants))
+        lo, hi = data.day_bounds_ns(day)
+        ep = ep[(ep["end"] > lo) & (ep["start"] < hi)]
+        if len(ep):
+            away = pd.DataFrame({
+                "phase": "away (switch)",
+                "start": pd.to_datetime(ep["start"].to_numpy(np.int64), unit="ns", utc=True),
+                "end": pd.to_datetime(ep["end"].to_numpy(np.int64), unit="ns", utc=True),
+                "switch_category": ep["category"].to_numpy(object),
+                "time_away_s": ep["away_ns"].to_numpy(float) / 1e9 * scale,
+            })
+            segs.append(away)
+    seg = pd.concat(segs, ignore_index=True) if segs else pd.DataFrame()
+    return cyc, seg
+
+
+ctx = ui.context()
+st.title("Flow timeline")
+if not ui.no_cycles(ctx, "The timeline"):
+    parts = list(ctx.filters.participants) or ctx.options["participants"]
+    c1, c2 = st.columns(2)
+    pid = c1.selectbox("Participant", parts, key="timeline_participant")
+    days = data.participant_days(ctx.url, ctx.fresh, pid) if pid else []
+    if ctx.filters.start or ctx.filters.end:
+        days = [d for d in days if (not ctx.filters.start or d >= str(ctx.filters.start))
+                and (not ctx.filters.end or d <= str(ctx.filters.end))]
+    day = c2.selectbox("Day (UTC)", days, key="timeline_day") if days else None
+    if not day:
+        st.info(f"{pid} has no cycles in the selected dates.")
+    else:
+        cyc, seg = build(ctx.url, ctx.fresh, pid, day)
+        if ctx.filters.arms:
+            cyc = cyc[cyc["arm"].isin(ctx.filters.arms)]
+            seg = seg[seg["arm"].isin(ctx.filters.arms) | seg["phase"].eq("away (switch)")]
+        n_sw = int(cyc["switched"].sum())
+        m = st.columns(4)
+        m[0].metric("Cycles this day", len(cyc))
+        m[1].metric("Switched during the wait", n_sw)
+        m[2].metric("Median total wait", ui.fmt(cyc["total_wait_s"].median(), ".1f", " s"))
+        m[3].metric("Time waiting", ui.fmt(cyc["total_wait_s"].sum() / 60, ".1f", " min"))
+        cols = ["cycle_id", "arm", "phase", "start", "end", "experienced_ttft_s",
+                "total_wait_s", "idle_wait_s", "tokens_completion", "switched",
+                "switch_category", "time_away_s", "resumption_lag_s", "decision",
+                "review_time_s"]
+        seg = seg.reindex(columns=cols)
+        tips = [alt.Tooltip("phase:N"), alt.Tooltip("cycle_id:N"), alt.Tooltip("arm:N"),
+                alt.Tooltip("start:T", format="%H:%M:%S"),
+                alt.Tooltip("experienced_ttft_s:Q", format=".2f", title="TTFT (s)"),
+                alt.Tooltip("total_wait_s:Q", format=".2f", title="total wait (s)"),
+                alt.Tooltip("idle_wait_s:Q", format=".2f", title="idle wait (s)"),
+                alt.Tooltip("tokens_completion:Q", title="tokens"),
+                alt.Tooltip("switched:N"), alt.Tooltip("switch_category:N"),
+                alt.Tooltip("time_away_s:Q", format=".1f", title="away (s)"),
+                alt.Tooltip("resumption_lag_s:Q", format=".1f", title="resumption lag (s)"),
+                alt.Tooltip("decision:N"),
+                alt.Tooltip("review_time_s:Q", format=".1f", title="review (s)")]
+        lane = alt.Y("phase:N", title=None, sort=list(PHASE_COLORS))
+        color = alt.Color("phase:N", scale=alt.Scale(domain=list(PHASE_COLORS),
+                                                     range=list(PHASE_COLORS.values())))
+        bars = alt.Chart(seg).mark_bar(height=18).encode(
+            x=alt.X("start:T", title="time (UTC)"), x2="end:T", y=lane, color=color,
+            tooltip=tips)
+        prompts = alt.Chart(seg[seg["phase"] == "wait"]).mark_tick(
+            color="black", thickness=2, size=22).encode(
+            x="start:T", y=alt.Y("phase:N", sort=list(PHASE_COLORS)), tooltip=tips)
+        ch = (bars + prompts).properties(height=200).interactive(bind_y=False)
+        st.caption("Each prompt is a black tick; bars show the wait until the last token, the "
+                   "review until the decision, the resumption lag after a switch, and the time "
+                   "focus was away from the working apps. Drag to pan, scroll to zoom.")
+        ui.chart(ch, seg, f"timeline {pid} {day}")

@@ -1,0 +1,118 @@
+"""What every page shares: which database, its freshness, the filters, charts with a CSV
+download, and the empty state of a study that has no cycles yet."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from dashboards import data, filters
+from dashboards.filters import Filters
+
+DB_ENV = "FLOWTRIAL_DASHBOARD_DB"
+
+
+def db_from_args(argv: list[str] | None = None) -> str | None:
+    """``--db`` from the script arguments (``streamlit run app.py -- --db X``), else the
+    ``FLOWTRIAL_DASHBOARD_DB`` environment variable (what ``flowtrial dashboard`` sets)."""
+    import sys
+
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--db")
+    known, _ = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return known.db or os.environ.get(DB_ENV) or None
+
+
+@dataclass
+class Context:
+    url: str
+    fresh: tuple[int, ...]
+    info: data.StudyInfo
+    options: dict[str, Any]
+    filters: Filters
+
+    @property
+    def n_cycles(self) -> int:
+        return self.fresh[0]
+
+    @property
+    def scale(self) -> float:
+        return self.info.time_scale
+
+
+def context() -> Context:
+    """Database, freshness token, study facts and the sidebar filters (set up by app.py)."""
+    url = st.session_state["flowtrial_db_url"]
+    fresh = data.freshness(url)
+    info = data.study_info(url, fresh)
+    options = data.filter_options(url, fresh)
+    f = filters.sidebar(options)
+    with st.sidebar:
+        st.caption(f"Study **{info.name}** · {info.design} design · {fresh[0]:,} cycles")
+    return Context(url=url, fresh=fresh, info=info, options=options, filters=f)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "data"
+
+
+def download(df: pd.DataFrame, name: str) -> None:
+    """A CSV download of exactly the data behind a chart or table."""
+    st.download_button(f"Download data (CSV): {name}", df.to_csv(index=False).encode(),
+                       file_name=f"flowtrial-{_slug(name)}.csv", mime="text/csv",
+                       key=f"dl-{_slug(name)}", on_click="ignore")
+
+
+def chart(ch: alt.Chart | alt.LayerChart, df: pd.DataFrame, name: str) -> None:
+    """An Altair chart (hover tooltips are set by the caller) and its data's download."""
+    st.altair_chart(ch, width="stretch")
+    download(df, name)
+
+
+def table(df: pd.DataFrame, name: str) -> None:
+    st.dataframe(df, hide_index=True)
+    download(df, name)
+
+
+def no_cycles(ctx: Context, what: str) -> bool:
+    """Show the empty state when the study (or the filter) has no cycles; True if shown."""
+    if ctx.n_cycles == 0:
+        facts = data.enrolled_without_cycles(ctx.url)
+        st.info(
+            f"No cycles recorded yet — {facts['participants']} participant(s) enrolled, "
+            f"{facts['assignments']} assignment(s). {what} appears once participants' "
+            "assistants send requests through the proxy (`flowtrial proxy`), or after "
+            "`flowtrial simulate` adds simulated participants. This page refreshes with "
+            "the data."
+        )
+        return True
+    return False
+
+
+def nothing_matches(df: pd.DataFrame, ctx: Context) -> bool:
+    if len(df):
+        return False
+    st.warning("No cycles match the filters: widen the date range or clear the filters "
+               "in the sidebar." if ctx.filters.active else "No data for this view yet.")
+    return True
+
+
+def fmt(x: Any, spec: str = ".3g", unit: str = "") -> str:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return "—"
+    if v != v:  # NaN
+        return "—"
+    return f"{v:{spec}}{unit}"
+
+
+def pct(x: Any) -> str:
+    return fmt(None if x is None else float(x) * 100, ".1f", " %")

@@ -1,0 +1,51 @@
+"""Small simulated studies for the dashboard tests (virtual simulator: well under a second)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from study.config import example_study_text, parse_study
+
+os.environ["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"  # never phone home
+APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
+PAGES = ["pages/overview.py", "pages/timeline.py", "pages/arms.py", "pages/threshold.py",
+         "pages/team.py"]
+
+
+def parallel_text() -> str:
+    return example_study_text().replace('design = "per_prompt"', 'design = "parallel"').replace(
+        'unit = "prompt"', 'unit = "participant"')
+
+
+@pytest.fixture(scope="session")
+def small_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A parallel two-arm study: 6 participants × 2 tasks × 10 prompts = 120 cycles."""
+    from study.simulator import SimParams, simulate_virtual
+    from study.storage import init_db
+
+    path = tmp_path_factory.mktemp("dash") / "small.db"
+    text = parallel_text()
+    config = parse_study(tomllib.loads(text))
+    db = init_db(path, config, text)
+    simulate_virtual(db, config, SimParams(), 6, 2, 10, seed=3)
+    db.dispose()
+    return path
+
+
+@pytest.fixture(scope="session")
+def empty_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A brand-new study: 3 enrolled participants, no cycles."""
+    from study.simulator.records import enroll_simulated
+    from study.storage import init_db
+
+    path = tmp_path_factory.mktemp("dash") / "empty.db"
+    text = parallel_text()
+    config = parse_study(tomllib.loads(text))
+    db = init_db(path, config, text)
+    enroll_simulated(db, config, 3)
+    db.dispose()
+    return path

@@ -1,0 +1,88 @@
+"""End to end: the real `streamlit run` server on a free loopback port, every page loaded in
+headless Chromium; fails on any Streamlit exception or error alert, keeps a screenshot per
+page in test-artifacts/ (git-ignored)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dashboards.commands import streamlit_command
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+PAGES = {"overview": ("", "Study overview"), "timeline": ("timeline", "Flow timeline"),
+         "arms": ("arms", "Arms"), "threshold": ("threshold", "Flow threshold"),
+         "team": ("team", "Team view")}
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs /usr/bin/chromium")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"streamlit exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError("streamlit did not become healthy")
+
+
+def test_every_page_loads_in_chromium(small_study: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    port = free_port()
+    argv, env = streamlit_command(str(small_study), port, "127.0.0.1")
+    log = ARTIFACTS / "streamlit-server.log"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=ARTIFACTS)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            for name, (path, title) in PAGES.items():
+                page.goto(f"{base}/{path}", wait_until="domcontentloaded")
+                page.get_by_role("heading", name=title).first.wait_for(timeout=30_000)
+                # Every page ends with charts that have a CSV download: wait for one, then
+                # for the script run to finish (the "Stop" control goes away).
+                page.locator('[data-testid="stDownloadButton"]').first.wait_for(
+                    timeout=60_000)
+                page.get_by_role("button", name="Stop").wait_for(state="hidden",
+                                                                 timeout=60_000)
+                page.wait_for_timeout(500)
+                page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
+                exceptions = page.locator('[data-testid="stException"]').count()
+                errors = [a.inner_text() for a in page.locator('[data-testid="stAlert"]').all()
+                          if a.locator('[data-testid="stAlertContentError"]').count()]
+                assert exceptions == 0, f"{name}: Streamlit exception shown"
+                assert not errors, f"{name}: error alert {errors}"
+                assert page.locator('[data-testid="stDownloadButton"]').count() > 0, name
+            browser.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -1,0 +1,98 @@
+"""Every page under Streamlit's AppTest on a small simulated study, and on an empty one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from streamlit.testing.v1 import AppTest
+
+from study.schema import Cycle
+from study.storage import open_db
+from tests.dashboards.conftest import APP, PAGES
+
+
+def app(db: Path, monkeypatch: pytest.MonkeyPatch) -> AppTest:
+    monkeypatch.setenv("FLOWTRIAL_DASHBOARD_DB", str(db))
+    return AppTest.from_file(str(APP), default_timeout=60)
+
+
+def render(at: AppTest, page: str) -> AppTest:
+    (at if page == PAGES[0] and not at.session_state else at.switch_page(page)).run()
+    assert not at.exception, f"{page}: {[e.value for e in at.exception]}"
+    assert not at.error, f"{page}: {[e.value for e in at.error]}"
+    return at
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label.startswith(label))
+
+
+def count(db: Path, *where: object) -> int:
+    database = open_db(db)
+    with database.engine.connect() as conn:
+        n = conn.execute(select(func.count()).select_from(Cycle).where(*where)).scalar_one()
+    database.dispose()
+    return int(n)
+
+
+def test_every_page_renders_with_the_study_numbers(small_study: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(small_study, monkeypatch)
+    render(at, PAGES[0])
+    assert metric(at, "Participants enrolled") == "6"
+    assert metric(at, "Cycles recorded") == f"{count(small_study):,}"
+    assert any("Sample-ratio check" in s.value for s in [*at.success, *at.error])
+    assert at.get("download_button"), "overview charts need a CSV download"
+
+    render(at, "pages/timeline.py")
+    pid = at.selectbox(key="timeline_participant").value
+    day = at.selectbox(key="timeline_day").value
+    assert pid and day
+    assert int(metric(at, "Cycles this day")) == count(small_study, Cycle.participant_id == pid)
+
+    render(at, "pages/arms.py")
+    assert any("switch rate per arm" in d.label for d in at.get("download_button"))
+    assert metric(at, "Task-time effect of").endswith("%")
+
+    render(at, "pages/threshold.py")
+    psi = metric(at, "ψ (seconds)")
+    assert psi == "—" or psi.endswith(" s")
+    assert any("switch-vs-wait" in d.label or "switch vs wait" in d.label
+               for d in at.get("download_button"))
+
+    render(at, "pages/team.py")
+    assert metric(at, "People") == "6"
+
+
+def test_filters_persist_across_pages(small_study: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(small_study, monkeypatch)
+    render(at, PAGES[0])
+    at.multiselect(key="_w_arms").set_value(["slow"]).run()
+    table = at.dataframe[1].value  # manipulation check per arm
+    assert list(table["arm"]) == ["slow"]
+    assert int(table["cycles"].iloc[0]) == count(small_study, Cycle.arm == "slow")
+    render(at, "pages/team.py")
+    assert at.multiselect(key="_w_arms").value == ["slow"]
+    render(at, PAGES[0])
+    assert list(at.dataframe[1].value["arm"]) == ["slow"]
+
+
+def test_empty_study_shows_an_empty_state(empty_study: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(empty_study, monkeypatch)
+    for page in PAGES:
+        render(at, page)
+        assert any("No cycles recorded yet" in i.value and "3 participant" in i.value
+                   for i in at.info), page
+    render(at, PAGES[0])
+    assert metric(at, "Participants enrolled") == "3"
+
+
+def test_bad_database_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(tmp_path / "missing.db", monkeypatch)
+    at.run()
+    assert not at.exception
+    assert len(at.error) == 1 and "no such database" in at.error[0].value
