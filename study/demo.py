@@ -13,9 +13,13 @@ re-running replaces it (only a directory that has the marker, or an empty one).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,7 +138,13 @@ def _threshold_line_of(analysis: dict[str, Any] | None) -> str | None:
     verdict = "threshold found" if thr.get("found") else "no threshold established"
     ci_text = f", 95 % CI {_fmt_s(ci[0])}-{_fmt_s(ci[1])}" if ci and len(ci) == 2 else ""
     true = truth.get("threshold_s")
-    tail = f"; the simulated participants' true ψ is {_fmt_s(true)}" if true else ""
+    star = (truth.get("comparison") or {}).get("estimand_psi_s")
+    tail = ""
+    if true:
+        tail = f"; the simulated participants' median personal ψ is {_fmt_s(true)}"
+        if star:
+            # The pooled hinge estimates the onset of the population-averaged curve.
+            tail += f" and the pooled model's estimand ψ* for these waits {_fmt_s(star)}"
     return f"Threshold ψ (idle wait): {_fmt_s(psi)}{ci_text} ({verdict}){tail}."
 
 
@@ -174,6 +184,73 @@ def _run_analysis(db_path: Path, out_dir: Path) -> tuple[Path | None, str | None
     return (report if report.exists() else None), None, results
 
 
+def _simulate(database: Any, config: Any, participants: int, tasks: int, prompts: int,
+              seed: int, base_url: str, total: int | None, console: Any) -> Any:
+    """The live simulation against the running proxy, with a progress bar when ``total``."""
+    from study.simulator.live import simulate_live
+    from study.simulator.params import SimParams
+
+    args = (database, config, SimParams(), participants, tasks, prompts, seed)
+    if total is None:
+        return simulate_live(*args, base_url=base_url)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
+        job = bar.add_task("simulated participants at work", total=total)
+        return simulate_live(*args, base_url=base_url,
+                             progress=lambda done, _t: bar.update(job, completed=done))
+
+
+@contextlib.contextmanager
+def proxy_process(study_path: Path, db_path: Path, log_path: Path) -> Iterator[str]:
+    """Run `flowtrial proxy` as its own process, as a real deployment does; yield its URL.
+
+    In one process with a dozen simulated SDK clients the proxy would share their GIL, and
+    the clients' JSON parsing would make its first tokens late by milliseconds.
+    """
+    log = log_path.open("w", encoding="utf-8")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "instrumentation.proxy", "--study", str(study_path),
+         "--db", str(db_path), "--port", "0"],
+        stdout=log, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        url = _wait_for_proxy(proc, log_path)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)  # graceful: open streams finish, records are written
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _wait_for_proxy(proc: subprocess.Popen[str], log_path: Path, timeout: float = 60) -> str:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    url = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise FlowtrialError(f"the demo proxy exited early: see {log_path}")
+        if url is None:
+            for line in log_path.read_text(encoding="utf-8").splitlines():
+                if line.startswith("OPENAI_BASE_URL="):
+                    url = line.split("=", 1)[1].strip().removesuffix("/v1")
+        if url is not None:
+            try:
+                if httpx.get(url + "/flowtrial/v1/health", timeout=2).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.05)
+    proc.kill()
+    raise FlowtrialError(f"the demo proxy did not start within {timeout:g} s: see {log_path}")
+
+
 def run_demo(
     dir: Path | str = Path("flowtrial-demo"),
     participants: int = 12,
@@ -190,8 +267,6 @@ def run_demo(
     from rich.console import Console
 
     from study.config import load_study
-    from study.simulator.live import simulate_live
-    from study.simulator.params import SimParams
     from study.simulator.summary import study_glance
     from study.storage import init_db
 
@@ -210,18 +285,9 @@ def run_demo(
     database = init_db(db_path, config, text)
     try:
         total = participants * tasks * prompts_per_task
-        if progress:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-            with Progress("[progress.description]{task.description}", BarColumn(),
-                          MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
-                job = bar.add_task("simulated participants at work", total=total)
-                sim = simulate_live(database, config, SimParams(), participants, tasks,
-                                    prompts_per_task, seed,
-                                    progress=lambda done, _t: bar.update(job, completed=done))
-        else:
-            sim = simulate_live(database, config, SimParams(), participants, tasks,
-                                prompts_per_task, seed)
+        with proxy_process(study_path, db_path, path / "proxy.log") as base_url:
+            sim = _simulate(database, config, participants, tasks, prompts_per_task, seed,
+                            base_url, total if progress else None, console)
         glance = study_glance(database)
     finally:
         database.dispose()
