@@ -141,3 +141,31 @@ def test_idempotent_event_insert(tmp_path: Path) -> None:
     writer.close()
     with db.session() as s:
         assert s.execute(select(func.count()).select_from(Event)).scalar_one() == 1
+
+
+def test_group_commit_merges_rows_but_keeps_tables_in_order(tmp_path: Path) -> None:
+    """Rows of many items share one INSERT per table and column set; a parent queued before
+    its children (participant, then its assignment) is still inserted first."""
+    from study.schema import Assignment, Participant
+    from study.storage import _merge
+
+    now = datetime.now(UTC)
+    part = {"id": "p9", "key_id": "k9", "key_salt": "s", "key_hash": "h", "enrolled_index": 9,
+            "created_at": now, "simulated": True}
+    assign = {"participant_id": "p9", "period": 0, "arm": "fast", "created_at": now}
+    ev1 = {"participant_id": "p9", "kind": "accept", "ts_ns": 1, "source": "client",
+           "received_at": now}
+    ev2 = {**ev1, "ts_ns": 2, "duration_s": 1.5}  # another column set
+    merged = _merge([WriteBatch(Participant, [part]), WriteBatch(Event, [ev1]),
+                     WriteBatch(Assignment, [assign]), WriteBatch(Event, [ev2, ev1])])
+    assert [(b.table, len(b.rows)) for b in merged] == [
+        (Participant, 1), (Event, 2), (Assignment, 1), (Event, 1)]
+    cfg = make_config()
+    db = init_db(tmp_path / "s.db", cfg)
+    writer = RecordWriter(db.engine)
+    writer.write(WriteBatch(Participant, [part]), WriteBatch(Event, [ev1]),
+                 WriteBatch(Assignment, [assign]), WriteBatch(Event, [ev2]))
+    writer.close()
+    with db.session() as s:
+        assert s.execute(select(func.count()).select_from(Event)).scalar_one() == 2
+        assert s.execute(select(func.count()).select_from(Assignment)).scalar_one() == 1
