@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from analysis import AnalysisInputError
-
-SRM_ALPHA = 0.001
+from study.randomization import SRM_ALPHA, SRMResult
+from study.randomization import srm_check as _study_srm
 
 
 def _require(df: pd.DataFrame, cols: Sequence[str], what: str) -> None:
@@ -44,43 +44,13 @@ def _clean(v: Any) -> Any:
 # ------------------------------------------------------------------------------- SRM
 
 
-@dataclass
-class SRMResult:
-    """χ² goodness of fit of observed arm counts to the planned allocation."""
-
-    chi2: float
-    p_value: float
-    flagged: bool
-    observed: dict[str, int]
-    expected: dict[str, float]
-    alpha: float
-    unplanned: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.flagged
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "chi2": self.chi2,
-            "p_value": self.p_value,
-            "flagged": self.flagged,
-            "observed": self.observed,
-            "expected": self.expected,
-            "alpha": self.alpha,
-            "unplanned": self.unplanned,
-        }
-
-
 def srm_check(
     observed: Mapping[str, int], planned: Mapping[str, float], alpha: float = SRM_ALPHA
 ) -> SRMResult:
     """Sample-ratio mismatch: χ² of observed arm counts vs planned proportions (weights are
     normalised); flagged when p < alpha (0.001). Counts in an arm that was never planned are
-    a mismatch by themselves (flagged, p = 0). The χ² itself is `study.randomization.srm_check`."""
-    from study.randomization import srm_check as _study_srm
-
+    a mismatch by themselves (flagged, p = 0). This validates the input; the check itself is
+    `study.randomization.srm_check`."""
     if not planned:
         raise AnalysisInputError("srm_check: no planned arms given")
     if any((not math.isfinite(float(w))) or float(w) <= 0 for w in planned.values()):
@@ -89,18 +59,7 @@ def srm_check(
         raise AnalysisInputError("srm_check: observed counts must be >= 0")
     planned_s = {str(k): float(v) for k, v in planned.items()}
     observed_s = {str(k): int(v) for k, v in observed.items()}
-    base = _study_srm(observed_s, planned_s, alpha=alpha)
-    unplanned = sorted(k for k, c in observed_s.items() if k not in planned_s and c > 0)
-    p = 0.0 if unplanned else float(base.p_value)
-    return SRMResult(
-        chi2=float(base.chi2) if not unplanned else math.inf,
-        p_value=p,
-        flagged=bool(base.flagged) or bool(unplanned),
-        observed={**base.observed, **{k: observed_s[k] for k in unplanned}},
-        expected=dict(base.expected),
-        alpha=alpha,
-        unplanned=unplanned,
-    )
+    return _study_srm(observed_s, planned_s, alpha=alpha)
 
 
 # ------------------------------------------------------------------------- carry-over

@@ -41,6 +41,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from instrumentation.app_categories import normalize_app
+
 NS = 1_000_000_000
 AW_SOURCE = "activitywatch"
 FOCUS_KINDS = ("focus_out", "focus_in")
@@ -51,17 +53,6 @@ DEFAULT_SENSITIVITY_S = (2.0, 10.0, 30.0)
 def switch_column(min_away_s: float) -> str:
     """Column name of the switch flag at a threshold, e.g. ``switched_10s``."""
     return f"switched_{min_away_s:g}s"
-
-
-def normalize_app(name: object) -> str | None:
-    """Lower-case app name without ``.exe``/``.app`` suffix (ActivityWatch reports both)."""
-    if name is None or (isinstance(name, float) and np.isnan(name)) or name is pd.NA:
-        return None
-    s = str(name).strip().lower()
-    for suffix in (".exe", ".app"):
-        if s.endswith(suffix):
-            s = s[: -len(suffix)]
-    return s or None
 
 
 def _away_flags(

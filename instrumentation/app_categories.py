@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+import pandas as pd
+
 __all__ = [
     "CATEGORIES", "category_for_app", "category_for_url", "host_is_working", "host_of",
     "is_browser", "normalize_app", "working_set",
@@ -105,8 +107,11 @@ _HOST_CATEGORY: dict[str, str] = {h: cat for cat, hosts in _HOSTS.items() for h 
 
 
 def normalize_app(name: object) -> str | None:
-    """Lower-case app name without ``.exe``/``.app`` (None for a missing or blank name)."""
-    if name is None:
+    """Lower-case app name without ``.exe``/``.app`` (None for a missing or blank name).
+
+    ActivityWatch reports both suffixes; the importer and the analysis must agree on names.
+    """
+    if name is None or name != name or name is pd.NA:  # None, NaN, pandas NA
         return None
     s = str(name).strip().lower()
     for suffix in (".exe", ".app"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -117,28 +117,42 @@ class SRMResult:
     flagged: bool
     observed: dict[str, int]
     expected: dict[str, float]
+    alpha: float = SRM_ALPHA
+    unplanned: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.flagged
 
     def to_dict(self) -> dict[str, object]:
         return {
+            "ok": self.ok,
             "chi2": self.chi2,
             "p_value": self.p_value,
             "flagged": self.flagged,
             "observed": self.observed,
             "expected": self.expected,
-            "alpha": SRM_ALPHA,
+            "alpha": self.alpha,
+            "unplanned": self.unplanned,
         }
 
 
 def srm_check(
     observed: Mapping[str, int], planned: Mapping[str, float], alpha: float = SRM_ALPHA
 ) -> SRMResult:
-    """χ² goodness of fit of observed arm counts to planned proportions; flag if p < alpha."""
+    """χ² goodness of fit of observed arm counts to planned proportions; flag if p < alpha.
+
+    Counts in an arm that was never planned are a mismatch by themselves (flagged, p = 0).
+    """
     names = list(planned)
     obs = np.array([observed.get(n, 0) for n in names], dtype=float)
     w = np.array([planned[n] for n in names], dtype=float)
     exp = w / w.sum() * obs.sum()
+    unplanned = sorted(k for k, c in observed.items() if k not in planned and c > 0)
     chi2, p = 0.0, 1.0
-    if obs.sum() > 0 and len(names) > 1:
+    if unplanned:
+        chi2, p = math.inf, 0.0
+    elif obs.sum() > 0 and len(names) > 1:
         from scipy import stats  # imported here: scipy.stats costs ~1 s at proxy start-up
 
         chi2, p = (float(x) for x in stats.chisquare(obs, exp))
@@ -146,6 +160,9 @@ def srm_check(
         chi2,
         p,
         p < alpha,
-        {n: int(o) for n, o in zip(names, obs, strict=True)},
+        {**{n: int(o) for n, o in zip(names, obs, strict=True)},
+         **{k: int(observed[k]) for k in unplanned}},
         {n: float(e) for n, e in zip(names, exp, strict=True)},
+        alpha,
+        unplanned,
     )
