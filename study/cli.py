@@ -166,6 +166,7 @@ def export(
 
 def _register_package_commands() -> None:
     """Commands that live with their own package (kept thin; heavy imports happen inside)."""
+    from analysis.commands import effect, threshold
     from analysis.report_commands import analyze, power
     from dashboards.commands import dashboard
     from instrumentation.capture_commands import import_activitywatch, persistence
@@ -179,6 +180,8 @@ def _register_package_commands() -> None:
     app.command("mock-model")(mock_model)
     app.command("analyze")(analyze)
     app.command("power")(power)
+    app.command("effect")(effect)
+    app.command("threshold")(threshold)
     app.command("dashboard")(dashboard)
     app.command("import-activitywatch")(import_activitywatch)
     app.command("persistence")(persistence)
