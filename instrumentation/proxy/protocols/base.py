@@ -171,6 +171,34 @@ class BodyInfo:
     response_id: str | None
 
 
+def json_of(ev: SSEEvent) -> Any:
+    """The event's decoded JSON (None when it has no data or the data is not JSON)."""
+    if ev.data is None:
+        return None
+    try:
+        return json.loads(ev.data)
+    except ValueError:
+        return None
+
+
+def request_info(body: dict[str, Any], prompt_text: str) -> RequestInfo:
+    """What every protocol reads of a request: the stream flag, the model, the prompt text."""
+    model = body.get("model")
+    return RequestInfo(
+        stream=body.get("stream") is True,
+        model=model if isinstance(model, str) else None,
+        prompt_text=prompt_text,
+    )
+
+
+def openai_error_message(obj: dict[str, Any]) -> str:
+    """The message of an OpenAI ``{"error": ...}`` object (or the whole object as text)."""
+    err = obj.get("error")
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return err["message"]
+    return str(err)
+
+
 def text_of_content(content: Any) -> str:
     """Text of a message's content: a string, or a list of text parts of any protocol."""
     if isinstance(content, str):
@@ -291,3 +319,30 @@ def openai_error(message: str, type_: str = "invalid_request_error", code: str |
     return dumps(
         {"error": {"message": message, "type": type_, "param": param, "code": code}}
     ).encode()
+
+
+class OpenAIChunkAdapter(ProtocolAdapter):
+    """Chat and legacy Completions share their stream framing: ``data:`` chunks with an
+    ``id``, optional ``usage`` or ``error``, and ``choices``, ended by ``[DONE]``."""
+
+    def classify(self, ev: SSEEvent) -> Classified:
+        if ev.data is not None and ev.data.startswith("[DONE]"):
+            return Classified(Kind.TERMINAL)
+        obj = json_of(ev)
+        if not isinstance(obj, dict):
+            return Classified(Kind.OTHER, obj=obj)
+        rid = obj.get("id") if isinstance(obj.get("id"), str) else None
+        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+        if obj.get("error"):
+            return Classified(Kind.ERROR, obj=obj, error=openai_error_message(obj), response_id=rid)
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return Classified(Kind.OTHER, usage=usage, response_id=rid, obj=obj)
+        return self.classify_choices(choices, usage, rid, obj)
+
+    def classify_choices(
+        self, choices: list[Any], usage: dict[str, Any] | None, rid: str | None,
+        obj: dict[str, Any],
+    ) -> Classified:
+        """Classify a chunk that has choices (the part that differs between the two)."""
+        raise NotImplementedError

@@ -7,21 +7,19 @@ usage (other chunks may carry ``usage: null``).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from instrumentation.proxy.protocols.base import (
     BodyInfo,
     Classified,
     Kind,
-    ProtocolAdapter,
+    OpenAIChunkAdapter,
     RequestInfo,
     SSEEvent,
     dumps,
+    request_info,
     text_of_content,
 )
-
-_DONE = "[DONE]"
 
 
 def last_user_text(messages: Any) -> str:
@@ -34,37 +32,17 @@ def last_user_text(messages: Any) -> str:
     return ""
 
 
-class ChatAdapter(ProtocolAdapter):
+class ChatAdapter(OpenAIChunkAdapter):
     name = "chat"
     path = "/v1/chat/completions"
 
     def read_request(self, body: dict[str, Any]) -> RequestInfo:
-        model = body.get("model")
-        return RequestInfo(
-            stream=body.get("stream") is True,
-            model=model if isinstance(model, str) else None,
-            prompt_text=last_user_text(body.get("messages")),
-        )
+        return request_info(body, last_user_text(body.get("messages")))
 
-    def classify(self, ev: SSEEvent) -> Classified:
-        data = ev.data
-        if data is None:
-            return Classified(Kind.OTHER)
-        if data.startswith(_DONE):
-            return Classified(Kind.TERMINAL)
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            return Classified(Kind.OTHER)
-        if not isinstance(obj, dict):
-            return Classified(Kind.OTHER, obj=obj)
-        rid = obj.get("id") if isinstance(obj.get("id"), str) else None
-        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
-        if obj.get("error"):
-            return Classified(Kind.ERROR, obj=obj, error=_error_message(obj), response_id=rid)
-        choices = obj.get("choices")
-        if not isinstance(choices, list) or not choices:
-            return Classified(Kind.OTHER, usage=usage, response_id=rid, obj=obj)
+    def classify_choices(
+        self, choices: list[Any], usage: dict[str, Any] | None, rid: str | None,
+        obj: dict[str, Any],
+    ) -> Classified:
         if len(choices) == 1:
             return self._one_choice(choices[0], usage, rid, obj)
         # n > 1: count everything, but never split (pieces would mix choices).
@@ -131,10 +109,3 @@ class ChatAdapter(ProtocolAdapter):
         usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
         rid = body.get("id") if isinstance(body.get("id"), str) else None
         return BodyInfo("".join(texts), tools, usage, rid)
-
-
-def _error_message(obj: dict[str, Any]) -> str:
-    err = obj.get("error")
-    if isinstance(err, dict) and isinstance(err.get("message"), str):
-        return err["message"]
-    return str(err)

@@ -7,19 +7,18 @@ later completion request can show that an earlier answer persisted between them.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from instrumentation.proxy.protocols.base import (
     BodyInfo,
     Classified,
     Kind,
-    ProtocolAdapter,
+    OpenAIChunkAdapter,
     RequestInfo,
     SSEEvent,
     dumps,
+    request_info,
 )
-from instrumentation.proxy.protocols.chat import _error_message
 
 
 def _prompt_text(prompt: Any) -> str:
@@ -30,41 +29,21 @@ def _prompt_text(prompt: Any) -> str:
     return ""  # token-id prompts carry no text to fingerprint
 
 
-class CompletionsAdapter(ProtocolAdapter):
+class CompletionsAdapter(OpenAIChunkAdapter):
     name = "completions"
     path = "/v1/completions"
 
     def read_request(self, body: dict[str, Any]) -> RequestInfo:
-        model = body.get("model")
         text = _prompt_text(body.get("prompt"))
         suffix = body.get("suffix")
         if isinstance(suffix, str) and suffix:
             text = f"{text}\n{suffix}"
-        return RequestInfo(
-            stream=body.get("stream") is True,
-            model=model if isinstance(model, str) else None,
-            prompt_text=text,
-        )
+        return request_info(body, text)
 
-    def classify(self, ev: SSEEvent) -> Classified:
-        data = ev.data
-        if data is None:
-            return Classified(Kind.OTHER)
-        if data.startswith("[DONE]"):
-            return Classified(Kind.TERMINAL)
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            return Classified(Kind.OTHER)
-        if not isinstance(obj, dict):
-            return Classified(Kind.OTHER, obj=obj)
-        rid = obj.get("id") if isinstance(obj.get("id"), str) else None
-        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
-        if obj.get("error"):
-            return Classified(Kind.ERROR, obj=obj, error=_error_message(obj), response_id=rid)
-        choices = obj.get("choices")
-        if not isinstance(choices, list) or not choices:
-            return Classified(Kind.OTHER, usage=usage, response_id=rid, obj=obj)
+    def classify_choices(
+        self, choices: list[Any], usage: dict[str, Any] | None, rid: str | None,
+        obj: dict[str, Any],
+    ) -> Classified:
         texts = [
             ch["text"] for ch in choices if isinstance(ch, dict) and isinstance(ch.get("text"), str)
         ]

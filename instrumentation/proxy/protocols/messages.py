@@ -18,7 +18,6 @@ own error codes map onto Anthropic's types (see :data:`ERROR_TYPES`).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from instrumentation.proxy.protocols.base import (
@@ -29,6 +28,8 @@ from instrumentation.proxy.protocols.base import (
     RequestInfo,
     SSEEvent,
     dumps,
+    json_of,
+    request_info,
     text_of_content,
 )
 
@@ -79,20 +80,10 @@ class MessagesAdapter(ProtocolAdapter):
         self._usage: dict[str, Any] = {}
 
     def read_request(self, body: dict[str, Any]) -> RequestInfo:
-        model = body.get("model")
-        return RequestInfo(
-            stream=body.get("stream") is True,
-            model=model if isinstance(model, str) else None,
-            prompt_text=_last_user_text(body.get("messages")),
-        )
+        return request_info(body, _last_user_text(body.get("messages")))
 
     def classify(self, ev: SSEEvent) -> Classified:
-        if ev.data is None:
-            return Classified(Kind.OTHER)
-        try:
-            obj = json.loads(ev.data)
-        except ValueError:
-            return Classified(Kind.OTHER)
+        obj = json_of(ev)
         if not isinstance(obj, dict):
             return Classified(Kind.OTHER, obj=obj)
         type_ = obj.get("type") or ev.name

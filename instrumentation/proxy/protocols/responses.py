@@ -29,6 +29,8 @@ from instrumentation.proxy.protocols.base import (
     RequestInfo,
     SSEEvent,
     dumps,
+    json_of,
+    request_info,
     split_on_field,
     text_of_content,
 )
@@ -64,20 +66,10 @@ class ResponsesAdapter(ProtocolAdapter):
         self.next_seq = 0  # the sequence number the next event we emit must carry
 
     def read_request(self, body: dict[str, Any]) -> RequestInfo:
-        model = body.get("model")
-        return RequestInfo(
-            stream=body.get("stream") is True,
-            model=model if isinstance(model, str) else None,
-            prompt_text=_input_text(body.get("input")),
-        )
+        return request_info(body, _input_text(body.get("input")))
 
     def classify(self, ev: SSEEvent) -> Classified:
-        if ev.data is None:
-            return Classified(Kind.OTHER)
-        try:
-            obj = json.loads(ev.data)
-        except ValueError:
-            return Classified(Kind.OTHER)
+        obj = json_of(ev)
         if not isinstance(obj, dict):
             return Classified(Kind.OTHER, obj=obj)
         type_ = obj.get("type") or ev.name
