@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -65,8 +65,19 @@ def srm_check(
 # ------------------------------------------------------------------------- carry-over
 
 
+class _CheckResult:
+    """A check's outcome: ``ok`` first, then every field (for results.json)."""
+
+    @property
+    def ok(self) -> bool:  # pragma: no cover - each check defines it
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, **asdict(self)}  # type: ignore[call-overload]
+
+
 @dataclass
-class CarryoverResult:
+class CarryoverResult(_CheckResult):
     """Period × arm interaction (Wald F with participant-clustered covariance)."""
 
     f_stat: float
@@ -83,21 +94,6 @@ class CarryoverResult:
     @property
     def ok(self) -> bool:
         return not (self.p_value < self.alpha)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "f_stat": self.f_stat,
-            "df_num": self.df_num,
-            "df_denom": self.df_denom,
-            "p_value": self.p_value,
-            "alpha": self.alpha,
-            "n": self.n,
-            "n_participants": self.n_participants,
-            "outcome": self.outcome,
-            "log_outcome": self.log_outcome,
-            "terms": self.terms,
-        }
 
 
 def _independent_columns(X: np.ndarray, names: list[str]) -> tuple[np.ndarray, list[str]]:
@@ -196,7 +192,7 @@ def carryover_check(
 
 
 @dataclass
-class ManipulationResult:
+class ManipulationResult(_CheckResult):
     """Per arm: targeted vs experienced TTFT and tokens/s, violation rate."""
 
     by_arm: list[dict[str, Any]]
@@ -208,16 +204,6 @@ class ManipulationResult:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "by_arm": self.by_arm,
-            "problems": self.problems,
-            "ttft_tolerance_ms": self.ttft_tolerance_ms,
-            "tps_tolerance": self.tps_tolerance,
-            "max_violation_rate": self.max_violation_rate,
-        }
 
 
 def _ms(df: pd.DataFrame, stem: str) -> pd.Series:
@@ -299,7 +285,7 @@ def manipulation_check(
 
 
 @dataclass
-class MissingDataResult:
+class MissingDataResult(_CheckResult):
     """Missing-value rates per arm and column; χ² test of missingness vs arm per column."""
 
     by_arm: list[dict[str, Any]]
@@ -311,16 +297,6 @@ class MissingDataResult:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "by_arm": self.by_arm,
-            "by_column": self.by_column,
-            "problems": self.problems,
-            "max_rate": self.max_rate,
-            "alpha": self.alpha,
-        }
 
 
 def missing_data(

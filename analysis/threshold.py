@@ -731,14 +731,22 @@ def population_onset_psi(
         strict=True,
     ):
         p_bar += wu * (_expit(eta + u) @ weights)
-    n = np.ones_like(x)
     c_lo, c_hi = lo + wait_quantiles[0] * (hi - lo), lo + wait_quantiles[1] * (hi - lo)
-    a0 = math.log(p_low / (1 - p_low))
+    return _expected_fit_psi(x, p_bar, c_lo, c_hi, math.log(p_low / (1 - p_low)))
+
+
+def _expected_fit_psi(logw: np.ndarray, p: np.ndarray, c_lo: float, c_hi: float,
+                      a0: float) -> float:
+    """ψ (s) maximizing the hinge's expected log-likelihood for true probabilities ``p`` at
+    log waits ``logw``, searched over [c_lo, c_hi] in log ψ: a coarse grid, then a fine one
+    around its best point."""
+    n = np.ones_like(logw)
     grid = np.linspace(c_lo, c_hi, 121)
-    for _ in range(2):  # coarse grid, then a fine grid around its best point
-        H = np.maximum(0.0, x[:, None] - grid[None, :])
+    best = grid[0]
+    for _ in range(2):
+        H = np.maximum(0.0, logw[:, None] - grid[None, :])
         g = grid.size
-        _, _, ll = _newton(H, H * H, p_bar @ H, n, p_bar, np.full(g, a0), np.ones(g))
+        _, _, ll = _newton(H, H * H, p @ H, n, p, np.full(g, a0), np.ones(g))
         best = grid[int(np.argmax(ll))]
         step = grid[1] - grid[0]
         grid = np.linspace(best - step, best + step, 81)
@@ -764,15 +772,4 @@ def pseudo_true_psi(
     if logw.shape != p.shape or logw.size < 2:
         raise AnalysisInputError("pseudo_true_psi needs one expected probability per wait")
     c_lo, c_hi = np.quantile(logw, wait_quantiles)
-    n = np.ones_like(logw)
-    a0 = math.log(p.mean() / (1 - p.mean()))
-    grid = np.linspace(c_lo, c_hi, 121)
-    best = grid[0]
-    for _ in range(2):  # coarse grid, then a fine grid around its best point
-        H = np.maximum(0.0, logw[:, None] - grid[None, :])
-        g = grid.size
-        _, _, ll = _newton(H, H * H, p @ H, n, p, np.full(g, a0), np.ones(g))
-        best = grid[int(np.argmax(ll))]
-        step = grid[1] - grid[0]
-        grid = np.linspace(best - step, best + step, 81)
-    return float(math.exp(best))
+    return _expected_fit_psi(logw, p, float(c_lo), float(c_hi), math.log(p.mean() / (1 - p.mean())))
