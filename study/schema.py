@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Column, Index, MetaData, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-SCHEMA_VERSION = 1
+#: Bumped with every Alembic revision in ``study/migrations/versions`` (revision ``000N``).
+SCHEMA_VERSION = 2
 
 
 def _big() -> Column:  # type: ignore[type-arg]
@@ -163,6 +164,9 @@ class Cycle(SQLModel, table=True):
     content_text: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     content_chars: int | None = None
     simulated: bool = False
+    # Which proxy process recorded the cycle (``host:pid``, or the proxy's --instance name):
+    # several proxies may record into one PostgreSQL database. Schema version 2.
+    recorded_by: str | None = None
 
 
 class Event(SQLModel, table=True):
@@ -222,3 +226,8 @@ TABLES: list[type[SQLModel]] = [
     Meta, Study, Arm, Participant, Assignment, Task, Cycle, Event,
     QuestionnaireAnswer, Persistence, GroundTruth,
 ]
+
+
+def metadata() -> MetaData:
+    """The metadata of every table above (what migrations compare the database against)."""
+    return SQLModel.metadata

@@ -17,9 +17,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, inspect, select, text
+from sqlalchemy import Engine, create_engine, event, inspect, make_url, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 from sqlmodel import Session, SQLModel
 
@@ -37,11 +38,22 @@ def utcnow() -> datetime:
 
 
 def database_url(db: str | Path) -> str:
-    """A SQLAlchemy URL for ``db``: a URL is kept, a path becomes a SQLite file URL."""
+    """A SQLAlchemy URL for ``db``: a path becomes a SQLite file URL; ``postgresql://`` and
+    ``postgres://`` URLs get the psycopg (v3) driver, the one flowtrial installs."""
     s = str(db)
-    if "://" in s:
-        return s
-    return f"sqlite:///{Path(s).expanduser().resolve()}"
+    if "://" not in s:
+        return f"sqlite:///{Path(s).expanduser().resolve()}"
+    scheme, rest = s.split("://", 1)
+    if scheme in ("postgres", "postgresql"):
+        return f"postgresql+psycopg://{rest}"
+    return s
+
+
+def display_url(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    if url.startswith("sqlite"):
+        return url
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -70,10 +82,26 @@ def create_db_engine(db: str | Path, *, pooled: bool = False) -> Engine:
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    if not url.startswith("postgresql"):
+        raise StorageError(
+            f"{display_url(url)}: unsupported database: use a SQLite file path or a "
+            "postgresql://user@host/dbname URL")
+    # pre_ping: a connection the server dropped (restart, failover) is replaced, not used.
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
 
 
 def _read_version(engine: Engine) -> int | None:
+    try:
+        return _read_version_raw(engine)
+    except OperationalError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise StorageError(
+            f"{engine.url.render_as_string(hide_password=True)}: cannot "
+            f"open the database ({reason}): check the URL and that the server is running"
+        ) from exc
+
+
+def _read_version_raw(engine: Engine) -> int | None:
     if not inspect(engine).has_table("meta"):
         return None
     with engine.connect() as conn:
@@ -101,7 +129,7 @@ class Database:
         """The study configuration stored when the database was created."""
         st = self.study()
         if st is None:
-            raise StorageError(f"{self.url}: no study in this database")
+            raise StorageError(f"{display_url(self.url)}: no study in this database")
         return parse_study(json.loads(st.config_json), source=self.url)
 
     def time_scale(self) -> float:
@@ -125,12 +153,16 @@ def open_db(db: str | Path, *, must_exist: bool = True) -> Database:
     engine = create_db_engine(url)
     version = _read_version(engine)
     if version is None and must_exist:
-        raise StorageError(f"{url}: not a flowtrial database (no schema version)")
-    if version is not None and version != SCHEMA_VERSION:
+        raise StorageError(f"{display_url(url)}: not a flowtrial database (no schema version)")
+    if version is not None and version > SCHEMA_VERSION:
         raise StorageError(
-            f"{url}: database schema version {version}, but this flowtrial uses "
-            f"{SCHEMA_VERSION}: open it with the flowtrial version that created it"
+            f"{display_url(url)}: database schema version {version}, but this flowtrial uses "
+            f"{SCHEMA_VERSION}: upgrade flowtrial (pip install -U flowtrial) to open it"
         )
+    if version is not None and version < SCHEMA_VERSION:
+        from study.migrate import upgrade
+
+        upgrade(engine)
     return Database(url=url, engine=engine)
 
 
@@ -143,11 +175,15 @@ def init_db(db: str | Path, config: StudyConfig, config_toml: str | None = None)
     if "://" not in str(db):
         Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
     database = open_db(db, must_exist=False)
-    SQLModel.metadata.create_all(database.engine, tables=[t.__table__ for t in TABLES])
+    if _read_version(database.engine) is None:
+        from study.migrate import stamp_head
+
+        with database.engine.begin() as conn:
+            SQLModel.metadata.create_all(conn, tables=[t.__table__ for t in TABLES])
+            conn.execute(Meta.__table__.insert().values(  # type: ignore[attr-defined]
+                key="schema_version", value=str(SCHEMA_VERSION)))
+            stamp_head(conn)
     with database.session() as s:
-        version = s.get(Meta, "schema_version")
-        if version is None:
-            s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
         existing = s.exec(select(Study)).scalars().first()  # type: ignore[call-overload]
         if existing is None:
             s.add(
@@ -178,14 +214,14 @@ def init_db(db: str | Path, config: StudyConfig, config_toml: str | None = None)
         else:
             if existing.name != config.study.name:
                 raise StorageError(
-                    f"{database.url}: belongs to study {existing.name!r}, not "
+                    f"{display_url(database.url)}: belongs to study {existing.name!r}, not "
                     f"{config.study.name!r}: use another --db"
                 )
             if existing.randomization_fingerprint != config.randomization_fingerprint():
                 raise StorageError(
-                    f"{database.url}: the study file's seed, design, arms or per-prompt ranges "
-                    "changed since this database was created: start a new database "
-                    "(changing them mid-study breaks the randomization)"
+                    f"{display_url(database.url)}: the study file's seed, design, arms or "
+                    "per-prompt ranges changed since this database was created: start a new "
+                    "database (changing them mid-study breaks the randomization)"
                 )
             # Capture/proxy settings may evolve; keep the stored copy current.
             existing.config_json = config.model_dump_json()

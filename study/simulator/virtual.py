@@ -196,6 +196,7 @@ def simulate_virtual_frames(
         "content_text": None,
         "content_chars": flat(beh.n_tokens) * CHARS_PER_TOKEN,
         "simulated": True,
+        "recorded_by": "simulator",
     })[CYCLE_COLUMNS]
 
     events = _events(params, beh, pop, tl, t_req, post, bg_resume, raw_ns, cycle_ids, ids,

@@ -20,7 +20,7 @@ class StudySetup:
     """A study file's config, its database with enrolled participants, and their keys."""
 
     config: StudyConfig
-    db: Path
+    db: Path | str  # a SQLite file, or a PostgreSQL URL (``both_backends`` tests)
     database: Database
     keys: dict[str, str] = field(default_factory=dict)
 
@@ -44,30 +44,34 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_study(directory: Path, overrides: dict[str, Any] | None = None,
-                participants: tuple[str, ...] = ("p01",), name: str = "study.db") -> StudySetup:
+                participants: tuple[str, ...] = ("p01",), name: str = "study.db",
+                where: str | Path | None = None) -> StudySetup:
     """A validated study (parallel design, one unshaped arm unless overridden), its database
-    in ``directory``, enrolled participants and their keys."""
+    in ``directory`` (or at ``where``: a path or a PostgreSQL URL), enrolled participants and
+    their keys."""
     data = _merge(
         {"study": {"name": "instrumentation-test", "design": "parallel"},
          "arms": [{"name": "team"}]},
         overrides or {},
     )
     config = parse_study(data)
-    db = directory / name
+    db = where if where is not None else directory / name
     database = init_db(db, config)
     keys = {pid: enroll(database, config, pid)[1] for pid in participants}
     return StudySetup(config, db, database, keys)
 
 
 @pytest.fixture
-def make_study(tmp_path: Path) -> Iterator[Callable[..., StudySetup]]:
+def make_study(tmp_path: Path, new_db: Callable[[str], str | Path]
+               ) -> Iterator[Callable[..., StudySetup]]:
     """``make_study(overrides: dict, participants=("p01",), name="study.db")``: see
-    :func:`build_study`; databases live in the test's ``tmp_path``."""
+    :func:`build_study`; databases live in the test's ``tmp_path``, or on the PostgreSQL test
+    server when the test runs on ``both_backends``."""
     made: list[StudySetup] = []
 
     def make(overrides: dict[str, Any] | None = None,
              participants: tuple[str, ...] = ("p01",), name: str = "study.db") -> StudySetup:
-        made.append(build_study(tmp_path, overrides, participants, name))
+        made.append(build_study(tmp_path, overrides, participants, name, new_db(name)))
         return made[-1]
 
     yield make
@@ -76,14 +80,16 @@ def make_study(tmp_path: Path) -> Iterator[Callable[..., StudySetup]]:
 
 
 @pytest.fixture(scope="module")
-def make_study_module(tmp_path_factory: pytest.TempPathFactory
+def make_study_module(tmp_path_factory: pytest.TempPathFactory,
+                      module_new_db: Callable[[str], str | Path],
                       ) -> Iterator[Callable[..., StudySetup]]:
     """Like ``make_study`` but shared by a module's tests (one database, one setup cost)."""
     made: list[StudySetup] = []
 
     def make(overrides: dict[str, Any] | None = None,
              participants: tuple[str, ...] = ("p01",), name: str = "study.db") -> StudySetup:
-        made.append(build_study(tmp_path_factory.mktemp("study"), overrides, participants, name))
+        made.append(build_study(tmp_path_factory.mktemp("study"), overrides, participants, name,
+                                module_new_db(name)))
         return made[-1]
 
     yield make

@@ -11,6 +11,9 @@ import pytest
 
 from instrumentation.proxy import serve_proxy
 
+# Recording and reading back are storage paths: run them on SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_backends
+
 MODEL = "flowtrial-sim-1"
 
 

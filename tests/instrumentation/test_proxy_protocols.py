@@ -17,6 +17,9 @@ from instrumentation.proxy.upstream import MockUpstream
 from tests.instrumentation.proxy_servers import ScriptedUpstream, chat_stream, sse
 from tests.instrumentation.servers import run_asgi_server
 
+# Recording and reading back are storage paths: run them on SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_backends
+
 MODEL = "flowtrial-sim-1"
 MSG = [{"role": "system", "content": "be brief"},
        {"role": "user", "content": "write a python function that reverses a list"}]

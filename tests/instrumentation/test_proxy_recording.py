@@ -17,6 +17,9 @@ from study.storage import RecordWriter, StorageError, WriteBatch
 from tests.instrumentation.proxy_servers import closed_port, silent_server
 from tests.instrumentation.servers import run_asgi_server
 
+# Recording and reading back are storage paths: run them on SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_backends
+
 MODEL = "flowtrial-sim-1"
 MSG = [{"role": "user", "content": "write a python class for a stack"}]
 

@@ -1,9 +1,11 @@
-"""Schema round-trip on SQLite, version and study checks, the group-commit writer."""
+"""Schema round-trip, version and study checks, the group-commit writer — on SQLite and on a
+real PostgreSQL server (``both_backends``)."""
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,6 +18,8 @@ from study.schema import SCHEMA_VERSION, Cycle, Event, Meta
 from study.storage import RecordWriter, StorageError, WriteBatch, init_db, open_db
 
 from .conftest import make_config
+
+pytestmark = pytest.mark.both_backends
 
 
 def cycle_row(pid: str, i: int) -> dict:
@@ -30,16 +34,18 @@ def cycle_row(pid: str, i: int) -> dict:
     }
 
 
-def test_schema_round_trip(tmp_path: Path) -> None:
+def test_schema_round_trip(new_db: Callable[[str], str | Path]) -> None:
+    where = new_db("s.db")
     cfg = make_config()
-    db = init_db(tmp_path / "s.db", cfg)
+    db = init_db(where, cfg)
     p, key, _ = enroll(db, cfg, "p01")
-    with db.engine.connect() as c:
-        assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+    if db.engine.dialect.name == "sqlite":
+        with db.engine.connect() as c:
+            assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
     writer = RecordWriter(db.engine)
     writer.write(WriteBatch(Cycle, [cycle_row("p01", 1)]))
     writer.close()
-    again = open_db(tmp_path / "s.db")
+    again = open_db(where)
     with again.session() as s:
         c = s.get(Cycle, "c000001")
         assert c is not None and c.t_last_sent_ns == 9_000_000_000_001  # 64-bit ns survive
@@ -56,27 +62,32 @@ def test_schema_round_trip(tmp_path: Path) -> None:
     assert participant_by_key(again, "sk-not-ours") is None
 
 
-def test_other_schema_version_is_refused(tmp_path: Path) -> None:
-    db = init_db(tmp_path / "s.db", make_config())
+def test_other_schema_version_is_refused(new_db: Callable[[str], str | Path]) -> None:
+    where = new_db("s.db")
+    db = init_db(where, make_config())
     with db.engine.begin() as c:
         c.execute(text("UPDATE meta SET value = '99' WHERE key = 'schema_version'"))
     with pytest.raises(StorageError, match="schema version 99, but this flowtrial uses"):
-        open_db(tmp_path / "s.db")
+        open_db(where)
 
 
-def test_missing_database_and_wrong_study(tmp_path: Path) -> None:
-    with pytest.raises(StorageError, match="no such database"):
-        open_db(tmp_path / "none.db")
-    init_db(tmp_path / "s.db", make_config())
+def test_missing_database_and_wrong_study(new_db: Callable[[str], str | Path]) -> None:
+    where = new_db("s.db")
+    missing = where.rsplit("/", 1)[0] + "/nonexistent" if isinstance(where, str) else (
+        where.parent / "none.db")
+    with pytest.raises(StorageError, match="no such database|cannot open the database"):
+        open_db(missing)
+    init_db(where, make_config())
     with pytest.raises(StorageError, match="belongs to study 'flow-threshold-pilot'"):
-        init_db(tmp_path / "s.db", make_config(name="other"))
+        init_db(where, make_config(name="other"))
     with pytest.raises(StorageError, match="changed since this database was created"):
-        init_db(tmp_path / "s.db", make_config(seed=5))
+        init_db(where, make_config(seed=5))
 
 
-def test_duplicate_enrollment_and_bad_ids(tmp_path: Path) -> None:
+def test_duplicate_enrollment_and_bad_ids(new_db: Callable[[str], str | Path]) -> None:
+    where = new_db("s.db")
     cfg = make_config()
-    db = init_db(tmp_path / "s.db", cfg)
+    db = init_db(where, cfg)
     enroll(db, cfg, "p01")
     with pytest.raises(EnrollmentError, match="already enrolled"):
         enroll(db, cfg, "p01")
@@ -84,9 +95,10 @@ def test_duplicate_enrollment_and_bad_ids(tmp_path: Path) -> None:
         enroll(db, cfg, "alice@example.com")
 
 
-def test_group_commit_from_many_threads(tmp_path: Path) -> None:
+def test_group_commit_from_many_threads(new_db: Callable[[str], str | Path]) -> None:
+    where = new_db("s.db")
     cfg = make_config()
-    db = init_db(tmp_path / "s.db", cfg)
+    db = init_db(where, cfg)
     enroll(db, cfg, "p01")
     writer = RecordWriter(db.engine)
     futures = []
@@ -111,27 +123,29 @@ def test_group_commit_from_many_threads(tmp_path: Path) -> None:
     assert writer.commits < 1000  # rows queued during a commit share the next one
 
 
-def test_failed_write_fails_only_its_own_future(tmp_path: Path) -> None:
+def test_failed_write_fails_only_its_own_future(new_db: Callable[[str], str | Path]) -> None:
+    where = new_db("s.db")
     cfg = make_config()
-    db = init_db(tmp_path / "s.db", cfg)
+    db = init_db(where, cfg)
     enroll(db, cfg, "p01")
     writer = RecordWriter(db.engine)
     good = writer.submit(WriteBatch(Cycle, [cycle_row("p01", 1)]))
     bad = writer.submit(WriteBatch(Cycle, [cycle_row("nobody", 2)]))  # FK violation
     dup = writer.submit(WriteBatch(Cycle, [cycle_row("p01", 1)]))  # primary-key clash
     good.result(10)
-    with pytest.raises(Exception, match="FOREIGN KEY"):
+    with pytest.raises(Exception, match="FOREIGN KEY|foreign key"):
         bad.result(10)
-    with pytest.raises(Exception, match="UNIQUE"):
+    with pytest.raises(Exception, match="UNIQUE|duplicate key"):
         dup.result(10)
     writer.close()
     with pytest.raises(StorageError, match="closed"):
         writer.submit(WriteBatch(Cycle, [])).result(1)
 
 
-def test_idempotent_event_insert(tmp_path: Path) -> None:
+def test_idempotent_event_insert(new_db: Callable[[str], str | Path]) -> None:
+    where = new_db("s.db")
     cfg = make_config()
-    db = init_db(tmp_path / "s.db", cfg)
+    db = init_db(where, cfg)
     enroll(db, cfg, "p01")
     writer = RecordWriter(db.engine)
     ev = {"participant_id": "p01", "kind": "focus_out", "ts_ns": 1, "source": "activitywatch",
@@ -143,9 +157,11 @@ def test_idempotent_event_insert(tmp_path: Path) -> None:
         assert s.execute(select(func.count()).select_from(Event)).scalar_one() == 1
 
 
-def test_group_commit_merges_rows_but_keeps_tables_in_order(tmp_path: Path) -> None:
+def test_group_commit_merges_rows_but_keeps_tables_in_order(
+        new_db: Callable[[str], str | Path]) -> None:
     """Rows of many items share one INSERT per table and column set; a parent queued before
     its children (participant, then its assignment) is still inserted first."""
+    where = new_db("s.db")
     from study.schema import Assignment, Participant
     from study.storage import _merge
 
@@ -161,7 +177,7 @@ def test_group_commit_merges_rows_but_keeps_tables_in_order(tmp_path: Path) -> N
     assert [(b.table, len(b.rows)) for b in merged] == [
         (Participant, 1), (Event, 2), (Assignment, 1), (Event, 1)]
     cfg = make_config()
-    db = init_db(tmp_path / "s.db", cfg)
+    db = init_db(where, cfg)
     writer = RecordWriter(db.engine)
     writer.write(WriteBatch(Participant, [part]), WriteBatch(Event, [ev1]),
                  WriteBatch(Assignment, [assign]), WriteBatch(Event, [ev2]))

@@ -1,0 +1,1 @@
+"""Alembic migrations of the study database schema (see ``study.migrate``)."""

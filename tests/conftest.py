@@ -1,0 +1,87 @@
+"""Fixtures for running storage, proxy and analysis tests on both SQLite and PostgreSQL.
+
+A test (or module, via ``pytestmark``) marked ``both_backends`` that uses the ``backend``
+fixture — directly or through ``new_db``/``make_study`` — runs once per backend. The
+PostgreSQL server is real (Debian's binaries, see ``tests/pg_server.py``), started once per
+session on first use.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.pg_server import PgServer, start_server
+
+BACKENDS = ("sqlite", "postgresql")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "both_backends: run the test on SQLite and on a real PostgreSQL server")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("both_backends") is None:
+        return
+    if "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", BACKENDS, indirect=True)
+    if "module_backend" in metafunc.fixturenames:
+        metafunc.parametrize("module_backend", BACKENDS, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """A throwaway PostgreSQL cluster for the whole session."""
+    try:
+        server = start_server()
+    except RuntimeError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(str(exc))  # CI installs PostgreSQL: not having it is a failure
+        pytest.skip(str(exc))
+    yield server
+    server.remove()
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    """``sqlite`` unless the test is parametrized over both backends."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture(scope="module")
+def module_backend(request: pytest.FixtureRequest) -> str:
+    """Like ``backend``, for module-scoped fixtures (one shared database per backend)."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture(scope="module")
+def module_new_db(module_backend: str, tmp_path_factory: pytest.TempPathFactory,
+                  request: pytest.FixtureRequest) -> Callable[[str], str | Path]:
+    """``new_db`` for module-scoped fixtures."""
+
+    def make(name: str = "study.db") -> str | Path:
+        if module_backend == "postgresql":
+            server: PgServer = request.getfixturevalue("pg_server")
+            return server.new_database()
+        return tmp_path_factory.mktemp("db") / name
+
+    return make
+
+
+@pytest.fixture
+def new_db(backend: str, tmp_path: Path,
+           request: pytest.FixtureRequest) -> Callable[[str], str | Path]:
+    """``new_db(name)``: where to put a new, empty study database on this test's backend —
+    a file path in ``tmp_path`` for SQLite, a fresh database's URL for PostgreSQL."""
+
+    def make(name: str = "study.db") -> str | Path:
+        if backend == "postgresql":
+            server: PgServer = request.getfixturevalue("pg_server")
+            return server.new_database()
+        return tmp_path / name
+
+    return make
