@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
-from sqlalchemy import Integer, and_, case, cast, func, select
+from sqlalchemy import and_, case, func, select
 from sqlalchemy.sql import ColumnElement
 
 from dashboards.filters import Filters
@@ -267,7 +267,7 @@ def team_weekly(url: str, fresh: tuple[int, ...], scale: float, idle_limit_s: fl
            - Cycle.t_request_ns) / float(NS)
     wait = func.coalesce(Cycle.t_last_sent_ns - Cycle.t_request_ns, 0) / float(NS)
     base = select(Cycle.id.label("id"), group.label("who"),
-                  cast((wall + MONDAY_SHIFT_NS) / WEEK_NS, Integer).label("week"),
+                  ((wall + MONDAY_SHIFT_NS) // WEEK_NS).label("week"),
                   wait.label("wait"), gap.label("gap")).subquery()
     limit = idle_limit_s / scale
     active = case((and_(base.c.gap.is_not(None), base.c.gap <= limit), base.c.gap),
@@ -282,7 +282,8 @@ def team_weekly(url: str, fresh: tuple[int, ...], scale: float, idle_limit_s: fl
            .join(Event, Event.cycle_id == base.c.id)
            .where(Event.kind.in_(list(DECISIONS)), base.c.id.in_(filt))
            .group_by(base.c.who, base.c.week))
-    ev_week = cast((Event.ts_ns + MONDAY_SHIFT_NS) / WEEK_NS, Integer)
+    # // is integer division on both backends (CAST(x / y AS INTEGER) rounds on PostgreSQL).
+    ev_week = (Event.ts_ns + MONDAY_SHIFT_NS) // WEEK_NS
     sw_parts = [Event.kind == "focus_out"]
     if f.participants:
         sw_parts.append(Event.participant_id.in_(f.participants))
@@ -293,9 +294,11 @@ def team_weekly(url: str, fresh: tuple[int, ...], scale: float, idle_limit_s: fl
             sq = (select(Event.participant_id, ev_week.label("w"), func.count())
                   .where(*sw_parts).group_by(Event.participant_id, "w"))
         else:  # a switch belongs to the model of the cycle it interrupted, if any
-            sq = (select(func.coalesce(Cycle.model, "unknown"), ev_week.label("w"), func.count())
+            # Group by the label: PostgreSQL sees two coalesce(…, $n) as different expressions.
+            sq = (select(func.coalesce(Cycle.model, "unknown").label("m"), ev_week.label("w"),
+                         func.count())
                   .join(Cycle, Cycle.id == Event.cycle_id).where(*sw_parts)
-                  .group_by(func.coalesce(Cycle.model, "unknown"), "w"))
+                  .group_by("m", "w"))
         ds = _frame(conn.execute(sq), ["who", "week", "switches"])
     if df.empty:
         return pd.DataFrame(columns=["week", "who", "cycles", "hours_active", "waiting_share",
@@ -321,7 +324,7 @@ def team_weekly(url: str, fresh: tuple[int, ...], scale: float, idle_limit_s: fl
 @st.cache_data(show_spinner=False, max_entries=32)
 def participant_days(url: str, fresh: tuple[int, ...], participant: str) -> list[str]:
     """UTC days on which ``participant`` sent at least one request (ISO dates)."""
-    day = cast(wall_request() / DAY_NS, Integer).label("d")
+    day = (wall_request() // DAY_NS).label("d")
     q = select(day).where(Cycle.participant_id == participant).group_by(day).order_by(day)
     with database(url).engine.connect() as conn:
         days = [int(d) for d in conn.execute(q).scalars()]

@@ -95,7 +95,8 @@ def persistence(
             n = compute_persistence(database, threshold=threshold, window_s=window_s)
             with database.engine.connect() as conn:
                 rows = conn.execute(text(
-                    "SELECT interval_s, count(*), sum(persisted), avg(score) FROM persistence "
+                    "SELECT interval_s, count(*), sum(CASE WHEN persisted THEN 1 ELSE 0 END), "
+                    "avg(score) FROM persistence "
                     "GROUP BY interval_s ORDER BY interval_s")).all()
         finally:
             database.dispose()

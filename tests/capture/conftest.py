@@ -41,7 +41,7 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 @dataclass
 class Study:
     config: StudyConfig
-    db: Path
+    db: Path | str  # a SQLite file, or a PostgreSQL URL (``both_backends`` tests)
     database: Database
     keys: dict[str, str] = field(default_factory=dict)
 
@@ -73,11 +73,12 @@ class Study:
 
 def build(directory: Path, overrides: dict[str, Any] | None = None,
           participants: tuple[str, ...] = ("p01",),
-          working_apps: dict[str, list[str]] | None = None) -> Study:
+          working_apps: dict[str, list[str]] | None = None,
+          where: str | Path | None = None) -> Study:
     data = merge({"study": {"name": "capture-test", "design": "parallel"},
                   "arms": [{"name": "team"}]}, overrides or {})
     config = parse_study(data)
-    db = directory / "study.db"
+    db = where if where is not None else directory / "study.db"
     database = init_db(db, config)
     keys = {pid: enroll(database, config, pid,
                         working_apps=(working_apps or {}).get(pid))[1] for pid in participants}
@@ -85,7 +86,9 @@ def build(directory: Path, overrides: dict[str, Any] | None = None,
 
 
 @pytest.fixture
-def make_study(tmp_path: Path) -> Iterator[Callable[..., Study]]:
+def make_study(tmp_path: Path, new_db: Callable[[str], str | Path]
+               ) -> Iterator[Callable[..., Study]]:
+    """Studies in ``tmp_path`` — or on the PostgreSQL test server for ``both_backends``."""
     made: list[Study] = []
 
     def make(overrides: dict[str, Any] | None = None,
@@ -93,7 +96,7 @@ def make_study(tmp_path: Path) -> Iterator[Callable[..., Study]]:
              working_apps: dict[str, list[str]] | None = None) -> Study:
         d = tmp_path / f"s{len(made)}"
         d.mkdir()
-        made.append(build(d, overrides, participants, working_apps))
+        made.append(build(d, overrides, participants, working_apps, new_db(f"{d}/study.db")))
         return made[-1]
 
     yield make

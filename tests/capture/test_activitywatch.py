@@ -22,6 +22,9 @@ from instrumentation.activitywatch import (
 from instrumentation.capture_commands import import_activitywatch as import_command
 from tests.capture.conftest import NS, T0, T0_NS, AwServer, aw_bucket, write_export
 
+# Capture writes and reads the study database: run on SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_backends
+
 # (seconds after T0, duration, data) — a morning in miniature.
 WINDOW_EVENTS = [
     (0, 60, {"app": "Code", "title": "app.py — project"}),

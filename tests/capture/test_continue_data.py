@@ -13,6 +13,9 @@ from starlette.applications import Starlette
 from instrumentation.continue_data import CONTINUE_PATH, continue_routes, map_continue_event
 from tests.instrumentation.servers import run_asgi_server
 
+# Capture writes and reads the study database: run on SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_backends
+
 NS = 1_000_000_000
 ANSWER = (
     "    for attempt in range(retries):\n"

@@ -16,6 +16,9 @@ from instrumentation.participant_page import COOKIE, PREFIX, participant_routes
 from study.participants import assignments_for
 from tests.instrumentation.servers import run_asgi_server
 
+# Capture writes and reads the study database: run on SQLite and PostgreSQL.
+pytestmark = pytest.mark.both_backends
+
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CROSSOVER = {
