@@ -294,6 +294,9 @@ def continue_routes(
             obj = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             return _error(400, f"the request body is not valid JSON: {exc}", "invalid_json")
+        except RecursionError:
+            return _error(400, "the request body is JSON nested too deeply to read",
+                          "invalid_json")
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return _error(422, "expected Continue's data body {\"name\", \"data\", \"schema\", "
                                "…}", "invalid_events")

@@ -145,7 +145,7 @@ def export(
     fmt: Annotated[str, typer.Option("--format", help="csv or parquet.")] = "csv",
     deidentify: Annotated[
         bool,
-        typer.Option("--deidentify", help="Drop content, hash titles and participant ids."),
+        typer.Option("--deidentify", help="Drop content and titles; pseudonymize ids."),
     ] = False,
 ) -> None:
     """Export every table as CSV or Parquet (keys and their hashes are never exported)."""
@@ -162,6 +162,21 @@ def export(
     for name, n in counts.items():
         t.add_row(name, str(n))
     console.print(t)
+
+
+@app.command()
+def migrate(db: DbOpt) -> None:
+    """Upgrade a study database made by an older flowtrial to this version's schema (opening
+    it does this too; run it once before starting several proxies on one database)."""
+    from study.migrate import migrate_database
+    from study.storage import database_url, display_url
+
+    before, after = migrate_database(db)
+    where = display_url(database_url(db))
+    if before == after:
+        console.print(f"{where}: already at schema version {after}; nothing to do.")
+    else:
+        console.print(f"{where}: upgraded from schema version {before} to {after}.")
 
 
 def _register_package_commands() -> None:

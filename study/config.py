@@ -14,7 +14,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from study.errors import FlowtrialError
 from study.questionnaire import QuestionnaireSection
@@ -187,6 +194,21 @@ class ProxySection(_Strict):
     port: int = Field(default=8787, ge=0, le=65535)
     max_body_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
     keepalive_s: float = Field(default=5.0, gt=0)
+    # The *name* of the variable holding the admin token (GET /flowtrial/v1/admin/...);
+    # unset variable = admin endpoints disabled. Never the token itself.
+    admin_token_env: str = "FLOWTRIAL_ADMIN_TOKEN"
+
+    @field_validator("admin_token_env")
+    @classmethod
+    def _check_admin_env(cls, name: str) -> str:
+        if SECRET_RE.search(name):
+            raise ValueError(
+                "looks like a token itself: put the *name* of the environment variable that "
+                "holds the admin token (e.g. FLOWTRIAL_ADMIN_TOKEN), never the token"
+            )
+        if not ENV_VAR_RE.match(name):
+            raise ValueError("must be an environment variable name like FLOWTRIAL_ADMIN_TOKEN")
+        return name
 
 
 class StudyConfig(_Strict):

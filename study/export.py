@@ -1,11 +1,25 @@
-"""`flowtrial export`: every table to CSV or Parquet, optionally de-identified."""
+"""`flowtrial export`: every table to CSV or Parquet, optionally de-identified.
+
+De-identified (``--deidentify``): no content (prompt and answer text and fingerprints, task
+descriptions, error texts, the study file as written), no titles, URLs, file or project names
+(event payloads keep only an allow-list of fields: app and category names, statuses, counts,
+fractions and flags), no raw identifiers: participant ids, cycle ids, connection ids, task
+names, Continue completion ids and the recording proxy's host are replaced by pseudonyms
+(``h_`` + a keyed hash), the upstream's response ids and the events' dedupe keys (which embed
+ids and host names) are dropped. The pseudonyms are keyed by a random secret drawn for each
+export and never written anywhere, so they cannot be reversed by hashing candidate ids; the
+same id gets the same pseudonym in every table of one export, so joins still work.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import re
+import secrets
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pandas as pd
 
@@ -16,28 +30,43 @@ from study.storage import Database
 CONTENT_COLUMNS = {"prompt_text", "content_text", "prompt_fingerprint", "content_fingerprint",
                    "error", "config_toml", "description"}
 SECRET_COLUMNS = {"key_hash", "key_salt", "key_id"}
-ID_COLUMNS = {"participant_id", "checked_against"}
-TITLE_KEYS = {"title", "url", "file", "project", "text", "accepted_text", "completion"}
+# Raw identifiers: pseudonymized (kept joinable) in a de-identified export.
+ID_COLUMNS = {"participant_id", "checked_against", "cycle_id", "connection_id", "recorded_by"}
+ID_COLUMNS_OF = {"participants": {"id"}, "cycles": {"id"}, "tasks": {"name"}}
+# Dropped from a de-identified export: ids of other systems, keys that embed ids and hosts.
+DROP_COLUMNS = {"upstream_response_id", "dedupe_key", "working_apps_json"}
+# Event payload fields kept (as text) in a de-identified export; anything else is dropped,
+# except numbers and booleans under plain field names (counts, fractions, flags).
+PAYLOAD_TEXT_KEYS = {"app", "category", "status", "page", "continue_event", "model", "link"}
+PAYLOAD_ID_KEYS = {"completion_id", "cycle_id"}
+_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_MAX_TEXT = 200
 
 
-def _pseudo(value: object, salt: str) -> object:
+def _pseudo(value: object, salt: bytes) -> object:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return value
-    return "h_" + hashlib.sha256(f"{salt}:{value}".encode()).hexdigest()[:12]
+    return "h_" + hmac.new(salt, str(value).encode(), hashlib.sha256).hexdigest()[:16]
 
 
-def _deidentify_payload(raw: object, salt: str) -> object:
+def _deidentify_payload(raw: object, salt: bytes) -> object:
     if not isinstance(raw, str) or not raw:
-        return raw
+        return None
     try:
         data = json.loads(raw)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None
-    if isinstance(data, dict):
-        for k in list(data):
-            if k in TITLE_KEYS:
-                data[k] = _pseudo(data[k], salt)
-    return json.dumps(data, sort_keys=True)
+    if not isinstance(data, dict):
+        return None
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if k in PAYLOAD_ID_KEYS and isinstance(v, str | int):
+            out[k] = _pseudo(v, salt)
+        elif k in PAYLOAD_TEXT_KEYS and isinstance(v, str) and len(v) <= _MAX_TEXT:
+            out[k] = v
+        elif isinstance(v, bool | int | float) and _PLAIN_KEY.match(k):
+            out[k] = v
+    return json.dumps(out, sort_keys=True) if out else None
 
 
 def export_tables(
@@ -45,25 +74,27 @@ def export_tables(
     out_dir: Path,
     fmt: Literal["csv", "parquet"] = "csv",
     deidentify: bool = False,
+    salt: bytes | None = None,
 ) -> dict[str, int]:
-    """Write one file per table; returns rows written per table."""
+    """Write one file per table; returns rows written per table.
+
+    ``salt``: the pseudonym key of a de-identified export (default: a fresh random one, so
+    pseudonyms differ between exports and cannot be recomputed from the data).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
-    st = database.study()
-    salt = f"{st.name}:{st.created_at.isoformat()}" if st else "flowtrial"
+    key = salt if salt is not None else secrets.token_bytes(32)
     counts: dict[str, int] = {}
     for model in TABLES:
         table = model.__table__  # type: ignore[attr-defined]
         df = pd.read_sql_table(table.name, database.engine)
         df = df.drop(columns=[c for c in SECRET_COLUMNS if c in df.columns])
         if deidentify:
-            df = df.drop(columns=[c for c in CONTENT_COLUMNS if c in df.columns])
-            for c in ID_COLUMNS & set(df.columns):
-                df[c] = df[c].map(lambda v: _pseudo(v, salt))
-            if table.name == "participants":
-                df["id"] = df["id"].map(lambda v: _pseudo(v, salt))
-                df = df.drop(columns=["working_apps_json"], errors="ignore")
+            df = df.drop(columns=[c for c in CONTENT_COLUMNS | DROP_COLUMNS if c in df.columns])
+            for c in (ID_COLUMNS | ID_COLUMNS_OF.get(table.name, set())) & set(df.columns):
+                df[c] = df[c].map(lambda v: _pseudo(v, key)).astype(object)
             if "payload_json" in df.columns:
-                df["payload_json"] = df["payload_json"].map(lambda v: _deidentify_payload(v, salt))
+                df["payload_json"] = df["payload_json"].map(
+                    lambda v: _deidentify_payload(v, key)).astype(object)
         path = out_dir / f"{table.name}.{fmt}"
         if fmt == "csv":
             df.to_csv(path, index=False)

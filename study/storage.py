@@ -323,8 +323,10 @@ class RecordWriter:
                 for b in _merge([b for it in items for b in it.batches]):
                     insert_batch(conn, b)
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the callers
-            if len(items) > 1:
-                # One bad item must not fail its neighbours: retry them one by one.
+            if len(items) > 1 and not isinstance(exc, OperationalError):
+                # One bad item must not fail its neighbours: retry them one by one. Not when
+                # the database itself failed (locked, full, gone): each retry would wait out
+                # the busy timeout again before the callers hear anything.
                 for it in items:
                     self._commit([it])
                 return

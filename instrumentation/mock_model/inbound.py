@@ -82,6 +82,9 @@ def decode_body(body: bytes) -> dict[str, Any]:
         raise RequestError(
             f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
         ) from exc
+    except RecursionError:
+        raise RequestError("The JSON body of your request is nested too deeply.",
+                           code="invalid_json") from None
     if not isinstance(data, dict):
         raise RequestError("The request body must be a JSON object.", code="invalid_json")
     return data
@@ -89,7 +92,10 @@ def decode_body(body: bytes) -> dict[str, Any]:
 
 def parse_turn(protocol: Protocol, data: dict[str, Any]) -> Turn:
     """Validate a decoded body of `protocol` and reduce it to a Turn."""
-    return _PARSERS[protocol](data)
+    try:
+        return _PARSERS[protocol](data)
+    except RecursionError:  # content nested deeper than the stack: the client's fault
+        raise RequestError("The request is nested too deeply.", code="invalid_value") from None
 
 
 # ---------------------------------------------------------------------------- helpers

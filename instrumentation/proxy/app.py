@@ -5,7 +5,9 @@ Routes: one per protocol adapter (``POST /v1/chat/completions``, ``/v1/completio
 (:mod:`instrumentation.proxy.websocket`), ``POST /v1/messages/count_tokens`` (authenticated,
 passed to the Anthropic upstream, not a cycle: no answer to shape), ``GET /v1/models``
 (authenticated, arm-neutral), ``POST /flowtrial/v1/events`` (authenticated),
-``GET /flowtrial/v1/health`` and ``GET``/``HEAD /`` (open; Claude Code probes ``HEAD /``).
+``GET /flowtrial/v1/health`` and ``GET``/``HEAD /`` (open; Claude Code probes ``HEAD /``),
+``GET /flowtrial/v1/openapi.json`` (open) and ``GET /flowtrial/v1/admin/…`` (admin token,
+:mod:`instrumentation.proxy.admin`).
 Unknown paths get 404 and every error comes back in the protocol's own error shape (OpenAI's
 by default, Anthropic's on the Messages paths).
 """
@@ -21,6 +23,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from sqlalchemy.exc import OperationalError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -29,7 +32,10 @@ from starlette.routing import Route
 
 from instrumentation.continue_data import continue_routes
 from instrumentation.participant_page import participant_routes
+from instrumentation.proxy.admin import admin_routes
 from instrumentation.proxy.events_api import EventsRejected, accept_events
+from instrumentation.proxy.health import RETRY_AFTER_S, UNAVAILABLE_MESSAGE
+from instrumentation.proxy.openapi import openapi_routes
 from instrumentation.proxy.protocols import (
     ADAPTERS,
     MessagesAdapter,
@@ -108,6 +114,8 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
         st = _state(request)
         st.requests += 1
         adapter = adapter_cls()
+        if not st.recorder.gate.ok:
+            return _unavailable(st, adapter)
         participant = st.auth.cached(request.headers) or await st.auth.authenticate(
             request.headers)
         if participant is None:
@@ -124,6 +132,10 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
         except (ValueError, UnicodeDecodeError) as exc:
             st.errors += 1
             return _error(400, f"the request body is not valid JSON: {exc}",
+                          code="invalid_json", adapter=adapter)
+        except RecursionError:
+            st.errors += 1
+            return _error(400, "the request body is JSON nested too deeply to read",
                           code="invalid_json", adapter=adapter)
         if not isinstance(obj, dict):
             st.errors += 1
@@ -174,6 +186,14 @@ async def count_tokens(request: Request) -> Response:
     except _BodyTooLarge:
         st.errors += 1
         return _too_large(st.max_body_bytes, adapter)
+    try:  # forwarded as is, but only a JSON object (the protocol's shape) goes upstream
+        ok = isinstance(json.loads(body), dict)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        ok = False
+    if not ok:
+        st.errors += 1
+        return _error(400, "the request body must be a JSON object (Anthropic count_tokens "
+                           "request)", code="invalid_json", adapter=adapter)
     upstream = st.upstreams.for_family("anthropic")
     if upstream is None:
         return _error(501, "this proxy has no upstream for Anthropic Messages: add "
@@ -207,6 +227,8 @@ async def events(request: Request) -> Response:
     """``POST /flowtrial/v1/events``: see :mod:`instrumentation.proxy.events_api`."""
     st = _state(request)
     st.requests += 1
+    if not st.recorder.gate.ok:
+        return _unavailable(st)
     participant = await st.auth.authenticate(request.headers)
     if participant is None:
         st.errors += 1
@@ -224,8 +246,26 @@ async def events(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    """Liveness and load, no authentication (no participant data in it)."""
-    return _json(200, {"status": "ok", **_state(request).snapshot()})
+    """Liveness and load, no authentication (no participant data in it); 503 while the
+    database gate is tripped (the proxy is refusing requests)."""
+    st = _state(request)
+    gate = st.recorder.gate
+    body = {"status": "ok" if gate.ok else "unavailable", **st.snapshot(),
+            "database": gate.snapshot()}
+    if gate.ok:
+        return _json(200, body)
+    return _json(503, body, {"retry-after": str(RETRY_AFTER_S)})
+
+
+def _unavailable(st: ProxyState, adapter: ProtocolAdapter | None = None) -> Response:
+    """503 + Retry-After while the database gate is tripped (:mod:`.health`): a request the
+    proxy could not record is refused rather than served."""
+    st.errors += 1
+    st.recorder.gate.refused += 1
+    body = (adapter.error_body(UNAVAILABLE_MESSAGE, "server_error", "database_unavailable")
+            if adapter else openai_error(UNAVAILABLE_MESSAGE, "server_error",
+                                         "database_unavailable"))
+    return _json(503, body, {"retry-after": str(RETRY_AFTER_S)})
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -237,8 +277,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
                            "WebSocket), /v1/messages, /v1/models and /flowtrial/v1/events",
                       code="unknown_url", adapter=adapter)
     if exc.status_code == 405:
-        return _error(405, f"method {request.method} not allowed on {request.url.path}",
+        resp = _error(405, f"method {request.method} not allowed on {request.url.path}",
                       code="method_not_allowed", adapter=adapter)
+        resp.headers.update(exc.headers or {})  # Allow: the methods it takes (RFC 9110)
+        return resp
     return _error(exc.status_code, str(exc.detail), adapter=adapter)
 
 
@@ -262,6 +304,11 @@ class ProxyApp(Starlette):
                 request = Request(scope, receive, send)
                 try:
                     response = await endpoint(request)
+                except OperationalError as exc:  # a database read (key, arm) failed
+                    st = self.state.proxy
+                    st.recorder.gate.trip(exc)
+                    response = _unavailable(st, MessagesAdapter() if scope["path"].startswith(
+                        "/v1/messages") else None)
                 except Exception:  # noqa: BLE001 - a bug before the exchange: answer 500
                     log.exception("request to %s failed", scope["path"])
                     response = _error(500, "flowtrial proxy error: see the proxy's log",
@@ -274,8 +321,10 @@ class ProxyApp(Starlette):
 def create_proxy_app(database: Database, config: StudyConfig, *,
                      writer: RecordWriter | None = None,
                      upstream: Upstream | UpstreamRouter | None = None,
-                     grace_s: float = GRACE_S) -> Starlette:
+                     grace_s: float = GRACE_S, instance: str | None = None) -> Starlette:
     """The proxy app for ``config`` recording into ``database``.
+
+    ``instance`` names this proxy in ``cycles.recorded_by`` (default ``host:pid``).
 
     ``writer``: a RecordWriter to share (its owner closes it); by default the app makes its
     own at startup and drains and closes it at shutdown. ``upstream``: an Upstream (serves
@@ -294,7 +343,7 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         own_writer = writer is None
         w = writer if writer is not None else make_writer(database)
-        state = ProxyState(database, config, w, router)
+        state = ProxyState(database, config, w, router, instance=instance)
         app.state.proxy = state
         await router.start()
         # A full collection walks every object the imports made (~140k: numpy, SQLAlchemy,
@@ -307,6 +356,7 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
         finally:
             if not await state.wait_idle(grace_s):
                 log.warning("%d cycle(s) still open at shutdown", len(state.open_cycles))
+            await state.recorder.gate.close()  # rows held through an outage: a last try
             await router.stop()
             state.arms.close()
             if own_writer:
@@ -323,5 +373,7 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
     ]
     # Capture endpoints served by the proxy: decisions from Continue, the participant page.
     routes += [*continue_routes(database, config), *participant_routes(database, config)]
+    # Read-only admin endpoints (admin token) and the OpenAPI document of /flowtrial/v1.
+    routes += [*admin_routes(database, config), *openapi_routes()]
     return ProxyApp(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error}, fast=fast)

@@ -27,6 +27,11 @@ def proxy(
         int | None,
         typer.Option("--port", help="Port to listen on (default: proxy.port, 8787; 0 = any)."),
     ] = None,
+    instance: Annotated[
+        str | None,
+        typer.Option("--instance", help="Name recorded with each cycle (cycles.recorded_by) "
+                     "when several proxies share one database (default: host:pid)."),
+    ] = None,
 ) -> None:
     """Run the latency-shaping proxy: point participants' assistants at the URL it prints."""
     import asyncio
@@ -62,7 +67,7 @@ def proxy(
     database = init_db(db, config, study.read_text(encoding="utf-8"))
     url = base_url_of(sock)
     writer = make_writer(database)
-    app = create_proxy_app(database, config, writer=writer)
+    app = create_proxy_app(database, config, writer=writer, instance=instance)
     server = make_server(app, GRACE_S)
     out = Console()
     err = Console(stderr=True)

@@ -16,6 +16,11 @@ released, never re-split, never delayed by the floor — and counted in ``tool_c
 not part of the text timeline (TTFT, pace, ``tokens_sent``). Everything else (structure,
 usage, unknown event types) goes out on arrival; ``all_at_once`` holds everything from the
 first text on.
+
+A stream the upstream breaks ends with the protocol's error event after what was already
+sent, and the cycle is ``upstream_error``: the connection dies or stalls (``UpstreamError``), an
+event's data is not JSON, or the body ends before the final event. SSE blocks without data
+(a bare ``id:`` / ``retry:``) are dropped; comments pass.
 """
 
 from __future__ import annotations
@@ -227,6 +232,17 @@ class CycleRun:
                 arrival, batch = got
                 for ev, c in batch:
                     kind = c.kind
+                    if kind is Kind.OTHER and c.obj is None and ev.data and ev.data.strip():
+                        # Data that is not JSON (cut short, garbage): clients would choke on
+                        # it, so the stream ends here with the protocol's error event. The
+                        # data itself is not quoted: it may be answer content.
+                        raise UpstreamError(502, "upstream sent a malformed event (its data "
+                                                 "is not JSON): the answer is cut there")
+                    if kind is Kind.OTHER and ev.data is None and not ev.raw.startswith(b":"):
+                        # No data: not an event of any of these protocols (a bare `id:` or
+                        # `retry:`, junk); the openai SDK would choke on it. Comments (upstream
+                        # keep-alives) still pass.
+                        continue
                     self._note(c)
                     if kind is Kind.TERMINAL:
                         terminal = (ev, c)
@@ -259,6 +275,12 @@ class CycleRun:
             if terminal is not None:
                 await src.drain()
             await src.close()
+        if terminal is None and not tail and rec.status == "ok":
+            # The upstream ended cleanly but early (a close-delimited body cut, a chunked body
+            # ended before [DONE] / message_stop / response.completed): not a complete answer.
+            rec.status = "upstream_error"
+            rec.error = "upstream ended the stream without its final event"
+            tail = adapter.error_event(rec.error, "server_error", "upstream_error")
         if hold is not None and pacer is not None:
             _, completion = adapter.usage_counts(rec.usage)
             due = pacer.due_all(completion if completion is not None else hold_tokens)

@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from sqlalchemy import bindparam, text
 
 from instrumentation.proxy.state import ProxyState
@@ -26,12 +34,27 @@ from study.storage import WriteBatch, utcnow
 __all__ = ["ClientEvent", "EventBatch", "EventsRejected", "accept_events", "parse_batch"]
 
 MAX_EVENTS = 1000
+MAX_PAYLOAD_DEPTH = 32
 EventKind = Literal[
     "accept", "reject", "partial_accept", "edit", "focus_out", "focus_in", "afk_start",
     "afk_end", "task_start", "task_end", "custom",
 ]
 _MIN_TS = datetime(2000, 1, 1, tzinfo=UTC).timestamp()
 _MAX_TS = datetime(2100, 1, 1, tzinfo=UTC).timestamp()
+_NUMERIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a decoded JSON value, without recursion (no stack to exhaust)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d)
+            if d > MAX_PAYLOAD_DEPTH:
+                break
+            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 class EventsRejected(Exception):
@@ -54,13 +77,34 @@ class ClientEvent(BaseModel):
     kind: EventKind
     ts: datetime | float | None = None
     cycle_id: str | None = Field(default=None, min_length=1, max_length=128)
-    duration_s: float | None = Field(default=None, ge=0)
+    duration_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     payload: dict[str, Any] | None = None
+
+    @field_validator("ts", "duration_s", mode="before")
+    @classmethod
+    def _no_coercion(cls, v: Any) -> Any:
+        # JSON true/false or "123" are not times or durations (lax pydantic would take them).
+        if isinstance(v, bool):
+            raise ValueError("must be a number, not true/false")
+        if isinstance(v, str) and _NUMERIC.match(v.strip()):
+            raise ValueError("give epoch seconds as a JSON number, or an ISO-8601 time")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> ClientEvent:
         if isinstance(self.ts, float | int) and not _MIN_TS <= float(self.ts) <= _MAX_TS:
             raise ValueError("ts: epoch seconds out of range (expected seconds since 1970)")
+        if isinstance(self.ts, datetime):
+            # Out-of-range times would overflow the 64-bit ns column: refuse them here (422).
+            ts = self.ts if self.ts.tzinfo is not None else self.ts.replace(tzinfo=UTC)
+            try:
+                seconds = ts.timestamp()
+            except (OverflowError, ValueError, OSError):
+                seconds = float("nan")
+            if not _MIN_TS <= seconds <= _MAX_TS:
+                raise ValueError("ts: time out of range (expected a time between 2000 and 2100)")
+        if self.payload and _depth(self.payload) > MAX_PAYLOAD_DEPTH:
+            raise ValueError(f"payload: nested deeper than {MAX_PAYLOAD_DEPTH} levels")
         if self.kind == "partial_accept":
             p = self.payload or {}
             chars, frac = p.get("accepted_chars"), p.get("accepted_fraction")
@@ -116,6 +160,9 @@ def parse_batch(body: bytes) -> EventBatch:
     except (ValueError, UnicodeDecodeError) as exc:
         raise EventsRejected(400, f"the request body is not valid JSON: {exc}", None,
                              "invalid_json") from None
+    except RecursionError:
+        raise EventsRejected(400, "the request body is JSON nested too deeply to read: send "
+                                  "flat event objects", None, "invalid_json") from None
     try:
         return EventBatch.model_validate(data)
     except ValidationError as exc:

@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from instrumentation.fingerprints import fingerprint_json
+from instrumentation.proxy.health import DatabaseGate, DatabaseUnavailable, is_database_failure
 from instrumentation.proxy.protocols.base import ProtocolAdapter
 from instrumentation.proxy.shaping import VIOLATION_TOLERANCE_MS, Target
 from study.schema import Cycle
@@ -163,11 +164,12 @@ class _LazyRow(Sequence[dict[str, Any]]):
     """A one-row batch whose row (fingerprints included) is built on first use — by the
     writer thread, so the event loop that paces tokens never spends time on it."""
 
-    __slots__ = ("_rec", "_capture", "_row")
+    __slots__ = ("_rec", "_capture", "_by", "_row")
 
-    def __init__(self, rec: CycleRecord, capture: str) -> None:
+    def __init__(self, rec: CycleRecord, capture: str, recorded_by: str | None = None) -> None:
         self._rec = rec
         self._capture = capture
+        self._by = recorded_by
         self._row: dict[str, Any] | None = None
 
     def __len__(self) -> int:
@@ -178,31 +180,63 @@ class _LazyRow(Sequence[dict[str, Any]]):
             raise IndexError(i)
         if self._row is None:
             self._row = self._rec.row(self._capture)
+            self._row["recorded_by"] = self._by
         return self._row
 
 
 class Recorder:
     """Submits cycle rows to the writer and waits until they are durable."""
 
-    def __init__(self, writer: RecordWriter, capture: str) -> None:
+    def __init__(self, writer: RecordWriter, capture: str,
+                 recorded_by: str | None = None) -> None:
         self.writer = writer
         self.capture = capture
+        #: Which proxy process records (cycles.recorded_by): several may share one database.
+        self.recorded_by = recorded_by
         self.recorded = 0
         self.failed = 0
         #: Smoothed submit-to-durable time; non-streaming answers submit this much ahead.
         self.commit_ewma_ns = 5_000_000
+        #: Trips when the database fails: new requests are refused, failed rows held.
+        self.gate = DatabaseGate(writer)
 
     async def record(self, rec: CycleRecord) -> None:
-        """Make ``rec`` durable; raises if the write failed (the caller must fail loudly)."""
-        batch = WriteBatch(Cycle, _LazyRow(rec, self.capture))
+        """Make ``rec`` durable; raises if the write failed (the caller must fail loudly).
+
+        A failure that is the database's trips the gate and keeps the row (marked: its client
+        got an error, not the end of the answer) to be written once the database is back;
+        while the gate is tripped the write is not even attempted."""
+        gate = self.gate
+        if not gate.ok:
+            self.failed += 1
+            self._hold(rec)
+            raise DatabaseUnavailable(gate.reason or "the study database is unavailable")
+        batch = WriteBatch(Cycle, _LazyRow(rec, self.capture, self.recorded_by))
         t0 = time.monotonic_ns()
         try:
             await asyncio.wrap_future(self.writer.submit(batch))
-        except Exception:
+        except Exception as exc:
             self.failed += 1
+            if is_database_failure(exc):
+                gate.trip(exc)
+                self._hold(rec)
             raise
         self.commit_ewma_ns += (time.monotonic_ns() - t0 - self.commit_ewma_ns) // 8
         self.recorded += 1
+
+    def _hold(self, rec: CycleRecord) -> None:
+        if rec.status == "ok":
+            rec.status = "error"
+            note = ("the database failed as the answer ended: the client got an error "
+                    "instead of its end; written once the database was back")
+        else:
+            note = "written late: the database failed as the cycle ended"
+        rec.error = f"{rec.error}; {note}" if rec.error else note
+        # A fresh lazy row (built when retried, so it has what the relay sets meanwhile, e.g.
+        # the 503 sent instead of a whole answer), idempotent in case the failed commit did
+        # land after all.
+        self.gate.hold(WriteBatch(Cycle, _LazyRow(rec, self.capture, self.recorded_by),
+                                  ignore_conflicts=True))
 
     def lead_ns(self) -> int:
         """How long before a planned release to submit its row (2x the usual commit time,

@@ -18,6 +18,11 @@ records the cycle:
   ahead of the release (so a client that gives up during the hold is recorded as abandoned)
   and the body is sent once it is durable (else 503);
 - the client's query string (Claude Code's ``?beta=true``) is passed to the upstream;
+- an upstream that breaks the protocol fails loudly (502, recorded ``upstream_error``) rather
+  than hand the client something it cannot parse: a whole answer that is not a JSON object,
+  a streaming request answered without an event stream (one merely labelled ``text/plain``
+  is relayed as the stream it is); an error status with a non-JSON body (a load balancer's
+  HTML page) is wrapped into the protocol's error shape, its headers (``retry-after``) kept;
 - a client disconnect cancels the exchange and records it as ``abandoned`` with what had been
   sent; so does a shutdown that outlasts the grace period.
 """
@@ -28,7 +33,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from instrumentation.proxy.arms import NoAssignmentError
@@ -56,6 +61,16 @@ _BODY = "http.response.body"
 def _status_kind(status: int) -> str:
     """Cycle status for an upstream HTTP error: the client's fault or the upstream's."""
     return "error" if 400 <= status < 500 and status not in (408, 429) else "upstream_error"
+
+
+_SSE_STARTS = (b"data:", b"event:", b"id:", b"retry:", b":")
+
+
+def _is_json_object(body: bytes) -> bool:
+    try:
+        return isinstance(json.loads(body), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def _error_text(body: bytes) -> str:
@@ -166,6 +181,8 @@ class Exchange(CycleRun):
                 await self._forward_error(reply)
             elif reply.is_event_stream:
                 await self._relay_stream(reply)
+            elif self.info.stream and reply.status == 200:
+                await self._relay_unlabelled(reply)
             else:
                 await self._relay_whole(reply)
         finally:
@@ -237,8 +254,51 @@ class Exchange(CycleRun):
         rec.http_status = reply.status
         rec.error = _error_text(body)
         self.state.errors += 1
-        await self._record_then_send(reply.status, body, reply.content_type or "application/json",
-                                     reply.headers)
+        content_type = reply.content_type or "application/json"
+        if not _is_json_object(body):
+            # An HTML page from a load balancer, an empty body ...: the client gets the
+            # protocol's error shape (the upstream's headers, e.g. retry-after, still pass).
+            detail = " ".join(rec.error.split())[:200] or "no body"
+            body = self.adapter.error_body(
+                f"upstream answered HTTP {reply.status}: {detail}", "upstream_error",
+                "upstream_error")
+            content_type = "application/json"
+        await self._record_then_send(reply.status, body, content_type, reply.headers)
+
+    async def _relay_unlabelled(self, reply: UpstreamReply) -> None:
+        """A 200 to a streaming request that is not labelled ``text/event-stream``: relay it
+        as a stream (shaped and recorded) if it is one (some servers send ``text/plain``),
+        else fail with 502 — passing it on would hand the client an answer it cannot parse,
+        unshaped."""
+        rec = self.rec
+        head = b""
+        rest = reply.body.__aiter__()
+        try:
+            while len(head.lstrip()) < 6:
+                chunk = await anext(rest, None)
+                if chunk is None:
+                    break
+                if rec.t_upstream_first_ns is None:
+                    rec.t_upstream_first_ns = _now()
+                head += chunk
+        except UpstreamError as exc:
+            code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
+            await self._fail(exc.status, exc.message, "upstream_error", code)
+            return
+        if not head.lstrip().startswith(_SSE_STARTS):
+            await self._fail(502, "upstream answered a streaming request with "
+                                  f"{reply.content_type or 'no content type'}, not an event "
+                                  "stream", "upstream_error", "upstream_bad_response")
+            return
+
+        async def body() -> AsyncIterator[bytes]:
+            yield head
+            async for chunk in rest:
+                yield chunk
+
+        headers = [(k, v) for k, v in reply.headers if k.lower() != "content-type"]
+        await self._relay_stream(UpstreamReply(
+            reply.status, [("content-type", "text/event-stream"), *headers], body()))
 
     # ------------------------------------------------------------------ streaming
     async def _relay_stream(self, reply: UpstreamReply) -> None:
@@ -265,14 +325,20 @@ class Exchange(CycleRun):
         ready = _now()
         try:
             obj = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             obj = None
-        text = ""
-        if isinstance(obj, dict):
-            info = adapter.read_body(obj)
-            text = info.text
-            rec.usage, rec.tool_calls, rec.upstream_response_id = (
-                info.usage, info.tool_calls, info.response_id)
+        if not isinstance(obj, dict):
+            # Cut short or not JSON: the client could not parse it either (its bytes are not
+            # quoted: they may be answer content).
+            ctype = reply.content_type or "no content type"
+            await self._fail(502, "upstream answered with a body that is not a JSON object "
+                                  f"({len(body)} bytes, {ctype})", "upstream_error",
+                             "upstream_bad_response")
+            return
+        info = adapter.read_body(obj)
+        text = info.text
+        rec.usage, rec.tool_calls, rec.upstream_response_id = (
+            info.usage, info.tool_calls, info.response_id)
         ntok = count_tokens(text) if text else 0
         due = ready
         if pacer is not None:

@@ -98,7 +98,7 @@ class UpstreamReply:
 
     @property
     def is_event_stream(self) -> bool:
-        return self.content_type.startswith("text/event-stream")
+        return self.content_type.lower().startswith("text/event-stream")
 
 
 def forwardable_request_headers(headers: Mapping[str, str] | Any) -> dict[str, str]:
@@ -301,6 +301,7 @@ class _HttpSocket(UpstreamSocket):
 
     async def _connect(self) -> Any:
         from websockets.asyncio.client import connect
+        from websockets.exceptions import InvalidStatus
         from websockets.protocol import State
 
         if self._ws is not None and self._ws.state is State.OPEN:
@@ -313,7 +314,12 @@ class _HttpSocket(UpstreamSocket):
             )
         except TimeoutError:
             raise UpstreamError(504, "upstream WebSocket handshake timed out") from None
-        except Exception as exc:  # noqa: BLE001 - InvalidStatus, OSError, InvalidURI ...
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            # 429 passes on (the client should back off); any other refusal is a bad gateway.
+            raise UpstreamError(429 if status == 429 else 502, "upstream refused the WebSocket "
+                                f"handshake with HTTP {status}") from None
+        except Exception as exc:  # noqa: BLE001 - OSError, InvalidURI ...
             raise UpstreamError(502, f"upstream WebSocket unreachable ({type(exc).__name__}: "
                                      f"{str(exc)[:200]})") from None
         return self._ws
@@ -323,6 +329,7 @@ class _HttpSocket(UpstreamSocket):
         from websockets.exceptions import ConnectionClosed
 
         ws = await self._connect()
+        complete = False
         try:
             await ws.send(json.dumps(message, ensure_ascii=False, separators=(",", ":")))
             while True:
@@ -336,11 +343,25 @@ class _HttpSocket(UpstreamSocket):
                     except (ValueError, AttributeError):
                         kind = None
                     if kind in _TERMINAL_WS:
+                        complete = True
                         return
         except TimeoutError:
             raise UpstreamError(504, "upstream timed out mid-answer (WebSocket)") from None
         except ConnectionClosed as exc:
             raise UpstreamError(502, f"upstream WebSocket closed mid-answer ({exc})") from None
+        finally:
+            if not complete:
+                # A turn left unfinished (timeout, malformed event, client gone): the rest of
+                # its events may still come, and would be read as the next turn's. Drop the
+                # connection (no closing handshake: a stalled peer would not answer it); the
+                # next turn opens a new one.
+                self.abort()
+
+    def abort(self) -> None:
+        """Drop the connection at once (TCP level)."""
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            ws.transport.abort()
 
     async def close(self) -> None:
         ws, self._ws = self._ws, None

@@ -18,6 +18,9 @@ are passed through unshaped and **not recorded**: they produce nothing a partici
 for, and recording them would consume per-prompt draws and muddle turn numbers. They do not
 count as turns.
 
+While the study database is unavailable a generating ``response.create`` gets an ``error``
+message with status 503 (code ``database_unavailable``), and the socket stays open.
+
 Errors are WebSocket ``error`` messages
 (``{"type": "error", "status", "error": {type, code, message, param}}``) and the socket stays
 open: invalid JSON, a message that is not ``response.create``, an oversized message (no cycle
@@ -39,6 +42,7 @@ from starlette.datastructures import Headers
 from instrumentation.proxy.arms import NoAssignmentError
 from instrumentation.proxy.auth import ParticipantInfo
 from instrumentation.proxy.cycle import CycleRun
+from instrumentation.proxy.health import UNAVAILABLE_MESSAGE
 from instrumentation.proxy.protocols.base import JsonFrames, openai_error
 from instrumentation.proxy.protocols.responses import ResponsesSocketAdapter, ws_error
 from instrumentation.proxy.sources import Direct, Prefetch
@@ -168,7 +172,13 @@ class SocketTurn(CycleRun):
         rec.http_status = 101
         kind = Prefetch if self.pacer is not None else Direct
         src = kind(events, adapter, rec, JsonFrames())
-        tail = await self._relay_events(src)
+        try:
+            tail = await self._relay_events(src)
+        finally:
+            # A turn the relay left unfinished must not leave its events to the next turn.
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
         status = adapter.last_error_status
         if rec.status == "upstream_error" and status is not None and 400 <= status < 500:
             rec.status = "error"  # the upstream refused the request: the client's fault
@@ -238,6 +248,12 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
                 await _warmup(conn, message)
                 continue
             state.requests += 1
+            if not state.recorder.gate.ok:  # the database is down: refuse, keep the socket
+                state.errors += 1
+                state.recorder.gate.refused += 1
+                await conn.send(ws_error(UNAVAILABLE_MESSAGE, "server_error",
+                                         "database_unavailable", 503))
+                continue
             turn = SocketTurn(conn, message, t_request)
             current = asyncio.create_task(turn.run())
             try:
@@ -262,6 +278,8 @@ def _check(raw: str, limit: int) -> dict[str, Any] | bytes:
         message = json.loads(raw)
     except ValueError as exc:
         return ws_error(f"the message is not valid JSON: {exc}", code="invalid_json")
+    except RecursionError:
+        return ws_error("the message is JSON nested too deeply to read", code="invalid_json")
     if not isinstance(message, dict) or message.get("type") != "response.create":
         kind = message.get("type") if isinstance(message, dict) else type(message).__name__
         return ws_error(f"unsupported message type {kind!r}: send 'response.create'",

@@ -117,3 +117,16 @@ def test_concurrent_openers_upgrade_once(pg_server: object) -> None:
         t.join(60)
     assert errors == []
     assert schema_diff(url) == []
+
+
+def test_migrate_command(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    shutil.copy(DATA / "v1_study.db", db)
+    runner = CliRunner()
+    first = runner.invoke(app, ["migrate", "--db", str(db)])
+    assert first.exit_code == 0 and "from schema version 1 to 2" in first.output, first.output
+    second = runner.invoke(app, ["migrate", "--db", str(db)])
+    assert second.exit_code == 0 and "nothing to do" in second.output
+    missing = runner.invoke(app, ["migrate", "--db", str(tmp_path / "none.db")])
+    assert missing.exit_code == 2 and "no such database" in missing.output
+    assert not (tmp_path / "none.db").exists()  # nothing written
