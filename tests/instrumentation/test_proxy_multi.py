@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from sqlalchemy import text
 from study.config import load_study
 from study.participants import enroll
 from study.storage import init_db, open_db
-from tests.instrumentation.test_proxy_process import ROOT, wait_healthy
+from tests.instrumentation.test_proxy_process import start_proxy, wait_healthy
 from tests.pg_server import PgServer
 
 STUDY = """
@@ -41,23 +40,9 @@ N_PARTICIPANTS = 12
 
 
 def start(study: Path, url: str, instance: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "instrumentation.proxy", "--study", str(study), "--db", url,
-         "--port", "0", "--instance", instance], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        cwd=ROOT)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("OPENAI_BASE_URL="):
-            base = line.strip().split("=", 1)[1].removesuffix("/v1")
-            wait_healthy(base)
-            return proc, base
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError(f"proxy did not start: {proc.stderr.read() if proc.stderr else ''}")
+    proc, base = start_proxy(study, url, "--instance", instance)
+    wait_healthy(base)
+    return proc, base
 
 
 class Clients:

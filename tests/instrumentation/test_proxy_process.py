@@ -49,11 +49,12 @@ def setup_study(tmp_path: Path, text: str = STUDY) -> tuple[Path, Path, str]:
     return study, db, key
 
 
-def start_proxy(study: Path, db: Path) -> tuple[subprocess.Popen[str], str]:
+def start_proxy(study: Path, db: Path | str, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    """`flowtrial proxy` as a process on a free port (``extra``: more CLI options)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "instrumentation.proxy", "--study", str(study), "--db", str(db),
-         "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+         "--port", "0", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         cwd=ROOT)
     assert proc.stdout is not None
     deadline = time.monotonic() + 60

@@ -18,6 +18,7 @@ from instrumentation.proxy.app import create_proxy_app
 from study.config import StudyConfig, parse_study
 from study.participants import enroll
 from study.storage import Database, init_db
+from tests.instrumentation.conftest import _merge
 
 # The in-process simulated model, as fast as it goes: fuzzing wants many requests.
 FAST_MOCK = {"upstream": {"kind": "mock", "mock": {"tokens_per_second": 1e6, "ttft_ms": 0}}}
@@ -41,13 +42,6 @@ class Study:
 
     def counts(self) -> dict[str, int]:
         return {t: self.count(t) for t in TABLES}
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def make_study(directory: Path, overrides: dict[str, Any] | None = None,
