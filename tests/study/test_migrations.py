@@ -3,6 +3,7 @@ data, and ends up with exactly the schema a new database gets."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from collections.abc import Callable
@@ -54,9 +55,11 @@ def test_database_from_flowtrial_0_1_opens_and_keeps_its_data(tmp_path: Path) ->
     database.dispose()
     assert schema_diff(str(db)) == []
     # The CLI works on it, and opening again changes nothing.
-    res = CliRunner().invoke(app, ["status", "--db", str(db)])
+    res = CliRunner().invoke(app, ["status", "--db", str(db), "--json"])
     assert res.exit_code == 0, res.output
-    assert "p-real" in res.output or "5" in res.output
+    status = json.loads(res.output)
+    assert (status["participants"], status["tasks"]) == (5, 8)
+    assert sum(sum(by_status.values()) for by_status in status["cycles"].values()) == 40
     assert open_db(db).study() is not None
 
 
