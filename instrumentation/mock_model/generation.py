@@ -76,8 +76,10 @@ class Schedule:
         return self.first + k * self.gap
 
     async def sleep_until(self, when: float) -> None:
-        delay = when - time.monotonic()
-        if delay > 0:
+        """Sleep until `when` on the monotonic clock, never waking early."""
+        # Loop because uvloop's timers run off a cached millisecond loop clock and can fire
+        # up to ~1 ms before the deadline; a token must never go out before it is due.
+        while (delay := when - time.monotonic()) > 0:
             # asyncio directly (what uvicorn runs): anyio's first sleep lazily imports its
             # backend, a ~30 ms stall that would land inside the first reply's schedule.
             await asyncio.sleep(delay)

@@ -386,3 +386,22 @@ def test_constructor_rejects_impossible_pacing() -> None:
         MockModel(tokens_per_second=0)
     with pytest.raises(ValueError):
         MockModel(ttft_ms=-1)
+
+
+def test_schedule_never_releases_a_token_early_under_uvloop() -> None:
+    """uvloop (what uvicorn runs) fires timers up to ~1 ms early off its cached clock."""
+    import time
+
+    import uvloop
+
+    from instrumentation.mock_model.generation import Schedule
+
+    async def main() -> list[float]:
+        early = []
+        for i in range(120):
+            when = time.monotonic() + 0.0007 + (i % 7) * 0.0013
+            await Schedule(0.0, 0.0, 1.0).sleep_until(when)
+            early.append(when - time.monotonic())
+        return early
+
+    assert max(uvloop.run(main())) <= 0
