@@ -34,7 +34,7 @@ from typing import Any
 from instrumentation.proxy.auth import ParticipantInfo
 from instrumentation.proxy.protocols.base import Classified, Kind, ProtocolAdapter, RequestInfo
 from instrumentation.proxy.recorder import CycleRecord
-from instrumentation.proxy.shaping import Pacer, sleep_until
+from instrumentation.proxy.shaping import RELEASE_SPIN_NS, Pacer, sleep_until
 from instrumentation.proxy.sources import Direct
 from instrumentation.proxy.state import ProxyState, new_cycle_id
 from instrumentation.proxy.upstream import UpstreamError
@@ -155,12 +155,12 @@ class CycleRun:
                 self._pend_min = due
             self._pend_max = due  # dues only grow within a stream
 
-    async def _wait(self, due: int) -> None:
+    async def _wait(self, due: int, spin_ns: int = 0) -> None:
         """Flush what is pending, then wait for ``due``, keeping the stream alive."""
         if self._out:
             await self._flush()
         if not self.keepalive_frames:
-            await sleep_until(due)
+            await sleep_until(due, spin_ns)
             return
         ka = self.state.keepalive_ns
         while True:
@@ -169,7 +169,7 @@ class CycleRun:
                 return
             next_ka = self.last_write + ka
             if next_ka >= due:
-                await sleep_until(due)
+                await sleep_until(due, spin_ns)
                 return
             if next_ka > now:
                 await sleep_until(next_ka)
@@ -191,7 +191,7 @@ class CycleRun:
             if k == 0 and pacer.base is None:
                 due = pacer.first_due(arrival)
                 if due > _now():
-                    await self._wait(due)
+                    await self._wait(due, RELEASE_SPIN_NS)
                 self._push(raw, piece, width, due)
                 pacer.start(_now())
             else:
@@ -284,7 +284,7 @@ class CycleRun:
         if hold is not None and pacer is not None:
             _, completion = adapter.usage_counts(rec.usage)
             due = pacer.due_all(completion if completion is not None else hold_tokens)
-            await self._wait(due)
+            await self._wait(due, RELEASE_SPIN_NS)
             self._out.extend(hold)
             self._pend_texts, self._pend_tokens = hold_texts, hold_tokens
             self._pend_output, self._pend_min, self._pend_max = True, due, due

@@ -40,7 +40,7 @@ from instrumentation.proxy.arms import NoAssignmentError
 from instrumentation.proxy.auth import ParticipantInfo
 from instrumentation.proxy.cycle import CycleRun
 from instrumentation.proxy.protocols.base import ProtocolAdapter, RequestInfo, SSEParser
-from instrumentation.proxy.shaping import sleep_until
+from instrumentation.proxy.shaping import RELEASE_SPIN_NS, sleep_until
 from instrumentation.proxy.sources import Direct, Prefetch
 from instrumentation.proxy.state import ProxyState
 from instrumentation.proxy.upstream import (
@@ -370,7 +370,7 @@ class Exchange(CycleRun):
                 raise
             await self._send_whole(503, self._recording_failed_body())
             return
-        await sleep_until(release)
+        await sleep_until(release, RELEASE_SPIN_NS)
         if not self.started:
             headers.append((b"content-length", str(len(body)).encode()))
             await self._start(reply.status, headers)

@@ -238,3 +238,37 @@ def test_scripted_stall_mid_stream_is_paced_from_arrival(make_study) -> None:
     r = row(s, g["id"])
     assert r["violation"] and r["violation_ms"] > 200  # the last token was ~280 ms late
     assert 30 <= r["experienced_ttft_ms"] < 45
+
+
+def test_release_spin_is_never_early_and_lets_other_tasks_run() -> None:
+    """The first-token release yields to the loop while it spins: other streams are not
+    starved, and the deadline is never undercut (uvloop timers fire early)."""
+    import asyncio
+
+    import uvloop
+
+    from instrumentation.proxy.shaping import RELEASE_SPIN_NS, sleep_until
+
+    async def main() -> tuple[list[int], int]:
+        ticks = 0
+        stop = False
+
+        async def other() -> None:  # another stream's work during the spin
+            nonlocal ticks
+            while not stop:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        t = asyncio.create_task(other())
+        early = []
+        for i in range(40):
+            deadline = time.monotonic_ns() + RELEASE_SPIN_NS + 300_000 * (i % 5)
+            await sleep_until(deadline, RELEASE_SPIN_NS)
+            early.append(deadline - time.monotonic_ns())
+        stop = True
+        await t
+        return early, ticks
+
+    early, ticks = uvloop.run(main())
+    assert max(early) <= 0
+    assert ticks > 40  # the other task ran many times while the releases spun
