@@ -141,6 +141,43 @@ def mock_model_process(ttft_ms: float = 0.0, tokens_per_second: float = 2000.0
         yield url
 
 
+RELAY = """
+import asyncio, socket, sys
+import uvloop
+
+UP_HOST, UP_PORT = sys.argv[1], int(sys.argv[2])
+
+async def pipe(reader, writer):
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+    finally:
+        writer.close()
+
+async def handle(cr, cw):
+    ur, uw = await asyncio.open_connection(UP_HOST, UP_PORT)
+    await asyncio.gather(pipe(cr, uw), pipe(ur, cw), return_exceptions=True)
+
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    print(f"relay at http://127.0.0.1:{port}/v1", flush=True)
+    await server.serve_forever()
+
+uvloop.run(main())
+"""
+
+
+@contextmanager
+def tcp_relay_process(upstream: str) -> Iterator[Served]:
+    """A bare byte-for-byte TCP relay (uvloop, no HTTP parsing) in front of ``upstream``
+    (``http://host:port/v1``): the floor under any user-space proxy hop on this machine."""
+    host, port = upstream.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    args = [sys.executable, "-c", RELAY, host, port]
+    with _process(args, r"relay at (http://\S+/v1)", ready="/models") as url:
+        yield url
+
+
 TIMER_PROBE = """
 import asyncio, json, os, sys, time
 try:

@@ -7,7 +7,10 @@ model and through the proxy, one request at a time, in randomized pairs, and mea
 time from sending the request to receiving the first content token.
 
 Reported: median and p99 of (through proxy − direct) per pair. Targets: ≤ 1 ms median,
-≤ 3 ms p99.
+≤ 3 ms p99. In the same interleaved run the request also goes through a bare byte-for-byte
+TCP relay (uvloop, no HTTP parsing, its own process): what that adds is the floor under any
+user-space proxy hop on this machine, and ``proxy_minus_relay`` is what flowtrial's own
+work costs on top of it.
 
     python benchmarks/bench_proxy_overhead.py [--pairs 400]
 """
@@ -33,6 +36,7 @@ from benchmarks.bench_proxy_common import (  # noqa: E402
     mock_model_process,
     percentile,
     proxy_process,
+    tcp_relay_process,
     write_study,
 )
 
@@ -91,23 +95,27 @@ def main() -> None:
         study = write_study(d, STUDY.format(base=mock))
         db = d / "bench.db"
         key = enroll_keys(study, db, 1)[0]
-        with proxy_process(study, db, env) as proxy, httpx.Client(timeout=30) as http:
+        with proxy_process(study, db, env) as proxy, tcp_relay_process(mock) as relay, \
+                httpx.Client(timeout=30) as http:
             if args.priority:
-                for pid in (proxy.pid, mock.pid, os.getpid()):
+                for pid in (proxy.pid, mock.pid, relay.pid, os.getpid()):
                     os.setpriority(os.PRIO_PROCESS, pid, args.priority)
-            targets = {"direct": (mock, "sk-any"), "proxy": (proxy + "/v1", key)}
+            targets = {"direct": (mock, "sk-any"), "proxy": (proxy + "/v1", key),
+                       "relay": (relay, "sk-any")}
             for i in range(30):  # warm-up: connections, caches, first-request paths
                 for name in targets:
                     ttft_ms(http, *targets[name], i)
             rng = random.Random(1)
             pairs = []
             for i in range(args.pairs):
-                order = ["direct", "proxy"]
+                order = list(targets)
                 rng.shuffle(order)
                 got = {name: ttft_ms(http, *targets[name], i) for name in order}
                 pairs.append(got)
         inside = breakdown(db)
     diffs = [p["proxy"] - p["direct"] for p in pairs]
+    floor = [p["relay"] - p["direct"] for p in pairs]
+    own = [p["proxy"] - p["relay"] for p in pairs]
     direct = [p["direct"] for p in pairs]
     via = [p["proxy"] for p in pairs]
     print(json.dumps({
@@ -117,6 +125,10 @@ def main() -> None:
         "added_ttft_ms": {"p50": percentile(diffs, 50), "p90": percentile(diffs, 90),
                           "p99": percentile(diffs, 99)},
         "targets": {"p50": 1.0, "p99": 3.0},
+        # The same request through a bare TCP relay: the cost of any extra hop here.
+        "relay_added_ttft_ms": {"p50": percentile(floor, 50), "p90": percentile(floor, 90),
+                                "p99": percentile(floor, 99)},
+        "proxy_minus_relay_ms": {"p50": percentile(own, 50), "p99": percentile(own, 99)},
         # Where the proxy's own time goes (medians, from its cycle rows): request received →
         # upstream's first byte, and first upstream byte → first byte written to the client.
         # The rest of the added time is outside the app: the extra loopback hop and uvicorn.
