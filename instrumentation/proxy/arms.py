@@ -79,6 +79,17 @@ def _readonly_sqlite(database: Database) -> sqlite3.Connection | None:
         return None
 
 
+def _settle(fut: asyncio.Future[int | None], task: asyncio.Future[int | None]) -> None:
+    if fut.done():
+        return
+    if task.cancelled():
+        fut.cancel()
+    elif task.exception() is not None:
+        fut.set_exception(task.exception())  # type: ignore[arg-type]
+    else:
+        fut.set_result(task.result())
+
+
 class ArmResolver:
     """Resolves the arm and latency target of each request."""
 
@@ -145,9 +156,9 @@ class ArmResolver:
     async def resolve(self, pid: str) -> Resolution:
         """The arm, target, period, task and draw for the next request of ``pid``."""
         design = self.config.study.design
-        done, task = self._started_task_fast(pid)
         if design == "crossover":
             # The started task decides the arm: it must be read before the upstream call.
+            done, task = self._started_task_fast(pid)
             if not done:
                 task = await asyncio.to_thread(self._started_task, pid)
             assignments = await self._assignments_for(pid)
@@ -160,11 +171,9 @@ class ArmResolver:
                     period, arm = t_period, t_arm
             arm = arm or self._period0(pid, assignments)
             return Resolution(arm, self._arm_target(arm), period, task[0] if task else None)
-        # Elsewhere the task only labels the cycle: without the fast read, look it up in a
-        # thread alongside the upstream call rather than before it.
-        task_id = task[0] if task else None
-        lookup = None if done else asyncio.ensure_future(
-            asyncio.to_thread(self._started_task_id, pid))
+        # Elsewhere the task only labels the cycle: look it up alongside the upstream call
+        # rather than before it (the read runs once the request is on its way upstream).
+        lookup = self._task_label(pid)
         try:
             if design == "per_prompt":
                 pp = self.config.per_prompt
@@ -173,13 +182,31 @@ class ArmResolver:
                 draw = per_prompt_draw(pp, self.config.study.seed, pid, index)
                 target = Target.for_draw(pp, draw, self.time_scale)
                 return Resolution(PER_PROMPT_ARM, target if target.shaped else None, None,
-                                  task_id, json.dumps(draw, sort_keys=True), lookup)
+                                  None, json.dumps(draw, sort_keys=True), lookup)
             arm = self._period0(pid, await self._assignments_for(pid))
         except BaseException:
-            if lookup is not None:
-                lookup.cancel()
+            lookup.cancel()
             raise
-        return Resolution(arm, self._arm_target(arm), 0, task_id, None, lookup)
+        return Resolution(arm, self._arm_target(arm), 0, None, None, lookup)
+
+    def _task_label(self, pid: str) -> asyncio.Future[int | None]:
+        """The participant's started task id, read on the next turn of the event loop (the
+        fast read) or, when that cannot be done, in a thread."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int | None] = loop.create_future()
+
+        def read() -> None:
+            if fut.done():  # the cycle was cancelled meanwhile
+                return
+            done, task = self._started_task_fast(pid)
+            if done:
+                fut.set_result(task[0] if task else None)
+                return
+            thread = asyncio.ensure_future(asyncio.to_thread(self._started_task_id, pid))
+            thread.add_done_callback(lambda t: _settle(fut, t))
+
+        loop.call_soon(read)
+        return fut
 
     @staticmethod
     def _period0(pid: str, assignments: dict[int, str]) -> str:

@@ -216,6 +216,25 @@ def test_crossover_arm_follows_the_started_task(make_study) -> None:
     assert r2["target_ttft_ms"] == {"a": 10, "b": 20}[periods[1]]
 
 
+@pytest.mark.parametrize("design", ["parallel", "per_prompt"])
+def test_cycles_are_labelled_with_the_started_task(make_study, design: str) -> None:
+    """Outside crossover the task is read alongside the upstream call, not before it: the
+    label must still be the task started when the request came in."""
+    extra = {"per_prompt": {"ttft_ms": {"min": 5, "max": 10}}} if design == "per_prompt" else {}
+    s = make_study({"study": {"design": design}, "upstream": FAST_MOCK, **extra})
+    with serve_proxy(s.db, s.config) as px:
+        before = stream_chat(px.base_url, s.key, 3)["id"]
+        with s.database.session() as session:
+            task = Task(participant_id="p01", name="t1", status="started",
+                        started_at_ns=time.time_ns(), created_at=utcnow())
+            session.add(task)
+            session.commit()
+            tid = task.id
+        during = [stream_chat(px.base_url, s.key, 3)["id"] for _ in range(3)]
+    assert row(s, before)["task_id"] is None
+    assert [row(s, c)["task_id"] for c in during] == [tid] * 3
+
+
 def test_pacer_jitter_preserves_mean_gap() -> None:
     p = Pacer(Target(ttft_ms=100, tokens_per_second=100, jitter=0.5), 0, seed="x")
     n = 20000
