@@ -32,7 +32,10 @@ answer fingerprint contains at least half of the payload's completion text
 With ``level: noCode`` Continue sends no code, so only the id link is possible. No code from
 the payload is stored: the event keeps the Continue event name, completion id, model, how it
 was linked and the similarity. The event time is when the proxy received the post (Continue
-posts as the decision happens). A re-sent payload adds nothing (``dedupe_key``).
+posts as the decision happens). A re-sent payload adds nothing (``dedupe_key``) and is answered
+``{"accepted": 0, "duplicates": 1, …}`` (a new one ``{"accepted": 1, "duplicates": 0, …}``).
+A body over ``proxy.max_body_bytes`` is refused with 413 as soon as its ``Content-Length``
+says so, or as soon as that many bytes have arrived (chunked), without reading the rest.
 """
 
 from __future__ import annotations
@@ -250,6 +253,37 @@ class KeyAuthenticator:
         return p
 
 
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing more than ``limit`` bytes: by its declared length before reading any,
+    else as soon as more has arrived (so an oversized body is never held in memory whole)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise _BodyTooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+_STORED_TS = text("SELECT ts_ns FROM events WHERE dedupe_key = :k")
+
+
+def _is_new(database: Database, row: dict[str, Any]) -> bool:
+    """Whether the stored row for ``row``'s dedupe key is this one (it was new), not an
+    earlier post's (a re-send). Race-free: of concurrent identical posts exactly one row
+    wins, and only its post finds its own receive time."""
+    with database.engine.connect() as conn:
+        stored = conn.execute(_STORED_TS, {"k": row["dedupe_key"]}).scalar()
+    return stored == row["ts_ns"]
+
+
 def _error(status: int, message: str, code: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error",
                                    "param": None, "code": code}}, status)
@@ -286,10 +320,11 @@ def continue_routes(
         if participant is None:
             return _error(401, "missing or unknown flowtrial participant key: set the data "
                                "destination's apiKey to your own key (ft_…)", "invalid_api_key")
-        body = await request.body()
-        if len(body) > limit:
-            return _error(413, f"request body larger than the proxy's limit of {limit} bytes",
-                          "request_too_large")
+        try:
+            body = await _read_body(request, limit)
+        except _BodyTooLarge:
+            return _error(413, f"request body larger than the proxy's limit of {limit} bytes "
+                               "(proxy.max_body_bytes)", "request_too_large")
         try:
             obj = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -314,7 +349,10 @@ def continue_routes(
         except Exception as exc:  # noqa: BLE001 - reported to the client, nothing claimed
             return _error(503, f"the event could not be recorded ({type(exc).__name__})",
                           "recording_failed")
-        return JSONResponse({"accepted": 1, "kind": dec.kind, "cycle_id": row["cycle_id"],
+        # The insert ignores a re-sent payload's conflict; tell the client which it was.
+        new = await asyncio.to_thread(_is_new, database, row)
+        return JSONResponse({"accepted": int(new), "duplicates": int(not new),
+                             "kind": dec.kind, "cycle_id": row["cycle_id"],
                              "link": json.loads(row["payload_json"])["link"]})
 
     return [Route(CONTINUE_PATH, endpoint, methods=["POST"], name="flowtrial_continue")]

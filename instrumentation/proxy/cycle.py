@@ -20,7 +20,13 @@ first text on.
 A stream the upstream breaks ends with the protocol's error event after what was already
 sent, and the cycle is ``upstream_error``: the connection dies or stalls (``UpstreamError``), an
 event's data is not JSON, or the body ends before the final event. SSE blocks without data
-(a bare ``id:`` / ``retry:``) are dropped; comments pass.
+(a bare ``id:`` / ``retry:``) are dropped; comments pass. An upstream ``error`` event that
+ends the stream (an Anthropic ``error``, a Responses WebSocket turn's ``error``) is its final
+event: it too goes out only once the row is durable.
+
+Upstream-derived error text (error events, ``UpstreamError`` messages) has the study's
+upstream keys and the participant's key redacted (:mod:`~instrumentation.proxy.scrub`) before
+it is recorded or relayed.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 from instrumentation.proxy.auth import ParticipantInfo
 from instrumentation.proxy.protocols.base import Classified, Kind, ProtocolAdapter, RequestInfo
 from instrumentation.proxy.recorder import CycleRecord
+from instrumentation.proxy.scrub import Scrubber
 from instrumentation.proxy.shaping import RELEASE_SPIN_NS, Pacer, sleep_until
 from instrumentation.proxy.sources import Direct
 from instrumentation.proxy.state import ProxyState, new_cycle_id
@@ -78,6 +85,7 @@ class CycleRun:
         self._pend_output = False
         self._pend_min: int | None = None
         self._pend_max: int | None = None
+        self._scrubber: Scrubber | None = None
 
     @property
     def cycle_id(self) -> str:
@@ -94,6 +102,18 @@ class CycleRun:
     async def _emit_last(self, frame: bytes) -> None:
         """Send the final frame (possibly empty) and end the answer."""
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ error text
+    def _client_key(self) -> str | None:
+        """The participant's key as their client sent it (redacted from error text)."""
+        return None
+
+    def _scrub(self) -> Scrubber:
+        """Redacts keys from upstream-derived error text; built on first use, so only error
+        paths read the key variables."""
+        if self._scrubber is None:
+            self._scrubber = Scrubber.for_request(self.state.config, self._client_key())
+        return self._scrubber
 
     # ------------------------------------------------------------------ arm and record
     async def _resolve(self) -> None:
@@ -114,6 +134,8 @@ class CycleRun:
             except Exception:  # noqa: BLE001 - a label only; the cycle must still be recorded
                 log.warning("task lookup failed for cycle %s", self.rec.id, exc_info=True)
             self._task_lookup = None
+        if self.rec.error:  # the last stop before cycles.error: no key gets past it
+            self.rec.error = self._scrub().text(self.rec.error)
         await self.state.recorder.record(self.rec)
 
     async def _abandon(self, why: str, status: str = "abandoned", started: bool = True) -> None:
@@ -211,7 +233,7 @@ class CycleRun:
         rec.tool_calls += c.tool_calls
         if c.error is not None:
             rec.status = "upstream_error"
-            rec.error = c.error[:1000]
+            rec.error = self._scrub().text(c.error)[:1000]  # redact before cutting
 
     # ------------------------------------------------------------------ the stream
     async def _relay_events(self, src: Direct) -> bytes:
@@ -220,6 +242,9 @@ class CycleRun:
         rec, adapter, pacer = self.rec, self.adapter, self.pacer
         terminal: tuple[Any, Classified] | None = None
         tail = b""
+        # The upstream's error event, held back: if nothing follows it, it is the stream's
+        # final event and goes out only once the row is durable.
+        held_error: bytes | None = None
         hold: list[bytes] | None = None  # all_at_once: everything from the first text on
         hold_texts: list[str] = []
         hold_tokens = 0
@@ -244,6 +269,9 @@ class CycleRun:
                         # keep-alives) still pass.
                         continue
                     self._note(c)
+                    if held_error is not None:  # more followed the error: pass it on, in order
+                        (hold if hold is not None else self._out).append(held_error)
+                        held_error = None
                     if kind is Kind.TERMINAL:
                         terminal = (ev, c)
                         break
@@ -259,6 +287,8 @@ class CycleRun:
                             hold_tokens += count_tokens(c.text) if c.text else 0
                         else:
                             k = await self._paced(ev, c, k, pacer, arrival)
+                    elif kind is Kind.ERROR:
+                        held_error = self._scrub().raw(adapter.restamp(ev, c))
                     elif hold is not None:
                         hold.append(adapter.restamp(ev, c))
                     else:
@@ -268,13 +298,18 @@ class CycleRun:
                     await self._flush()
         except UpstreamError as exc:
             rec.status = "upstream_error"
-            rec.error = exc.message
+            rec.error = self._scrub().text(exc.message)
             code = "upstream_timeout" if exc.status == 504 else "upstream_error"
-            tail = adapter.error_event(exc.message, "server_error", code)
+            tail = adapter.error_event(rec.error, "server_error", code)
         finally:
             if terminal is not None:
                 await src.drain()
             await src.close()
+        if held_error is not None:
+            if tail:  # the connection broke after the error: both go out, in order
+                (hold if hold is not None else self._out).append(held_error)
+            else:
+                tail = held_error
         if terminal is None and not tail and rec.status == "ok":
             # The upstream ended cleanly but early (a close-delimited body cut, a chunked body
             # ended before [DONE] / message_stop / response.completed): not a complete answer.
@@ -292,6 +327,8 @@ class CycleRun:
             await self._flush()
         if terminal is not None and not tail:
             tail = adapter.restamp(*terminal)
+            if terminal[1].error is not None:  # response.failed quotes the upstream's error
+                tail = self._scrub().raw(tail)
         return tail
 
     async def _finish_stream(self, tail: bytes) -> None:

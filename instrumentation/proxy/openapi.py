@@ -87,6 +87,7 @@ def _components() -> dict[str, Any]:
             "ContinueAccepted": {
                 "type": "object", "required": ["accepted"],
                 "properties": {"accepted": {"type": "integer", "minimum": 0, "maximum": 1},
+                               "duplicates": {"type": "integer", "minimum": 0, "maximum": 1},
                                "ignored": {"type": "string"}, "kind": {"type": "string"},
                                "cycle_id": nullable_str, "link": {"type": "string"}},
             },
@@ -174,7 +175,9 @@ def _schema() -> dict[str, Any]:
                 "requestBody": {"required": True, "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/ContinueData"}}}},
                 "responses": {
-                    "200": _ok("ContinueAccepted", "Recorded (accepted 1) or ignored."),
+                    "200": _ok("ContinueAccepted", "Recorded (accepted 1), a re-send of "
+                                                "one already recorded (duplicates 1) or "
+                                                "ignored."),
                     "400": _error_response("Not JSON."),
                     "401": _error_response("Missing or unknown participant key."),
                     "413": _error_response("Body over proxy.max_body_bytes."),

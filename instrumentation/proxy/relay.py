@@ -24,7 +24,9 @@ records the cycle:
   is relayed as the stream it is); an error status with a non-JSON body (a load balancer's
   HTML page) is wrapped into the protocol's error shape, its headers (``retry-after``) kept;
 - a client disconnect cancels the exchange and records it as ``abandoned`` with what had been
-  sent; so does a shutdown that outlasts the grace period.
+  sent; so does a shutdown that outlasts the grace period;
+- an upstream's error (its error body, a transport failure's message) is relayed and recorded
+  with the study's upstream keys and the participant's own key redacted.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from instrumentation.proxy.arms import NoAssignmentError
-from instrumentation.proxy.auth import ParticipantInfo
+from instrumentation.proxy.auth import ParticipantInfo, key_from_headers
 from instrumentation.proxy.cycle import CycleRun
 from instrumentation.proxy.protocols.base import ProtocolAdapter, RequestInfo, SSEParser
 from instrumentation.proxy.shaping import RELEASE_SPIN_NS, sleep_until
@@ -96,6 +98,9 @@ class Exchange(CycleRun):
         self.path = adapter.path + ("?" + query if query else "")
         self.send: Any = None
         self.started = False  # response headers sent
+
+    def _client_key(self) -> str | None:
+        return key_from_headers(self.headers)
 
     # ------------------------------------------------------------------ sink
     async def _emit(self, frames: list[bytes]) -> None:
@@ -235,6 +240,7 @@ class Exchange(CycleRun):
 
     async def _fail(self, status: int, message: str, type_: str, code: str) -> None:
         rec = self.rec
+        message = self._scrub().text(message)  # may quote the upstream (a close reason ...)
         rec.status = "upstream_error" if status >= 500 else "error"
         rec.http_status = status
         rec.error = message
@@ -250,6 +256,8 @@ class Exchange(CycleRun):
             await self._fail(exc.status, exc.message, "upstream_error", "upstream_error")
             return
         rec.t_upstream_first_ns = _now()
+        # An upstream refusing a key may quote it: redact before recording, cutting or relaying.
+        body = self._scrub().raw(body)
         rec.status = _status_kind(reply.status)
         rec.http_status = reply.status
         rec.error = _error_text(body)

@@ -3,7 +3,9 @@
 :class:`MockUpstream` calls :class:`~instrumentation.mock_model.MockModel` directly (no HTTP,
 no sockets) when ``upstream.kind = "mock"``. :class:`HttpUpstream` streams from a real base
 URL with httpx; its API key is read from the environment variable *named* in the study at
-each request — it is never stored, logged, recorded or echoed. Connection failures become
+each request — it is never stored, logged, recorded or echoed: an error reply (4xx/5xx) that
+quotes it gets it redacted here already, so even the answers relayed outside a cycle
+(``/v1/models``, ``count_tokens``) cannot pass it on. Connection failures become
 :class:`UpstreamError` 502, timeouts 504.
 
 Path mapping follows the SDKs' ``base_url`` conventions: for the OpenAI family the base URL
@@ -31,6 +33,7 @@ from typing import Any
 import httpx
 
 from instrumentation.proxy.http1 import LeanTransport
+from instrumentation.proxy.scrub import Scrubber
 from study.config import StudyConfig
 from study.errors import FlowtrialError
 
@@ -235,10 +238,13 @@ class HttpUpstream(Upstream):
             path = path[3:]
         return self.base_url + path
 
+    def _key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
     def _auth_headers(self) -> dict[str, str]:
         if not self.api_key_env:
             return {}
-        key = os.environ.get(self.api_key_env)
+        key = self._key()
         if not key:
             raise UpstreamError(
                 502, f"the upstream key variable {self.api_key_env} is not set for the proxy"
@@ -282,8 +288,19 @@ class HttpUpstream(Upstream):
                 raise UpstreamError(502, f"upstream connection failed mid-answer "
                                          f"({type(exc).__name__})") from None
 
+        body = chunks()
+        if resp.status_code >= 400:
+            body = _redacted(body, Scrubber([self._key()]))
         return UpstreamReply(resp.status_code, forwardable_response_headers(resp.headers.items()),
-                             chunks(), resp.aclose)
+                             body, resp.aclose)
+
+
+async def _redacted(body: AsyncIterator[bytes], scrub: Scrubber) -> AsyncIterator[bytes]:
+    """An error body whole, with the key redacted (read whole: a key may straddle chunks;
+    error bodies are small and every reader joins them anyway)."""
+    data = b"".join([c async for c in body])
+    if data:
+        yield scrub.raw(data)
 
 
 class _HttpSocket(UpstreamSocket):
@@ -295,6 +312,11 @@ class _HttpSocket(UpstreamSocket):
         self.headers = headers
         self.timeout = timeout
         self._ws: Any = None
+
+    def _key(self) -> str | None:
+        """The key this socket sends (in its handshake headers)."""
+        auth = self.headers.get("authorization", "")
+        return auth[7:] if auth.lower().startswith("bearer ") else None
 
     async def connect(self) -> None:
         await self._connect()
@@ -320,8 +342,10 @@ class _HttpSocket(UpstreamSocket):
             raise UpstreamError(429 if status == 429 else 502, "upstream refused the WebSocket "
                                 f"handshake with HTTP {status}") from None
         except Exception as exc:  # noqa: BLE001 - OSError, InvalidURI ...
+            # Redact before cutting: a cut could leave part of a key the scrub then misses.
+            detail = Scrubber([self._key()]).text(str(exc))[:200]
             raise UpstreamError(502, f"upstream WebSocket unreachable ({type(exc).__name__}: "
-                                     f"{str(exc)[:200]})") from None
+                                     f"{detail})") from None
         return self._ws
 
     async def turn(self, message: dict[str, Any], headers: dict[str, str]

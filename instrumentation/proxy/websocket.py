@@ -25,7 +25,11 @@ Errors are WebSocket ``error`` messages
 (``{"type": "error", "status", "error": {type, code, message, param}}``) and the socket stays
 open: invalid JSON, a message that is not ``response.create``, an oversized message (no cycle
 is recorded), an upstream that cannot be reached (recorded as ``upstream_error``). A client
-that disconnects mid-turn leaves the cycle recorded as ``abandoned``.
+that disconnects mid-turn leaves the cycle recorded as ``abandoned``. A turn the upstream ends
+with an ``error`` event is recorded first; the error goes out once the row is durable (else
+the ``recording_failed`` error instead), like every turn's final event. Upstream error text
+reaches the client and the row with the study's upstream keys and the participant's key
+redacted.
 """
 
 from __future__ import annotations
@@ -40,11 +44,12 @@ from typing import Any
 from starlette.datastructures import Headers
 
 from instrumentation.proxy.arms import NoAssignmentError
-from instrumentation.proxy.auth import ParticipantInfo
+from instrumentation.proxy.auth import ParticipantInfo, key_from_headers
 from instrumentation.proxy.cycle import CycleRun
 from instrumentation.proxy.health import UNAVAILABLE_MESSAGE
 from instrumentation.proxy.protocols.base import JsonFrames, openai_error
 from instrumentation.proxy.protocols.responses import ResponsesSocketAdapter, ws_error
+from instrumentation.proxy.scrub import Scrubber
 from instrumentation.proxy.sources import Direct, Prefetch
 from instrumentation.proxy.state import ProxyState
 from instrumentation.proxy.upstream import (
@@ -69,9 +74,11 @@ class _Connection:
     """One accepted client socket: its sends, its upstream session, its turn counter."""
 
     def __init__(self, state: ProxyState, participant: ParticipantInfo, send: Any,
-                 headers: dict[str, str]) -> None:
+                 headers: dict[str, str], client_key: str | None = None) -> None:
         self.state = state
         self.participant = participant
+        #: The key the client authenticated with: only to redact it from error text.
+        self.client_key = client_key
         self._send = send
         self.id = "conn_" + secrets.token_hex(8)
         self.turns = 0
@@ -114,6 +121,9 @@ class SocketTurn(CycleRun):
                          transport="websocket", turn=conn.turns, connection_id=conn.id)
         self.conn = conn
         self.message = message
+
+    def _client_key(self) -> str | None:
+        return self.conn.client_key
 
     async def _emit(self, frames: list[bytes]) -> None:
         send = self.conn.send
@@ -163,10 +173,11 @@ class SocketTurn(CycleRun):
             await sock.connect()
         except UpstreamError as exc:
             rec.upstream = self.conn.upstream_name
-            rec.status, rec.http_status, rec.error = "upstream_error", exc.status, exc.message
+            message = self._scrub().text(exc.message)
+            rec.status, rec.http_status, rec.error = "upstream_error", exc.status, message
             code = {501: "no_upstream", 504: "upstream_timeout"}.get(exc.status,
                                                                      "upstream_unreachable")
-            await self._finish_stream(ws_error(exc.message, "server_error", code, exc.status))
+            await self._finish_stream(ws_error(message, "server_error", code, exc.status))
             return
         events = sock.turn(self.message, {CYCLE_HEADER: rec.id})
         rec.http_status = 101
@@ -213,7 +224,8 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
             await send({"type": "websocket.close", "code": 1008})
         return
     await send({"type": "websocket.accept"})
-    conn = _Connection(state, participant, send, forwardable_request_headers(headers))
+    conn = _Connection(state, participant, send, forwardable_request_headers(headers),
+                       key_from_headers(headers))
     inbox: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
     current: asyncio.Task[None] | None = None
     turn: SocketTurn | None = None
@@ -288,13 +300,15 @@ def _check(raw: str, limit: int) -> dict[str, Any] | bytes:
 
 
 async def _warmup(conn: _Connection, message: dict[str, Any]) -> None:
-    """Relay a ``generate: false`` warm-up as is (not a cycle: see the module doc)."""
+    """Relay a ``generate: false`` warm-up as is (not a cycle: see the module doc), keys
+    redacted (a handful of small frames, no answer text: an upstream error may quote a key)."""
+    scrub = Scrubber.for_request(conn.state.config, conn.client_key)
     try:
         sock = conn.upstream()
         await sock.connect()
         async for frame in sock.turn(message, {}):
-            await conn.send(frame)
+            await conn.send(scrub.raw(frame))
     except UpstreamError as exc:
         conn.state.errors += 1
         code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-        await conn.send(ws_error(exc.message, "server_error", code, exc.status))
+        await conn.send(ws_error(scrub.text(exc.message), "server_error", code, exc.status))

@@ -101,8 +101,8 @@ def test_linking_by_id_then_text_then_none(served: Any) -> None:
     study, url = served
     k1, k2 = study.keys["p01"], study.keys["p02"]
     by_id = _post(url, k1, autocomplete(True, completion="zzz", completion_id="cmpl-abc"))
-    assert by_id.json() == {"accepted": 1, "kind": "accept", "cycle_id": "c_id",
-                            "link": "completion_id"}
+    assert by_id.json() == {"accepted": 1, "duplicates": 0, "kind": "accept",
+                            "cycle_id": "c_id", "link": "completion_id"}
     by_text = _post(url, k1, autocomplete(False))
     assert by_text.json()["cycle_id"] == "c_new"  # the nearest earlier match, not c_future
     assert by_text.json()["link"] == "text"

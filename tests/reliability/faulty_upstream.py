@@ -17,13 +17,20 @@ body), or, for a WebSocket turn, an ``x_fault`` field in the ``response.create``
 ``json_for_stream`` a streaming request answered with the non-streaming JSON body
 ``badbody``         200 ``application/json`` whose JSON is cut short
 ``status:S``        status S with the protocol's JSON error body and ``retry-after: 7``
+``echo_key:S``      status S with the protocol's JSON error body whose message quotes the API
+                    key the request carried (``Authorization: Bearer`` / ``x-api-key``) and
+                    the request body, as an upstream refusing a key may
+``echo_key_sse:N``  a streaming answer: N events, then the protocol's error event quoting the
+                    key and the request body, then the end of the body
 ``html:S``          status S with an HTML body (what a load balancer sends)
 ``close``           read the request, close without answering
 ``hang``            read the request, never answer (until the peer gives up)
 ``not_http``        answer bytes that are not HTTP
 =================== =========================================================================
 
-For the WebSocket handshake, ``x-fault: status:S`` refuses the upgrade with status S.
+For the WebSocket handshake, ``x-fault: status:S`` refuses the upgrade with status S; a
+turn's ``x_fault: echo_key:N`` sends N events, then an ``error`` event (status 500) quoting
+the handshake's key and the turn's message, and ends the turn there.
 """
 
 from __future__ import annotations
@@ -52,6 +59,39 @@ _REASONS = {200: "OK", 101: "Switching Protocols", 429: "Too Many Requests",
 def _fault_arg(fault: str) -> tuple[str, str]:
     name, _, arg = fault.partition(":")
     return name, arg
+
+
+def _echo(headers: dict[str, str], request: bytes) -> str:
+    """An error message that quotes the key the request carried and the request itself."""
+    auth = headers.get("authorization", "")
+    key = auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key", "")
+    return (f"Incorrect API key provided: {key}. Request was: "
+            f"{request.decode('utf-8', 'replace')}")
+
+
+def _error_json(path: str, status: int, message: str) -> bytes:
+    """The protocol's JSON error body for ``path``."""
+    if path.startswith("/v1/messages"):
+        kind = {401: "authentication_error", 429: "rate_limit_error",
+                529: "overloaded_error"}.get(status, "api_error")
+        return json.dumps({"type": "error", "error": {"type": kind, "message": message}}
+                          ).encode()
+    kind = {401: "invalid_request_error", 429: "rate_limit_exceeded"}.get(status, "server_error")
+    return json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                 "code": "invalid_api_key" if status == 401 else None}}).encode()
+
+
+def _sse_error(path: str, message: str, seq: int) -> bytes:
+    """The protocol's in-stream error event for ``path`` (``seq``: Responses' next number)."""
+    if path.startswith("/v1/messages"):
+        return b"event: error\ndata: " + json.dumps({"type": "error", "error": {
+            "type": "api_error", "message": message}}).encode() + b"\n\n"
+    if path.startswith("/v1/responses"):
+        return b"event: error\ndata: " + json.dumps({
+            "type": "error", "code": "server_error", "message": message, "param": None,
+            "sequence_number": seq}).encode() + b"\n\n"
+    return b"data: " + json.dumps({"error": {"message": message, "type": "server_error",
+                                            "param": None, "code": None}}).encode() + b"\n\n"
 
 
 class FaultyUpstream:
@@ -145,20 +185,13 @@ class FaultyUpstream:
             writer.write(b"this is not HTTP at all\r\n\r\n")
             await writer.drain()
             return False
-        if name in ("status", "html"):
+        if name in ("status", "html", "echo_key"):
             status = int(arg)
             if name == "html":
                 out, ctype = b"<html><body><h1>Bad gateway</h1></body></html>", "text/html"
-            elif path.startswith("/v1/messages"):
-                kind = {429: "rate_limit_error", 529: "overloaded_error"}.get(status, "api_error")
-                out = json.dumps({"type": "error", "error": {
-                    "type": kind, "message": f"scripted {status}"}}).encode()
-                ctype = "application/json"
             else:
-                out = json.dumps({"error": {"message": f"scripted {status}", "type": (
-                    "rate_limit_exceeded" if status == 429 else "server_error"),
-                    "param": None, "code": None}}).encode()
-                ctype = "application/json"
+                message = _echo(headers, body) if name == "echo_key" else f"scripted {status}"
+                out, ctype = _error_json(path, status, message), "application/json"
             self._head(writer, status, ctype, {"content-length": str(len(out)),
                                                "retry-after": "7"})
             writer.write(out)
@@ -218,6 +251,9 @@ class FaultyUpstream:
             if name == "badjson" and sent == n:
                 self._chunk(writer, b'data: {"id": "x", "choices": [{"index": 0, "delta": '
                                     b'{"content": "cut sho\n\n', name)
+            if name == "echo_key_sse" and sent == n:
+                self._chunk(writer, _sse_error(path, _echo(headers, body), n), name)
+                break
             if name == "noise" and sent == n:
                 self._chunk(writer, b": a comment line\n\nid: 17\n\nretry: 100\n\n"
                                     b"junk without a colon\n\n", name)
@@ -302,6 +338,12 @@ class FaultyUpstream:
             n = int(targ) if targ.isdigit() else 0
             sent = 0
             async for event in self.model.respond_ws(message, headers):
+                if tname == "echo_key" and sent == n:
+                    writer.write(_ws_frame(json.dumps({"type": "error", "status": 500, "error": {
+                        "type": "server_error", "code": "server_error", "param": None,
+                        "message": _echo(headers, json.dumps(message).encode())}}).encode()))
+                    await writer.drain()
+                    break
                 if tname in ("die", "stall") and sent == n:
                     if tname == "die":
                         writer.write(b"\x81\x7e\x01\x00" + b'{"type": "resp')  # half a frame
