@@ -155,3 +155,61 @@ def test_tls_upstream(tmp_path: Path) -> None:
         https = url.replace("http://127.0.0.1", "https://localhost")
         with pytest.raises(httpx.ConnectError):  # certificate not trusted: refused
             asyncio.run(untrusted())
+
+
+async def _capture_chat(request: Request) -> Response:
+    """Answers a chat stream gzip-compressed (against the proxy's accept-encoding: identity)
+    and echoes what it received in the first content delta."""
+    import gzip
+    import json
+
+    body = await request.body()
+    seen = {"path": request.url.path, "query": request.url.query,
+            "host": request.headers.get("host"), "auth": request.headers.get("authorization"),
+            "length": request.headers.get("content-length"), "body_ok": len(body) > 0,
+            "accept_encoding": request.headers.get("accept-encoding"),
+            "beta": request.headers.get("openai-beta")}
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": json.dumps(seen)},
+                          "finish_reason": None}]}
+    stream = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+    return Response(gzip.compress(stream), media_type="text/event-stream",
+                    headers={"content-encoding": "gzip"})
+
+
+def test_lean_upstream_request_line_headers_and_compressed_answer(tmp_path, monkeypatch
+                                                                  ) -> None:
+    """HttpUpstream's lean path (no httpx client): the base URL's path, the query, the Host
+    header with its port, the upstream key instead of the participant's, a Content-Length —
+    and a compressed answer decoded for the client."""
+    import json
+
+    from instrumentation.proxy.upstream import HttpUpstream
+
+    app = Starlette(routes=[Route("/base/v1/chat/completions", _capture_chat,
+                                 methods=["POST"])])
+    monkeypatch.setenv("FT_TEST_UPSTREAM_KEY", "sk-upstream-secret-123")
+    with run_asgi_server(app) as url:
+        up = HttpUpstream(url + "/base/v1", "FT_TEST_UPSTREAM_KEY")
+
+        async def go() -> tuple[int, bytes]:
+            try:
+                reply = await up.request(
+                    "POST", "/v1/chat/completions?api-version=2", {
+                        "content-type": "application/json", "openai-beta": "x=1"},
+                    b'{"model": "m", "stream": true}')
+                data = b"".join([c async for c in reply.body])
+                await reply.close()
+                return reply.status, data
+            finally:
+                await up.stop()
+
+        status, data = asyncio.run(go())
+    assert status == 200
+    first = json.loads(data.split(b"\n\n")[0][6:])
+    seen = json.loads(first["choices"][0]["delta"]["content"])
+    assert seen == {"path": "/base/v1/chat/completions", "query": "api-version=2",
+                    "host": url.split("//", 1)[1], "auth": "Bearer sk-upstream-secret-123",
+                    "length": str(len(b'{"model": "m", "stream": true}')), "body_ok": True,
+                    "accept_encoding": "identity", "beta": "x=1"}
+    assert data.endswith(b"data: [DONE]\n\n")
