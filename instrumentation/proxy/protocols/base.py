@@ -75,15 +75,20 @@ class SSEParser:
         self._sep: bytes | None = None
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        return list(self.iter_feed(chunk))
+
+    def iter_feed(self, chunk: bytes) -> Iterator[SSEEvent]:
+        """The events ``chunk`` completes, made one by one as they are taken; the next
+        ``feed`` / ``iter_feed`` / ``flush`` must wait until this one is exhausted."""
         buf = self._buf + chunk if self._buf else chunk
-        out: list[SSEEvent] = []
+        self._buf = b""
         start = 0
         sep = self._sep
         if sep is None:
             found = [(i, s) for s in (b"\n\n", b"\r\n\r\n", b"\r\r") if (i := buf.find(s)) >= 0]
             if not found:
                 self._buf = buf
-                return out
+                return
             sep = self._sep = min(found)[1]
         n = len(sep)
         while True:
@@ -91,10 +96,9 @@ class SSEParser:
             if i < 0:
                 break
             end = i + n
-            out.append(_parse_block(buf[start:end], buf[start:i]))
+            yield _parse_block(buf[start:end], buf[start:i])
             start = end
         self._buf = buf[start:]
-        return out
 
     def flush(self) -> list[SSEEvent]:
         """An unterminated last event at end of stream (some servers omit the blank line)."""
@@ -112,6 +116,9 @@ class JsonFrames:
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         return [SSEEvent(chunk, None, chunk.decode("utf-8", "replace"))]
+
+    def iter_feed(self, chunk: bytes) -> Iterator[SSEEvent]:
+        return iter(self.feed(chunk))
 
     def flush(self) -> list[SSEEvent]:
         return []
