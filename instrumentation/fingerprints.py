@@ -19,6 +19,8 @@ whatever the length (~0.1 ms for a 1 kB answer); the proxy runs it in its writer
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 __all__ = ["K", "W", "fingerprint", "fingerprint_json", "similarity"]
@@ -35,12 +37,17 @@ def _normalize(text: str) -> str:
     return "".join(text.split())
 
 
+_S33, _S32, _S29 = np.uint64(33), np.uint64(32), np.uint64(29)
+_LOW = np.uint64(0xFFFFFFFF)
+
+
 def _mix(h: np.ndarray) -> np.ndarray:
     # One multiply-xorshift round (the first half of murmur3's fmix64): enough to spread the
-    # low input bits into the high 32 bits that are kept.
-    h = h ^ (h >> np.uint64(33))
+    # low input bits into the high 32 bits that are kept. In place: h is a fresh temporary.
+    h ^= h >> _S33
     h *= _M1
-    return h ^ (h >> np.uint64(29))
+    h ^= h >> _S29
+    return h
 
 
 _MASK = (1 << 64) - 1
@@ -66,14 +73,19 @@ def _kgram_hashes(norm: str, k: int) -> np.ndarray:
     """Polynomial hash of every k-gram, mod 2**64, from one prefix sum (a handful of vector
     operations whatever k is): sum_j c_j B^(i+k-1-j) = B^(i+k-1) * (S[i+k] - S[i]) with
     S the prefix sums of c_j * B^-j."""
-    codes = np.frombuffer(norm.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+    # Code points fit in 32 bits (+1 too); multiplying by the uint64 powers widens them.
+    codes = np.frombuffer(norm.encode("utf-32-le"), dtype=np.uint32) + np.uint32(1)
     n = len(codes)
     pw, inv = _powers(n + 1)
     with np.errstate(over="ignore"):
-        prefix = np.zeros(n + 1, dtype=np.uint64)
-        np.cumsum((codes + np.uint64(1)) * inv[:n], out=prefix[1:])
-        h = (prefix[k:] - prefix[: n - k + 1]) * pw[k - 1 : n]
-        return _mix(h) >> np.uint64(32)
+        prefix = np.empty(n + 1, dtype=np.uint64)
+        prefix[0] = 0
+        np.cumsum(np.multiply(codes, inv[:n], dtype=np.uint64), out=prefix[1:])
+        h = prefix[k:] - prefix[: n - k + 1]
+        h *= pw[k - 1 : n]
+        h = _mix(h)
+        h >>= _S32
+        return h
 
 
 def fingerprint(text: str, k: int = K, w: int = W) -> list[int]:
@@ -89,8 +101,9 @@ def fingerprint(text: str, k: int = K, w: int = W) -> list[int]:
         return [int(hashes[len(hashes) - 1 - int(np.argmin(hashes[::-1]))])]
     # Sort key = hash in the high half, *reversed* position in the low half: the minimum key
     # of a window is its smallest hash and, on ties, the rightmost occurrence.
-    low = np.uint64(0xFFFFFFFF)
-    keys = (hashes << np.uint64(32)) | (low - np.arange(len(hashes), dtype=np.uint64))
+    low = _LOW
+    keys = hashes << _S32
+    keys |= low - np.arange(len(hashes), dtype=np.uint64)
     positions = (low - (_sliding_min(keys, w) & low)).astype(np.intp)
     # Rightmost minima never move left as the window slides: dedupe by neighbours.
     keep = np.empty(len(positions), dtype=bool)
@@ -111,9 +124,12 @@ def _sliding_min(x: np.ndarray, w: int) -> np.ndarray:
     return out[:n]
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
 def fingerprint_json(text: str) -> str:
     """The fingerprint as a compact JSON list, as stored on a cycle."""
-    return "[" + ",".join(map(str, fingerprint(text))) + "]"
+    return _JSON.encode(fingerprint(text))
 
 
 def similarity(a: list[int], b: list[int]) -> float:
