@@ -118,11 +118,12 @@ def _process(args: list[str], pattern: str, env: dict[str, str] | None = None,
 
 
 @contextmanager
-def proxy_process(study: Path, db: Path, env: dict[str, str] | None = None
+def proxy_process(study: Path, db: Path, env: dict[str, str] | None = None, *extra: str
                   ) -> Iterator[Served]:
-    """``python -m instrumentation.proxy`` on a free port; yields its base URL."""
+    """``python -m instrumentation.proxy`` on a free port (``extra``: more options); yields
+    its base URL."""
     args = [sys.executable, "-m", "instrumentation.proxy", "--study", str(study), "--db", str(db),
-            "--port", "0"]
+            "--port", "0", *extra]
     with _process(args, r"^OPENAI_BASE_URL=(http://\S+)/v1", env,
                   ready="/flowtrial/v1/health") as url:
         yield url

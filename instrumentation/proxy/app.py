@@ -321,10 +321,15 @@ class ProxyApp(Starlette):
 def create_proxy_app(database: Database, config: StudyConfig, *,
                      writer: RecordWriter | None = None,
                      upstream: Upstream | UpstreamRouter | None = None,
-                     grace_s: float = GRACE_S, instance: str | None = None) -> Starlette:
+                     grace_s: float = GRACE_S, instance: str | None = None,
+                     worker: tuple[int, int] = (0, 1),
+                     page_secret: bytes | None = None) -> Starlette:
     """The proxy app for ``config`` recording into ``database``.
 
     ``instance`` names this proxy in ``cycles.recorded_by`` (default ``host:pid``).
+    ``worker`` = (k, n): this process is worker k of n serving one socket (per-prompt draws
+    are split between them); ``page_secret`` signs participant-page sessions (the workers of
+    one proxy share it, so a login holds whichever worker serves the next request).
 
     ``writer``: a RecordWriter to share (its owner closes it); by default the app makes its
     own at startup and drains and closes it at shutdown. ``upstream``: an Upstream (serves
@@ -343,7 +348,7 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         own_writer = writer is None
         w = writer if writer is not None else make_writer(database)
-        state = ProxyState(database, config, w, router, instance=instance)
+        state = ProxyState(database, config, w, router, instance=instance, worker=worker)
         app.state.proxy = state
         await router.start()
         # A full collection walks every object the imports made (~140k: numpy, SQLAlchemy,
@@ -372,7 +377,8 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
         Route("/flowtrial/v1/health", health, methods=["GET"]),
     ]
     # Capture endpoints served by the proxy: decisions from Continue, the participant page.
-    routes += [*continue_routes(database, config), *participant_routes(database, config)]
+    routes += [*continue_routes(database, config),
+               *participant_routes(database, config, secret=page_secret)]
     # Read-only admin endpoints (admin token) and the OpenAPI document of /flowtrial/v1.
     routes += [*admin_routes(database, config), *openapi_routes()]
     return ProxyApp(routes=routes, lifespan=lifespan,

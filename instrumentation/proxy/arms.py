@@ -5,8 +5,9 @@ call so nothing touches the database between an upstream chunk and the client.
 - ``crossover``: the arm of the period of the participant's currently started task (latest
   ``status = "started"`` row of ``tasks``), else period 0.
 - ``per_prompt``: ``per_prompt_draw`` with a per-participant request index that continues
-  across proxy restarts (initialised from the count of the participant's cycles); the draw is
-  recorded in ``draw_json``.
+  across proxy restarts (past the highest index recorded in the participant's draws); the
+  draw is recorded in ``draw_json``. Worker k of a proxy's n worker processes takes only the
+  indices ≡ k (mod n), so workers never repeat a draw.
 
 An arm without latency settings is unshaped pass-through (team mode).
 """
@@ -61,6 +62,8 @@ _STARTED_TASK_SQL = (
     "ORDER BY started_at_ns IS NULL, started_at_ns DESC, id DESC LIMIT 1"
 )
 _COUNT_CYCLES = text("SELECT count(*) FROM cycles WHERE participant_id = :pid")
+_DRAWS = text("SELECT draw_json FROM cycles WHERE participant_id = :pid "
+              "AND draw_json IS NOT NULL")
 
 
 def _readonly_sqlite(database: Database) -> sqlite3.Connection | None:
@@ -79,6 +82,14 @@ def _readonly_sqlite(database: Database) -> sqlite3.Connection | None:
         return None
 
 
+def _request_index_of(draw_json: str) -> int | None:
+    try:
+        i = json.loads(draw_json).get("request_index")
+    except (ValueError, AttributeError):
+        return None
+    return i if isinstance(i, int) else None
+
+
 def _settle(fut: asyncio.Future[int | None], task: asyncio.Future[int | None]) -> None:
     if fut.done():
         return
@@ -93,8 +104,13 @@ def _settle(fut: asyncio.Future[int | None], task: asyncio.Future[int | None]) -
 class ArmResolver:
     """Resolves the arm and latency target of each request."""
 
-    def __init__(self, database: Database, config: StudyConfig, engine: Engine | None = None):
+    def __init__(self, database: Database, config: StudyConfig, engine: Engine | None = None,
+                 worker: tuple[int, int] = (0, 1)):
         self.database = database
+        #: (index, count) of this process among the proxy's workers: per-prompt request
+        #: indices are split by residue (worker k of n draws only indices ≡ k mod n), so
+        #: workers sharing a participant never repeat a draw.
+        self.worker = worker
         self.config = config
         self.engine = engine if engine is not None else read_engine(database)
         self._ro = _readonly_sqlite(database)
@@ -127,9 +143,15 @@ class ArmResolver:
             return False, None
         return True, ((int(row[0]), row[1], row[2]) if row else None)
 
-    def _count_cycles(self, pid: str) -> int:
+    def _first_index(self, pid: str) -> int:
+        """Where this process's request indices for ``pid`` continue: past every index any
+        process recorded (their draws say which), else past the count of their cycles."""
         with self.engine.connect() as conn:
-            return int(conn.execute(_COUNT_CYCLES, {"pid": pid}).scalar_one())
+            count = int(conn.execute(_COUNT_CYCLES, {"pid": pid}).scalar_one())
+            used = [_request_index_of(d) for (d,) in conn.execute(_DRAWS, {"pid": pid})]
+        base = max([count, *(i + 1 for i in used if i is not None)])
+        k, n = self.worker
+        return base + (k - base) % n  # the first index >= base that is this worker's
 
     async def _assignments_for(self, pid: str) -> dict[int, str]:
         got = self._assignments.get(pid)
@@ -143,9 +165,9 @@ class ArmResolver:
             lock = self._index_locks.setdefault(pid, asyncio.Lock())
             async with lock:
                 if pid not in self._next_index:
-                    self._next_index[pid] = await asyncio.to_thread(self._count_cycles, pid)
+                    self._next_index[pid] = await asyncio.to_thread(self._first_index, pid)
         i = self._next_index[pid]
-        self._next_index[pid] = i + 1
+        self._next_index[pid] = i + self.worker[1]
         return i
 
     def _arm_target(self, arm: str) -> Target | None:

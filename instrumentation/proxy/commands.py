@@ -32,6 +32,12 @@ def proxy(
         typer.Option("--instance", help="Name recorded with each cycle (cycles.recorded_by) "
                      "when several proxies share one database (default: host:pid)."),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option("--workers", help="Worker processes serving the port (each its own event "
+                     "loop): more concurrent streams with precise timing on a multi-core "
+                     "machine. Per-prompt draws never repeat across workers."),
+    ] = 1,
 ) -> None:
     """Run the latency-shaping proxy: point participants' assistants at the URL it prints."""
     import asyncio
@@ -51,12 +57,16 @@ def proxy(
     )
     from instrumentation.proxy.state import close_writer, make_writer
     from instrumentation.proxy.upstream import missing_key_vars
+    from instrumentation.proxy.workers import MAX_WORKERS, run_workers
     from study.config import load_study
     from study.storage import init_db
 
     config = load_study(study)
     if port is not None and not 0 <= port <= 65535:
         raise ProxyCommandError(f"--port {port} is not a port number: use 0-65535")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise ProxyCommandError(f"--workers {workers} is out of range: use 1-{MAX_WORKERS} "
+                                "(about one per CPU core)")
     missing = missing_key_vars(config)
     if missing:
         raise ProxyCommandError(
@@ -66,21 +76,26 @@ def proxy(
     sock = bind_socket(host or config.proxy.host, config.proxy.port if port is None else port)
     database = init_db(db, config, study.read_text(encoding="utf-8"))
     url = base_url_of(sock)
-    writer = make_writer(database)
-    app = create_proxy_app(database, config, writer=writer, instance=instance)
-    server = make_server(app, GRACE_S)
     out = Console()
     err = Console(stderr=True)
     design = config.study.design
     out.print(f"[bold]flowtrial proxy[/bold] for study [bold]{config.study.name}[/bold] "
               f"({design}, upstream {config.upstream.kind}) listening on {url}", soft_wrap=True)
-    out.print("Point each participant's assistant at it, with their own key as the API key:",
-              soft_wrap=True)
-    # Plain prints so scripts (and tests) can read the lines whatever the terminal.
-    print(f"OPENAI_BASE_URL={url}/v1", flush=True)
-    print(f"ANTHROPIC_BASE_URL={url}", flush=True)
-    out.print(f"Events: POST {url}/flowtrial/v1/events   Health: GET {url}/flowtrial/v1/health"
-              "   Stop: Ctrl-C", soft_wrap=True, highlight=False)
+    if workers > 1:
+        database.dispose()  # the workers open their own connections after the fork
+        _print_urls(out, url)
+        try:
+            code = run_workers(db, config, sock, workers, instance=instance, grace_s=GRACE_S,
+                               log=lambda m: err.print(m, soft_wrap=True, highlight=False))
+        finally:
+            sock.close()
+        if code:
+            raise typer.Exit(code)
+        return
+    writer = make_writer(database)
+    app = create_proxy_app(database, config, writer=writer, instance=instance)
+    server = make_server(app, GRACE_S)
+    _print_urls(out, url)
 
     def table() -> Table:
         t = Table(box=None, show_header=True, header_style="bold")
@@ -120,3 +135,16 @@ def proxy(
         s = state.snapshot()
         err.print(f"Stopped after {time.monotonic() - started:.0f} s: {s['requests']} requests, "
                   f"{s['cycles_recorded']} cycles recorded, {s['errors']} errors.")
+
+
+def _print_urls(out: object, url: str) -> None:
+    from rich.console import Console
+
+    assert isinstance(out, Console)
+    out.print("Point each participant's assistant at it, with their own key as the API key:",
+              soft_wrap=True)
+    # Plain prints so scripts (and tests) can read the lines whatever the terminal.
+    print(f"OPENAI_BASE_URL={url}/v1", flush=True)
+    print(f"ANTHROPIC_BASE_URL={url}", flush=True)
+    out.print(f"Events: POST {url}/flowtrial/v1/events   Health: GET {url}/flowtrial/v1/health"
+              "   Stop: Ctrl-C", soft_wrap=True, highlight=False)

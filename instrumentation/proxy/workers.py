@@ -1,0 +1,146 @@
+"""``flowtrial proxy --workers N``: several proxy processes serving one listening socket.
+
+One Python process paces every token of every stream on one event loop; at a few hundred
+concurrent streams that loop is saturated and timing precision goes (the soak benchmark shows
+it). With ``--workers N`` the command binds the socket and prepares the database once, then
+forks N worker processes that each run the whole proxy (its own event loop, record writer and
+upstream connections) on that socket: the kernel hands each new connection to one of them.
+
+- Every worker records into the same database (``cycles.recorded_by`` names it, host:pid);
+  group commit and the database gate work per worker.
+- Per-prompt draws: worker k of n takes only request indices ≡ k (mod n), so two workers
+  serving one participant never repeat a draw (:class:`~instrumentation.proxy.arms.ArmResolver`).
+- Participant-page sessions are signed with one secret made here and shared by the workers,
+  so a login holds whichever worker serves the next request.
+- The supervisor (this process) restarts a worker that dies (a crash, kill -9) and, on
+  SIGINT or SIGTERM, sends SIGTERM once to every worker and waits for their graceful drain.
+  Workers run in their own process group, so a terminal's Ctrl-C reaches them only through
+  the supervisor (twice would make uvicorn cut open streams short).
+
+Health and admin counters are per worker (whichever one answers).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from types import FrameType
+
+from study.config import StudyConfig
+
+__all__ = ["MAX_WORKERS", "run_workers"]
+
+MAX_WORKERS = 64
+#: A worker that exits with an error sooner than this after its start is not restarted (a
+#: start-up failure would only repeat); one killed by a signal is, after a short pause.
+MIN_UPTIME_S = 2.0
+
+
+def _worker_main(db: str, config: StudyConfig, sock: socket.socket, k: int, n: int,
+                 instance: str | None, page_secret: bytes, grace_s: float) -> int:
+    """Run one worker until it is told to stop (in the forked child)."""
+    from instrumentation.proxy.app import create_proxy_app
+    from instrumentation.proxy.server import SWITCH_INTERVAL_S, make_server
+    from instrumentation.proxy.state import close_writer, make_writer
+    from study.storage import open_db
+
+    os.setpgid(0, 0)  # out of the terminal's process group: signals come via the supervisor
+    # Fresh database handles: connections must never be shared across a fork.
+    database = open_db(db)
+    writer = make_writer(database)
+    name = f"{instance}/{k}" if instance else None
+    app = create_proxy_app(database, config, writer=writer, instance=name, worker=(k, n),
+                           page_secret=page_secret)
+    server = make_server(app, grace_s)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        close_writer(writer)
+        database.dispose()
+    return 0
+
+
+def _fork(target: Callable[[], int]) -> int:
+    pid = os.fork()
+    if pid == 0:  # the child never returns into the supervisor's code
+        code = 1
+        try:
+            code = target()
+        except BaseException:  # noqa: BLE001 - report and exit without running parent code
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return pid
+
+
+def run_workers(db: str, config: StudyConfig, sock: socket.socket, n: int, *,
+                instance: str | None, grace_s: float,
+                log: Callable[[str], None]) -> int:
+    """Fork ``n`` workers serving ``sock`` and supervise them until SIGINT/SIGTERM.
+
+    Call with no threads running and no database connection open (they would be forked).
+    Returns the exit code: 0 after a clean stop.
+    """
+    page_secret = os.urandom(32)
+    children: dict[int, tuple[int, float]] = {}  # pid -> (worker index, start time)
+    stopping = False
+
+    def start(k: int) -> None:
+        pid = _fork(lambda: _worker_main(db, config, sock, k, n, instance, page_secret,
+                                         grace_s))
+        children[pid] = (k, time.monotonic())
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        if stopping:
+            return  # once: a second SIGTERM would make a worker cut open streams short
+        stopping = True
+        log(f"stopping {len(children)} worker(s): open streams finish first")
+        for pid in list(children):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    failed = False
+    try:
+        for k in range(n):
+            start(k)
+        log(f"{n} worker processes: " + ", ".join(str(p) for p in children))
+        while children:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                break
+            if pid not in children:
+                continue
+            k, started = children.pop(pid)
+            code = os.waitstatus_to_exitcode(status)
+            if stopping:
+                failed = failed or code != 0
+                continue
+            how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+            young = time.monotonic() - started < MIN_UPTIME_S
+            if young and code > 0:  # it failed by itself at start: it would again
+                log(f"worker {k} (pid {pid}) failed at start ({how}): stopping")
+                failed = True
+                stop(signal.SIGTERM, None)
+                continue
+            log(f"worker {k} (pid {pid}) ended ({how}): starting a new one")
+            if young:
+                time.sleep(0.5)  # killed again and again: do not spin
+            start(k)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return 1 if failed else 0

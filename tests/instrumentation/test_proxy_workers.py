@@ -1,0 +1,171 @@
+"""``flowtrial proxy --workers N``: worker processes on one port, one database, draws that
+never repeat, shared participant sessions, a supervisor that restarts and drains."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from study.config import load_study
+from study.participants import enroll
+from tests.instrumentation.test_proxy_process import setup_study, start_proxy, wait_healthy
+
+PER_PROMPT = """
+[study]
+name = "workers"
+design = "per_prompt"
+seed = 3
+[per_prompt]
+ttft_ms = {min = 60, max = 120}
+tokens_per_second = {min = 200, max = 400}
+[upstream.mock]
+tokens_per_second = 20000
+ttft_ms = 1
+"""
+
+
+def _children(pid: int) -> set[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return {int(p) for p in text.split()}
+
+
+def _wait_children(pid: int, n: int, timeout: float = 30) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        kids = _children(pid)
+        if len(kids) == n:
+            return kids
+        assert time.monotonic() < deadline, f"expected {n} workers, have {kids}"
+        time.sleep(0.05)
+
+
+def _chat(url: str, key: str, i: int) -> str:
+    """One streaming request on a connection of its own (so the kernel picks a worker)."""
+    with httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as c, \
+            c.stream("POST", url + "/v1/chat/completions",
+                     headers={"authorization": f"Bearer {key}"},
+                     json={"model": "flowtrial-sim-1", "stream": True, "max_tokens": 20,
+                           "messages": [{"role": "user", "content": f"python {i}"}]}) as r:
+        assert r.status_code == 200
+        body = "".join(r.iter_text())
+        assert body.rstrip().endswith("data: [DONE]")
+        return r.headers["x-flowtrial-cycle-id"]
+
+
+def test_workers_share_port_database_draws_and_sessions(tmp_path: Path) -> None:
+    study, db, key1 = setup_study(tmp_path, PER_PROMPT)
+    from study.storage import open_db
+
+    database = open_db(db)
+    key2 = enroll(database, load_study(study), "p02")[1]
+    database.dispose()
+    proc, url = start_proxy(study, db, "--workers", "2", "--instance", "site")
+    try:
+        wait_healthy(url)
+        _wait_children(proc.pid, 2)
+        keys = [key1, key2]
+        with ThreadPoolExecutor(16) as pool:  # overlapping streams: both workers get some
+            ids = list(pool.map(lambda i: _chat(url, keys[i % 2], i), range(64)))
+
+        # A participant-page login made on one connection holds on every later one, whichever
+        # worker serves it (the workers share the session secret).
+        page = url + "/flowtrial/participant"
+        with httpx.Client(timeout=10) as c:
+            r = c.post(page + "/login", data={"key": key1})
+            assert r.status_code == 303 and "flowtrial_session" in r.cookies
+            cookie = r.cookies["flowtrial_session"]
+        for _ in range(12):
+            with httpx.Client(timeout=10, cookies={"flowtrial_session": cookie}) as c:
+                home = c.get(page + "/")
+                assert home.status_code == 200 and "p01" in home.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    con = sqlite3.connect(db)
+    marks = ",".join("?" * len(ids))
+    rows = con.execute("SELECT id, participant_id, recorded_by, draw_json, status FROM cycles "
+                       f"WHERE id IN ({marks})", ids).fetchall()
+    con.close()
+    assert len(rows) == 64 and {r[4] for r in rows} == {"ok"}
+    assert {r[2] for r in rows} == {"site/0", "site/1"}  # both workers served
+    for pid in ("p01", "p02"):
+        idx = [(json.loads(r[3])["request_index"], r[2]) for r in rows if r[1] == pid]
+        assert len({i for i, _ in idx}) == len(idx) == 32  # no draw repeated
+        assert all(i % 2 == int(by[-1]) for i, by in idx)  # worker k takes indices ≡ k mod 2
+
+
+def test_supervisor_restarts_a_killed_worker_and_drains_on_sigterm(tmp_path: Path) -> None:
+    study, db, key = setup_study(tmp_path)
+    proc, url = start_proxy(study, db, "--workers", "2")
+    try:
+        wait_healthy(url)
+        first = _wait_children(proc.pid, 2)
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while victim in _children(proc.pid) or len(_children(proc.pid)) < 2:
+            assert time.monotonic() < deadline, "the killed worker was not replaced"
+            time.sleep(0.05)
+        wait_healthy(url)
+        ids = [_chat(url, key, i) for i in range(10)]  # still serving, on both
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert f"worker 0 (pid {victim}) ended (signal 9): starting a new one" in err or \
+        f"worker 1 (pid {victim}) ended (signal 9): starting a new one" in err, err
+    con = sqlite3.connect(db)
+    marks = ",".join("?" * len(ids))
+    n = con.execute(f"SELECT count(*) FROM cycles WHERE id IN ({marks})", ids).fetchone()[0]
+    con.close()
+    assert n == 10
+    assert not any(Path(f"/proc/{p}").exists() for p in first - {victim})  # all stopped
+
+
+def test_draw_indices_continue_past_every_recorded_one(tmp_path: Path) -> None:
+    """After a restart the workers continue past the highest index any worker recorded, even
+    when one worker had served far more than the other (the count of cycles would repeat)."""
+    import asyncio
+
+    from instrumentation.proxy.arms import ArmResolver
+    from study.schema import Cycle
+    from study.storage import open_db, utcnow
+
+    study, db, _ = setup_study(tmp_path, PER_PROMPT)
+    config = load_study(study)
+    database = open_db(db)
+    with database.session() as s:  # worker 0 of 2 served indices 0, 2, 4, 6; worker 1 none
+        for i in (0, 2, 4, 6):
+            s.add(Cycle(id=f"c{i}", participant_id="p01", arm="per_prompt", protocol="chat",
+                        mono_anchor_ns=0, wall_anchor_ns=0, t_request_ns=i,
+                        started_at=utcnow(), draw_json=json.dumps({"request_index": i})))
+        s.commit()
+
+    async def next_indices(worker: tuple[int, int], n: int) -> list[int]:
+        arms = ArmResolver(database, config, worker=worker)
+        try:
+            return [json.loads((await arms.resolve("p01")).draw_json)["request_index"]
+                    for _ in range(n)]
+        finally:
+            arms.close()
+
+    assert asyncio.run(next_indices((0, 2), 3)) == [8, 10, 12]
+    assert asyncio.run(next_indices((1, 2), 3)) == [7, 9, 11]
+    assert asyncio.run(next_indices((0, 1), 2)) == [7, 8]  # one process: past the highest
+    database.dispose()
+
+
+def test_workers_out_of_range_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    from tests.instrumentation.test_proxy_process import run_main
+
+    study, db, _ = setup_study(tmp_path)
+    code, err = run_main(["--study", str(study), "--db", str(db), "--workers", "0"], capsys)
+    assert code == 2 and "--workers 0 is out of range: use 1-64" in err
