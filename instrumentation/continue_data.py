@@ -54,6 +54,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from instrumentation.fingerprints import fingerprint, similarity
+from instrumentation.request_body import BodyTooLarge, read_body
 from study.config import StudyConfig
 from study.participants import participant_by_key
 from study.schema import Event
@@ -253,25 +254,6 @@ class KeyAuthenticator:
         return p
 
 
-class _BodyTooLarge(Exception):
-    pass
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing more than ``limit`` bytes: by its declared length before reading any,
-    else as soon as more has arrived (so an oversized body is never held in memory whole)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
-        raise _BodyTooLarge
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _BodyTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 _STORED_TS = text("SELECT ts_ns FROM events WHERE dedupe_key = :k")
 
 
@@ -321,8 +303,8 @@ def continue_routes(
             return _error(401, "missing or unknown flowtrial participant key: set the data "
                                "destination's apiKey to your own key (ft_…)", "invalid_api_key")
         try:
-            body = await _read_body(request, limit)
-        except _BodyTooLarge:
+            body = await read_body(request, limit)
+        except BodyTooLarge:
             return _error(413, f"request body larger than the proxy's limit of {limit} bytes "
                                "(proxy.max_body_bytes)", "request_too_large")
         try:

@@ -52,6 +52,7 @@ from instrumentation.proxy.upstream import (
     forwardable_request_headers,
 )
 from instrumentation.proxy.websocket import serve_responses_socket
+from instrumentation.request_body import BodyTooLarge, read_body
 from study.config import StudyConfig
 from study.storage import Database, RecordWriter
 
@@ -59,10 +60,6 @@ __all__ = ["GRACE_S", "ProxyApp", "create_proxy_app"]
 
 log = logging.getLogger("flowtrial.proxy")
 GRACE_S = 30.0  # how long shutdown waits for open streams before recording them abandoned
-
-
-class _BodyTooLarge(Exception):
-    pass
 
 
 def _json(status: int, body: bytes | dict[str, Any], headers: dict[str, str] | None = None
@@ -84,20 +81,6 @@ def _unauthorized(adapter: ProtocolAdapter | None = None) -> Response:
         401, "missing or unknown flowtrial participant key: send your own key as the API key "
              "(Authorization: Bearer ft_… or x-api-key)", "invalid_request_error",
         "invalid_api_key", adapter=adapter)
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing more than ``limit`` bytes (declared or streamed)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _BodyTooLarge
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _BodyTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _too_large(limit: int, adapter: ProtocolAdapter | None = None) -> Response:
@@ -122,8 +105,8 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
             st.errors += 1
             return _unauthorized(adapter)
         try:
-            body = await _read_body(request, st.max_body_bytes)
-        except _BodyTooLarge:
+            body = await read_body(request, st.max_body_bytes)
+        except BodyTooLarge:
             st.errors += 1
             return _too_large(st.max_body_bytes, adapter)
         t_request = time.monotonic_ns()
@@ -182,8 +165,8 @@ async def count_tokens(request: Request) -> Response:
         st.errors += 1
         return _unauthorized(adapter)
     try:
-        body = await _read_body(request, st.max_body_bytes)
-    except _BodyTooLarge:
+        body = await read_body(request, st.max_body_bytes)
+    except BodyTooLarge:
         st.errors += 1
         return _too_large(st.max_body_bytes, adapter)
     try:  # forwarded as is, but only a JSON object (the protocol's shape) goes upstream
@@ -234,9 +217,9 @@ async def events(request: Request) -> Response:
         st.errors += 1
         return _unauthorized()
     try:
-        body = await _read_body(request, st.max_body_bytes)
+        body = await read_body(request, st.max_body_bytes)
         n = await accept_events(st, participant.id, body)
-    except _BodyTooLarge:
+    except BodyTooLarge:
         st.errors += 1
         return _too_large(st.max_body_bytes)
     except EventsRejected as exc:
