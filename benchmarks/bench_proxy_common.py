@@ -142,6 +142,26 @@ def mock_model_process(ttft_ms: float = 0.0, tokens_per_second: float = 2000.0
         yield url
 
 
+BENCH_KEY_ENV = "FLOWTRIAL_BENCH_UPSTREAM_KEY"
+
+
+def upstream_section(mock_url: str | None, upstream_tps: float | str = "inf") -> str:
+    """The study's ``[upstream]`` TOML: the simulated model inside the proxy (``mock_url``
+    None), or served over HTTP at ``mock_url`` (``http://host:port/v1``) for both the OpenAI
+    and the Anthropic side, with the key read from :data:`BENCH_KEY_ENV`."""
+    if mock_url is None:
+        return ("[upstream]\nkind = \"mock\"\n[upstream.mock]\n"
+                f"tokens_per_second = {upstream_tps}\nttft_ms = 20\n")
+    root = mock_url.removesuffix("/v1")
+    return (f'[upstream.openai]\nbase_url = "{mock_url}"\napi_key_env = "{BENCH_KEY_ENV}"\n'
+            f'[upstream.anthropic]\nbase_url = "{root}"\napi_key_env = "{BENCH_KEY_ENV}"\n')
+
+
+def upstream_env() -> dict[str, str]:
+    """The environment for a proxy whose upstream is :func:`upstream_section` over HTTP."""
+    return _env() | {BENCH_KEY_ENV: "sk-bench-not-a-real-key"}
+
+
 RELAY = """
 import asyncio, socket, sys
 import uvloop

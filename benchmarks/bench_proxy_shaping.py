@@ -32,31 +32,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
-    _env,
     cpu_seconds,
     enroll_keys,
     mock_model_process,
     percentile,
     proxy_process,
     timer_noise,
+    upstream_env,
+    upstream_section,
     write_study,
 )
 
 CONTENT = re.compile(rb'"content":"[^"]')
 CYCLE = re.compile(rb"x-flowtrial-cycle-id: (\S+)\r\n")
-UPSTREAM_INPROCESS = """
-[upstream]
-kind = "mock"
-[upstream.mock]
-tokens_per_second = {upstream_tps}
-ttft_ms = 20
-"""
-UPSTREAM_HTTP = """
-[upstream]
-kind = "openai"
-base_url = "{base}"
-api_key_env = "FLOWTRIAL_BENCH_UPSTREAM_KEY"
-"""
 STUDY = """
 [study]
 name = "bench-shaping"
@@ -132,10 +120,9 @@ def main() -> None:
         env = None
         if args.upstream == "http":
             mock = stack.enter_context(mock_model_process(20.0, args.upstream_tps))
-            upstream = UPSTREAM_HTTP.format(base=mock)
-            env = _env() | {"FLOWTRIAL_BENCH_UPSTREAM_KEY": "sk-bench-not-a-real-key"}
+            upstream, env = upstream_section(mock), upstream_env()
         else:
-            upstream = UPSTREAM_INPROCESS.format(upstream_tps=args.upstream_tps)
+            upstream = upstream_section(None, args.upstream_tps)
         study = write_study(d, STUDY.format(ttft=args.ttft_ms, tps=args.tps,
                                             upstream=upstream))
         db = d / "bench.db"

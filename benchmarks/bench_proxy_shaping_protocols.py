@@ -32,30 +32,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
-    _env,
     enroll_keys,
     mock_model_process,
     percentile,
     proxy_process,
     timer_noise,
+    upstream_env,
+    upstream_section,
     write_study,
 )
 
-UPSTREAM_INPROCESS = """
-[upstream]
-kind = "mock"
-[upstream.mock]
-tokens_per_second = {upstream_tps}
-ttft_ms = 20
-"""
-UPSTREAM_HTTP = """
-[upstream.openai]
-base_url = "{base}"
-api_key_env = "FLOWTRIAL_BENCH_UPSTREAM_KEY"
-[upstream.anthropic]
-base_url = "{root}"
-api_key_env = "FLOWTRIAL_BENCH_UPSTREAM_KEY"
-"""
 STUDY = """
 [study]
 name = "bench-shaping-protocols"
@@ -169,12 +155,10 @@ def main() -> None:
         d = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         env = None
         if args.upstream == "http":
-            tps = float(args.upstream_tps)
-            mock = stack.enter_context(mock_model_process(20.0, tps))
-            upstream = UPSTREAM_HTTP.format(base=mock, root=mock.removesuffix("/v1"))
-            env = _env() | {"FLOWTRIAL_BENCH_UPSTREAM_KEY": "sk-bench-not-a-real-key"}
+            mock = stack.enter_context(mock_model_process(20.0, float(args.upstream_tps)))
+            upstream, env = upstream_section(mock), upstream_env()
         else:
-            upstream = UPSTREAM_INPROCESS.format(upstream_tps=args.upstream_tps)
+            upstream = upstream_section(None, args.upstream_tps)
         study = write_study(d, STUDY.format(ttft=args.ttft_ms, tps=args.tps,
                                             upstream=upstream))
         db = d / "bench.db"
