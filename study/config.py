@@ -133,6 +133,15 @@ class UpstreamSection(_Strict):
     @model_validator(mode="after")
     def _check(self) -> UpstreamSection:
         _check_endpoint(self.base_url, self.api_key_env)
+        named = [f for f in ("openai", "anthropic") if getattr(self, f) is not None]
+        if "kind" not in self.model_fields_set and (named or self.base_url is not None):
+            # A study that names a real endpoint means it: never fall back to the simulated
+            # model just because `kind` was left out.
+            self.kind = named[0] if named else "openai"
+        elif self.kind == "mock" and (named or self.base_url is not None):
+            what = ", ".join(f"[upstream.{f}]" for f in named) or "base_url"
+            raise ValueError(f'kind = "mock" (the built-in simulated model) would ignore '
+                             f"{what}: remove kind, or set it to the endpoint to use")
         if self.kind != "mock":
             side = getattr(self, self.kind)
             if self.base_url is None and side is None:

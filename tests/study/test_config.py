@@ -143,3 +143,25 @@ def test_randomization_fingerprint_ignores_capture() -> None:
     assert parse_study(d).randomization_fingerprint() == a.randomization_fingerprint()
     d["study"]["seed"] = 1
     assert parse_study(d).randomization_fingerprint() != a.randomization_fingerprint()
+
+
+@pytest.mark.parametrize(("upstream", "kind"), [
+    ({"openai": {"base_url": "https://o/v1", "api_key_env": "K"},
+      "anthropic": {"base_url": "https://a", "api_key_env": "K"}}, "openai"),
+    ({"anthropic": {"base_url": "https://a", "api_key_env": "K"}}, "anthropic"),
+    ({"base_url": "https://o/v1", "api_key_env": "K"}, "openai"),
+    ({}, "mock"),
+])
+def test_named_endpoints_are_used_without_kind(upstream: dict, kind: str) -> None:
+    """A study naming a real endpoint never falls back to the simulated model because
+    `kind` was left out."""
+    d = base()
+    d["upstream"] = upstream
+    assert parse_study(d).upstream.kind == kind
+
+
+def test_explicit_mock_with_named_endpoints_is_refused() -> None:
+    d = base()
+    d["upstream"] = {"kind": "mock", "openai": {"base_url": "https://o/v1", "api_key_env": "K"}}
+    assert problems(d) == ['upstream: kind = "mock" (the built-in simulated model) would ignore '
+                           "[upstream.openai]: remove kind, or set it to the endpoint to use"]
