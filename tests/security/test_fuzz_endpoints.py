@@ -152,18 +152,26 @@ def error_shape(path: str, r: Any) -> None:
     assert isinstance(err["message"], str) and len(err["message"]) > 10
 
 
-def expected_refusal(body: bytes, not_object: int = 400) -> int | None:
-    """The status the proxy itself must answer without forwarding, if any (None: it is a
+def expected_refusal(body: bytes, not_object: int = 400) -> set[int] | None:
+    """The statuses the proxy itself may answer without forwarding, if any (None: it is a
     JSON object; the proxy may forward it, or refuse it as nested too deeply to read).
     ``not_object``: the status for JSON that is not an object (the event API and Continue
-    treat it as a body of the wrong shape, 422)."""
+    treat it as a body of the wrong shape, 422).
+
+    How deep a body the proxy can read depends on its thread's free stack (Hypothesis raises
+    the interpreter's recursion limit while it runs, and this thread is deeper than the
+    app's), so for a body this thread cannot read for depth the proxy may instead read it:
+    then it is judged by its shape."""
     if len(body) > LIMIT:
-        return 413
+        return {413}
     try:
         obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return 400
-    return None if isinstance(obj, dict) else not_object
+    except (ValueError, UnicodeDecodeError):
+        return {400}
+    except RecursionError:
+        # Too deep for this thread: "nested too deeply" (400), or what its shape earns.
+        return {400, not_object} if body.lstrip()[:1] == b"[" else None
+    return None if isinstance(obj, dict) else {not_object}
 
 
 def headers_for(key: str | None, ctype: str | None) -> dict[str, str]:
@@ -211,7 +219,7 @@ def test_protocol_endpoints_survive_any_body(served: Any, path: str, body: bytes
     assert r.status_code < 500, (r.status_code, r.text[:300])
     refusal = expected_refusal(body)
     if refusal is not None:
-        assert r.status_code == refusal, (r.status_code, r.text[:300])
+        assert r.status_code in refusal, (r.status_code, r.text[:300])
     if r.status_code >= 400:
         error_shape(path, r)
     check_rows(study, before, r, path)
@@ -232,7 +240,7 @@ def test_event_api_survives_any_body(served: Any, data: st.DataObject,
     assert r.status_code in (200, 400, 413, 422), (r.status_code, r.text[:300])
     refusal = expected_refusal(body, 422)
     if refusal is not None:
-        assert r.status_code == refusal
+        assert r.status_code in refusal, (r.status_code, r.text[:300])
     if r.status_code != 200:
         error_shape("/flowtrial/v1/events", r)
     elif refusal is None:
@@ -262,7 +270,7 @@ def test_continue_endpoint_survives_any_body(served: Any, data: st.DataObject,
     assert r.status_code in (200, 400, 413, 422), (r.status_code, r.text[:300])
     refusal = expected_refusal(body, 422)
     if refusal is not None:
-        assert r.status_code == refusal
+        assert r.status_code in refusal, (r.status_code, r.text[:300])
     if r.status_code != 200:
         error_shape(CONTINUE_PATH, r)
     else:
