@@ -131,13 +131,20 @@ def test_kill_9_loses_no_stream_the_client_saw_complete(tmp_path: Path) -> None:
         clients = [asyncio.create_task(_stream_forever(host, int(port), key, i, seen, stop))
                    for i in range(streams)]
         deadline = time.monotonic() + 30
-        while sum(seen.values()) < 2 * streams and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        open_now = sum(1 for done in seen.values() if not done)
+
+        def open_now() -> int:
+            return sum(1 for done in seen.values() if not done)
+
+        # Kill at a moment when many streams are open: on a busy machine the clients can
+        # fall into step and all be between requests at once.
+        while (sum(seen.values()) < 2 * streams or open_now() < streams // 2) \
+                and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        open_at_kill = open_now()
         os.kill(proc.pid, signal.SIGKILL)  # mid-traffic: dozens of streams are open
         stop.set()
         await asyncio.wait_for(asyncio.gather(*clients), 20)
-        return open_now
+        return open_at_kill
 
     open_at_kill = asyncio.run(load())
     proc.wait(10)
