@@ -110,6 +110,9 @@ def main() -> None:
     ap.add_argument("--stagger-ms", type=float, default=5.0,
                     help="gap between stream starts (all concurrent after the ramp)")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-quiet-gc", action="store_true",
+                    help="proxy.quiet_gc = false: CPython's own garbage-collection schedule "
+                         "(for an A/B comparison)")
     ap.add_argument("--priority", type=int, default=0,
                     help="nice value for the proxy process (e.g. -10, needs root): measures "
                          "the proxy as if it had a CPU to itself on a busy shared machine")
@@ -123,8 +126,9 @@ def main() -> None:
             upstream, env = upstream_section(mock), upstream_env()
         else:
             upstream = upstream_section(None, args.upstream_tps)
+        extra = "\n[proxy]\nquiet_gc = false\n" if args.no_quiet_gc else ""
         study = write_study(d, STUDY.format(ttft=args.ttft_ms, tps=args.tps,
-                                            upstream=upstream))
+                                            upstream=upstream) + extra)
         db = d / "bench.db"
         keys = enroll_keys(study, db, 10)
         results = []

@@ -142,6 +142,9 @@ def main() -> None:
     ap.add_argument("--upstream-tps", type=str, default="inf")
     ap.add_argument("--stagger-ms", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-quiet-gc", action="store_true",
+                    help="proxy.quiet_gc = false: CPython's own garbage-collection schedule "
+                         "(for an A/B comparison)")
     ap.add_argument("--upstream", choices=["http", "inprocess"], default="inprocess",
                     help="simulated model as a separate HTTP server (as a real API is) or "
                          "inside the proxy process")
@@ -150,7 +153,7 @@ def main() -> None:
     args = ap.parse_args()
     out: dict = {"streams_concurrent": args.streams, "rounds": args.rounds,
                  "target_ttft_ms": args.ttft_ms, "target_tps": args.tps,
-                 "upstream": args.upstream}
+                 "upstream": args.upstream, "quiet_gc": not args.no_quiet_gc}
     with contextlib.ExitStack() as stack:
         d = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         env = None
@@ -159,8 +162,9 @@ def main() -> None:
             upstream, env = upstream_section(mock), upstream_env()
         else:
             upstream = upstream_section(None, args.upstream_tps)
+        extra = "\n[proxy]\nquiet_gc = false\n" if args.no_quiet_gc else ""
         study = write_study(d, STUDY.format(ttft=args.ttft_ms, tps=args.tps,
-                                            upstream=upstream))
+                                            upstream=upstream) + extra)
         db = d / "bench.db"
         keys = enroll_keys(study, db, 10)
         with proxy_process(study, db, env) as url:

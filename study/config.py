@@ -203,6 +203,9 @@ class ProxySection(_Strict):
     port: int = Field(default=8787, ge=0, le=65535)
     max_body_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
     keepalive_s: float = Field(default=5.0, gt=0)
+    # Run the garbage collector's older generations between timed releases rather than
+    # wherever they fall (instrumentation/proxy/quiet_gc.py); off = CPython's own schedule.
+    quiet_gc: bool = True
     # The *name* of the variable holding the admin token (GET /flowtrial/v1/admin/...);
     # unset variable = admin endpoints disabled. Never the token itself.
     admin_token_env: str = "FLOWTRIAL_ADMIN_TOKEN"

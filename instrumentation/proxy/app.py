@@ -42,6 +42,7 @@ from instrumentation.proxy.protocols import (
     ProtocolAdapter,
     openai_error,
 )
+from instrumentation.proxy.quiet_gc import QuietCollector
 from instrumentation.proxy.relay import Exchange
 from instrumentation.proxy.state import ProxyState, close_writer, make_writer
 from instrumentation.proxy.upstream import (
@@ -339,16 +340,24 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
         # misses. Freeze them out of the collector; later garbage is collected as usual.
         gc.collect()
         gc.freeze()
+        collector = QuietCollector() if config.proxy.quiet_gc else None
+        if collector is not None:
+            collector.start()
+            state.collector = collector
         try:
             yield
         finally:
-            if not await state.wait_idle(grace_s):
-                log.warning("%d cycle(s) still open at shutdown", len(state.open_cycles))
-            await state.recorder.gate.close()  # rows held through an outage: a last try
-            await router.stop()
-            state.arms.close()
-            if own_writer:
-                await asyncio.to_thread(close_writer, w)
+            try:
+                if not await state.wait_idle(grace_s):
+                    log.warning("%d cycle(s) still open at shutdown", len(state.open_cycles))
+                await state.recorder.gate.close()  # rows held through an outage: a last try
+                await router.stop()
+                state.arms.close()
+                if own_writer:
+                    await asyncio.to_thread(close_writer, w)
+            finally:
+                if collector is not None:  # after the drain: those streams are shaped too
+                    await collector.stop()
 
     fast = {a.path: _protocol_endpoint(a) for a in ADAPTERS.values()}
     routes = [Route(path, endpoint, methods=["POST"]) for path, endpoint in fast.items()]

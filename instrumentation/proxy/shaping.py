@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from instrumentation.proxy.quiet_gc import precise_release
 from study.config import ArmConfig, PerPromptSection
 
 __all__ = ["RELEASE_SPIN_NS", "Pacer", "Target", "VIOLATION_TOLERANCE_MS", "sleep_until"]
@@ -170,8 +171,17 @@ async def sleep_until(deadline_ns: int, spin_ns: int = 0) -> None:
     """Sleep until the monotonic clock reaches ``deadline_ns`` (never wakes early).
 
     With ``spin_ns``, the last ``spin_ns`` before the deadline are spent yielding to the
-    event loop (other tasks keep running) rather than in a coarse timer.
+    event loop (other tasks keep running) rather than in a coarse timer, and the deadline is
+    announced to the quiet garbage collector so no older-generation collection lands on it.
     """
+    if spin_ns:
+        with precise_release(deadline_ns):
+            await _sleep_until(deadline_ns, spin_ns)
+    else:
+        await _sleep_until(deadline_ns, 0)
+
+
+async def _sleep_until(deadline_ns: int, spin_ns: int) -> None:
     while True:
         remaining = deadline_ns - _monotonic_ns()
         if remaining <= 0:

@@ -10,6 +10,7 @@ import time
 
 from instrumentation.proxy.arms import ArmResolver
 from instrumentation.proxy.auth import Authenticator
+from instrumentation.proxy.quiet_gc import QuietCollector
 from instrumentation.proxy.recorder import Recorder
 from instrumentation.proxy.upstream import UpstreamRouter
 from study.config import StudyConfig
@@ -60,6 +61,7 @@ class ProxyState:
         self.errors = 0
         self.open_cycles: dict[str, str] = {}  # cycle id -> participant id (in flight)
         self._idle: asyncio.Event | None = None
+        self.collector: QuietCollector | None = None  # set by the app's lifespan
 
     # -- open cycles (event API ownership checks, graceful shutdown) ----------------------
     def open_cycle(self, cycle_id: str, participant_id: str) -> None:

@@ -95,6 +95,21 @@ def test_two_turns_with_previous_response_id_are_cycles(served) -> None:
     assert rows[1]["upstream_response_id"].endswith(rows[1]["id"])  # cycle id reached the mock
 
 
+def test_per_message_compression_is_declined(served) -> None:
+    """A client offering permessage-deflate (websockets does by default) gets plain frames:
+    compressing one small frame per token would cost the proxy's loop more than it saves."""
+    s, px = served
+
+    async def go() -> tuple[str | None, str]:
+        async with connect(ws_url(px.base_url), additional_headers={"x-api-key": s.key}) as ws:
+            assert "permessage-deflate" in ws.request.headers.get("Sec-WebSocket-Extensions")
+            events, _ = await turn(ws, create("hello", max_output_tokens=5))
+            return ws.response.headers.get("Sec-WebSocket-Extensions"), events[-1]["type"]
+
+    extensions, last = asyncio.run(go())
+    assert extensions is None and last in DONE
+
+
 def test_bad_messages_get_error_events_and_the_socket_stays_usable(served) -> None:
     s, px = served
     n_before = s.rows("SELECT count(*) FROM cycles")[0][0]
