@@ -13,6 +13,7 @@ the lateness of a bare ``asyncio.sleep`` on the same machine (the floor under an
 
     python benchmarks/bench_proxy_shaping_protocols.py [--streams 50] [--ttft-ms 400]
                                                        [--tps 50] [--rounds 2]
+                                                       [--priority -10] [--no-quiet-gc]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import sqlite3
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
+    cpu_seconds,
     enroll_keys,
     mock_model_process,
     percentile,
@@ -145,6 +148,9 @@ def main() -> None:
     ap.add_argument("--no-quiet-gc", action="store_true",
                     help="proxy.quiet_gc = false: CPython's own garbage-collection schedule "
                          "(for an A/B comparison)")
+    ap.add_argument("--priority", type=int, default=0,
+                    help="nice value for the proxy's event-loop thread (e.g. -10, needs "
+                         "root): the proxy as if it had a CPU to itself on a busy machine")
     ap.add_argument("--upstream", choices=["http", "inprocess"], default="inprocess",
                     help="simulated model as a separate HTTP server (as a real API is) or "
                          "inside the proxy process")
@@ -168,6 +174,9 @@ def main() -> None:
         db = d / "bench.db"
         keys = enroll_keys(study, db, 10)
         with proxy_process(study, db, env) as url:
+            if args.priority:
+                os.setpriority(os.PRIO_PROCESS, url.pid, args.priority)
+            cpu0, t0 = cpu_seconds(url.pid), time.monotonic()
             for name in args.protocols.split(","):
                 fn = CLIENTS[name]
                 asyncio.run(load(fn, url, keys, 3, 1))  # warm-up
@@ -184,7 +193,10 @@ def main() -> None:
                     (start,)))
                 con.close()
                 out[name] = summarize(rows)
-        out["bare_asyncio_sleep_lateness_ms_same_machine"] = timer_noise(2.0)
+            out["proxy_cpu_cores"] = round((cpu_seconds(url.pid) - cpu0)
+                                           / (time.monotonic() - t0), 3)
+        out["proxy_nice"] = args.priority
+        out["bare_asyncio_sleep_lateness_ms_same_machine"] = timer_noise(2.0, args.priority)
     out["cpus"] = os.cpu_count()
     out["load_avg_1m"] = os.getloadavg()[0]
     print(json.dumps(out, indent=2))

@@ -60,6 +60,7 @@ def test_releases_are_announced_for_their_wait_only() -> None:
 
 def test_collects_only_clear_of_the_next_release() -> None:
     async def run(c: QuietCollector) -> list[int | None]:
+        gc.collect(1)  # whatever the process did before: no young collections since gen 1
         got = [c.step()]  # nothing due: fewer than 10 young collections since gen 1
         young_collections(12)
         now = time.monotonic_ns()
@@ -76,6 +77,7 @@ def test_collects_only_clear_of_the_next_release() -> None:
 
 def test_an_overdue_collection_runs_regardless_and_is_counted() -> None:
     async def run(c: QuietCollector) -> tuple[int | None, int]:
+        gc.collect(1)
         young_collections(35)  # max_defer=3: three times CPython's cadence of 10
         now = time.monotonic_ns()
         with precise_release(now + 100_000):
@@ -87,6 +89,7 @@ def test_an_overdue_collection_runs_regardless_and_is_counted() -> None:
 
 def test_every_tenth_run_is_full_unless_only_generation_1_fits() -> None:
     async def run(c: QuietCollector) -> list[int | None]:
+        gc.collect(2)
         gens = []
         for _ in range(10):
             young_collections(10)
