@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,6 +156,27 @@ def upstream_section(mock_url: str | None, upstream_tps: float | str = "inf") ->
     root = mock_url.removesuffix("/v1")
     return (f'[upstream.openai]\nbase_url = "{mock_url}"\napi_key_env = "{BENCH_KEY_ENV}"\n'
             f'[upstream.anthropic]\nbase_url = "{root}"\napi_key_env = "{BENCH_KEY_ENV}"\n')
+
+
+def add_shaping_options(ap: Any, upstream: str) -> None:
+    """The options the shaping benchmarks share (``upstream``: the default model placement)."""
+    ap.add_argument("--upstream", choices=["http", "inprocess"], default=upstream,
+                    help="simulated model as a separate HTTP server (as a real API is) or "
+                         "inside the proxy process")
+    ap.add_argument("--stagger-ms", type=float, default=5.0,
+                    help="gap between stream starts (all concurrent after the ramp)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-quiet-gc", action="store_true",
+                    help="proxy.quiet_gc = false: CPython's own garbage-collection schedule "
+                         "(for an A/B comparison)")
+    ap.add_argument("--priority", type=int, default=0,
+                    help="nice value for the proxy's event-loop thread (e.g. -10, needs "
+                         "root): the proxy as if it had a CPU to itself on a busy machine")
+
+
+def proxy_toml(args: Any) -> str:
+    """The study's ``[proxy]`` section for :func:`add_shaping_options`' choices."""
+    return "\n[proxy]\nquiet_gc = false\n" if args.no_quiet_gc else ""
 
 
 def upstream_env() -> dict[str, str]:

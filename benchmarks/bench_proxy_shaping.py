@@ -32,11 +32,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
+    add_shaping_options,
     cpu_seconds,
     enroll_keys,
     mock_model_process,
     percentile,
     proxy_process,
+    proxy_toml,
     timer_noise,
     upstream_env,
     upstream_section,
@@ -104,18 +106,7 @@ def main() -> None:
                     help="the simulated model's own pace (default inf: each answer arrives "
                          "whole after the model's TTFT, so the figures measure the proxy's "
                          "shaping rather than the model's own pacing)")
-    ap.add_argument("--upstream", choices=["http", "inprocess"], default="http",
-                    help="simulated model as a separate HTTP server (as a real API is) or "
-                         "inside the proxy process")
-    ap.add_argument("--stagger-ms", type=float, default=5.0,
-                    help="gap between stream starts (all concurrent after the ramp)")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--no-quiet-gc", action="store_true",
-                    help="proxy.quiet_gc = false: CPython's own garbage-collection schedule "
-                         "(for an A/B comparison)")
-    ap.add_argument("--priority", type=int, default=0,
-                    help="nice value for the proxy process (e.g. -10, needs root): measures "
-                         "the proxy as if it had a CPU to itself on a busy shared machine")
+    add_shaping_options(ap, upstream="http")
     args = ap.parse_args()
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
@@ -126,9 +117,8 @@ def main() -> None:
             upstream, env = upstream_section(mock), upstream_env()
         else:
             upstream = upstream_section(None, args.upstream_tps)
-        extra = "\n[proxy]\nquiet_gc = false\n" if args.no_quiet_gc else ""
         study = write_study(d, STUDY.format(ttft=args.ttft_ms, tps=args.tps,
-                                            upstream=upstream) + extra)
+                                            upstream=upstream) + proxy_toml(args))
         db = d / "bench.db"
         keys = enroll_keys(study, db, 10)
         results = []

@@ -34,11 +34,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
+    add_shaping_options,
     cpu_seconds,
     enroll_keys,
     mock_model_process,
     percentile,
     proxy_process,
+    proxy_toml,
     timer_noise,
     upstream_env,
     upstream_section,
@@ -143,17 +145,7 @@ def main() -> None:
     ap.add_argument("--ttft-ms", type=float, default=400.0)
     ap.add_argument("--tps", type=float, default=50.0)
     ap.add_argument("--upstream-tps", type=str, default="inf")
-    ap.add_argument("--stagger-ms", type=float, default=5.0)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--no-quiet-gc", action="store_true",
-                    help="proxy.quiet_gc = false: CPython's own garbage-collection schedule "
-                         "(for an A/B comparison)")
-    ap.add_argument("--priority", type=int, default=0,
-                    help="nice value for the proxy's event-loop thread (e.g. -10, needs "
-                         "root): the proxy as if it had a CPU to itself on a busy machine")
-    ap.add_argument("--upstream", choices=["http", "inprocess"], default="inprocess",
-                    help="simulated model as a separate HTTP server (as a real API is) or "
-                         "inside the proxy process")
+    add_shaping_options(ap, upstream="inprocess")
     ap.add_argument("--protocols", default=",".join(CLIENTS),
                     help="comma-separated subset of " + ", ".join(CLIENTS))
     args = ap.parse_args()
@@ -168,9 +160,8 @@ def main() -> None:
             upstream, env = upstream_section(mock), upstream_env()
         else:
             upstream = upstream_section(None, args.upstream_tps)
-        extra = "\n[proxy]\nquiet_gc = false\n" if args.no_quiet_gc else ""
         study = write_study(d, STUDY.format(ttft=args.ttft_ms, tps=args.tps,
-                                            upstream=upstream) + extra)
+                                            upstream=upstream) + proxy_toml(args))
         db = d / "bench.db"
         keys = enroll_keys(study, db, 10)
         with proxy_process(study, db, env) as url:

@@ -7,10 +7,14 @@ import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
-from instrumentation.proxy.protocols.base import SSEParser
+import pytest
+
+from instrumentation.proxy.protocols.base import SSEEvent, SSEParser
 from instrumentation.proxy.protocols.chat import ChatAdapter
+from instrumentation.proxy.protocols.responses import ResponsesAdapter, ResponsesSocketAdapter
 from instrumentation.proxy.recorder import CycleRecord
 from instrumentation.proxy.sources import Direct, Prefetch
+from instrumentation.tokens import split_tokens
 
 
 def _record() -> CycleRecord:
@@ -110,3 +114,46 @@ def test_direct_and_prefetch_agree_and_stamp_the_first_byte() -> None:
     (a, ta), (b, tb) = asyncio.run(events(Direct)), asyncio.run(events(Prefetch))
     assert a == b and len(a) == 41 and a[-1] == "[DONE]"
     assert ta is not None and tb is not None
+
+
+# ------------------------------------------------------------------ Responses splitting
+
+def _responses_event(obj: dict, socket: bool) -> SSEEvent:
+    data = json.dumps(obj, ensure_ascii=False)
+    if socket:
+        return SSEEvent(data.encode(), None, data)
+    return SSEEvent(f"event: {obj['type']}\ndata: {data}\n\n".encode(), obj["type"], data)
+
+
+@pytest.mark.parametrize("socket", [False, True])
+@pytest.mark.parametrize("order", ["seq_first", "text_first", "nested_seq"])
+def test_responses_split_renumbers_every_piece_exactly(socket: bool, order: str) -> None:
+    """Split text deltas carry one piece each and consecutive sequence numbers, every other
+    byte untouched (SSE and WebSocket frames; the number before or after the text); an event
+    with a second sequence_number inside takes the re-serializing path, same result."""
+    text = 'print("héllo") # "sequence_number": 3'
+    base = {"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+            "content_index": 0}
+    if order == "nested_seq":
+        base["obfuscation"] = {"sequence_number": 1}
+    obj = ({**base, "sequence_number": 7, "delta": text} if order == "seq_first"
+           else {**base, "delta": text, "sequence_number": 7})
+    adapter = ResponsesSocketAdapter() if socket else ResponsesAdapter()
+    adapter.offset = 2  # two earlier pieces were added by splitting
+    ev = _responses_event(obj, socket)
+    c = adapter.classify(ev)
+    pieces = split_tokens(text)
+    assert len(pieces) > 2
+    out = list(adapter.split(ev, c, pieces))
+    got = [json.loads(raw if socket else raw.split(b"data: ", 1)[1]) for raw in out]
+    assert [g["delta"] for g in got] == pieces
+    assert [g["sequence_number"] for g in got] == list(range(9, 9 + len(pieces)))
+    assert all({k: v for k, v in g.items() if k not in ("delta", "sequence_number")}
+               == base for g in got)
+    assert adapter.next_seq == 9 + len(pieces) and adapter.offset == 2 + len(pieces) - 1
+    if order != "nested_seq":  # the template path keeps the event's own bytes
+        for raw, piece, n in zip(out, pieces, range(9, 99), strict=False):
+            expect = ev.raw.replace(json.dumps(text, ensure_ascii=False).encode(),
+                                    json.dumps(piece, ensure_ascii=False).encode())
+            assert raw == expect.replace(b'"sequence_number": 7', f'"sequence_number": {n}'
+                                         .encode())

@@ -29,6 +29,7 @@ from instrumentation.proxy.protocols.base import (
     RequestInfo,
     SSEEvent,
     dumps,
+    field_template,
     json_of,
     request_info,
     split_on_field,
@@ -54,6 +55,24 @@ def _input_text(value: Any) -> str:
             if isinstance(item, dict) and item.get("role") == "user":
                 return text_of_content(item.get("content"))
     return ""
+
+
+def _json_str(s: str) -> bytes:
+    return json.dumps(s, ensure_ascii=False).encode()
+
+
+def _seq_template(raw: bytes, tpl: tuple[bytes, bytes] | None
+                  ) -> tuple[bytes, bytes, bytes, bool] | None:
+    """``raw`` as ``x + SEQ + y + TEXT + z`` (True) or ``x + TEXT + y + SEQ + z`` (False),
+    given its text field's (head, tail); None unless sequence_number occurs exactly once."""
+    if tpl is None or len(_SEQ.findall(raw)) != 1:
+        return None
+    head, tail = tpl
+    if (m := _SEQ.search(head)) is not None:
+        return head[: m.start(2)], head[m.end(2):], tail, True
+    if (m := _SEQ.search(tail)) is not None:
+        return head, tail[: m.start(2)], tail[m.end(2):], False
+    return None
 
 
 class ResponsesAdapter(ProtocolAdapter):
@@ -123,15 +142,25 @@ class ResponsesAdapter(ProtocolAdapter):
 
     def split(self, ev: SSEEvent, c: Classified, pieces: list[str]) -> Iterator[bytes]:
         seq = self._seq_of(c)
-        out = split_on_field(ev.raw, c.text_key or "delta", c.text, pieces)
-        if out is None:
-            out = (self._reserialize(ev, c, p) for p in pieces)
+        key = c.text_key or "delta"
         if seq is None:
-            return out
+            out = split_on_field(ev.raw, key, c.text, pieces)
+            return out if out is not None else (self._reserialize(ev, c, p) for p in pieces)
         first = seq + self.offset
         # Later events are only handled once these pieces are out, so the offset can move now.
         self.offset += len(pieces) - 1
         self.next_seq = first + len(pieces)
+        tpl = _seq_template(ev.raw, field_template(ev.raw, key, c.text))
+        if tpl is not None:  # the common case: both slots in one template, no regex per piece
+            x, y, z, seq_first = tpl
+            if seq_first:
+                return (x + str(first + i).encode() + y + _json_str(p) + z
+                        for i, p in enumerate(pieces))
+            return (x + _json_str(p) + y + str(first + i).encode() + z
+                    for i, p in enumerate(pieces))
+        out = split_on_field(ev.raw, key, c.text, pieces)
+        if out is None:
+            out = (self._reserialize(ev, c, p) for p in pieces)
         return (self._set_seq(raw, None, ev.name, first + i) for i, raw in enumerate(out))
 
     def _reserialize(self, ev: SSEEvent, c: Classified, piece: str) -> bytes:
