@@ -235,7 +235,8 @@ async def health(request: Request) -> Response:
     st = _state(request)
     gate = st.recorder.gate
     body = {"status": "ok" if gate.ok else "unavailable", **st.snapshot(),
-            "database": gate.snapshot()}
+            "database": gate.snapshot(),
+            "quiet_gc": st.collector.snapshot() if st.collector is not None else None}
     if gate.ok:
         return _json(200, body)
     return _json(503, body, {"retry-after": str(RETRY_AFTER_S)})

@@ -99,7 +99,19 @@ def _components() -> dict[str, Any]:
                                "cycles_recorded": {"type": "integer"},
                                "errors": {"type": "integer"},
                                "writer_queue": {"type": "integer"},
-                               "uptime_s": {"type": "number"}},
+                               "uptime_s": {"type": "number"},
+                               "quiet_gc": {
+                                   "type": ["object", "null"],
+                                   "description": "Older-generation garbage collections run "
+                                                  "between first-token releases (null: "
+                                                  "proxy.quiet_gc is off); forced = run "
+                                                  "with a release due, having waited too long.",
+                                   "properties": {
+                                       "collections_gen1": {"type": "integer"},
+                                       "collections_gen2": {"type": "integer"},
+                                       "forced": {"type": "integer"},
+                                       "slowest_ms_gen1": {"type": "number"},
+                                       "slowest_ms_gen2": {"type": "number"}}}},
             },
             "AdminStatus": {
                 "type": "object",

@@ -109,6 +109,13 @@ class QuietCollector:
                 gc.set_threshold(*QuietCollector._saved)
                 QuietCollector._saved = None
 
+    def snapshot(self) -> dict[str, int | float]:
+        """What the collector has done, for the health endpoint."""
+        return {"collections_gen1": self.collections[1], "collections_gen2": self.collections[2],
+                "forced": self.forced,
+                "slowest_ms_gen1": round(self.slowest_ns[1] / 1e6, 3),
+                "slowest_ms_gen2": round(self.slowest_ns[2] / 1e6, 3)}
+
     # ------------------------------------------------------------------ the task
     def guard_ns(self, generation: int) -> int:
         """How clear of the next release a collection of ``generation`` must start."""

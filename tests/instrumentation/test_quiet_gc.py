@@ -164,6 +164,13 @@ def _shaped_streams(make_study: Any, quiet: bool, n: int) -> tuple[Any, tuple[in
             list(pool.map(one, range(n)))
         window = (t0, time.monotonic_ns())
         collector = px.app.state.proxy.collector
+        health = client.get(px.base_url + "/flowtrial/v1/health").json()["quiet_gc"]
+        if collector is None:
+            assert health is None
+        else:  # what operators see is what the collector did (it may run once more since)
+            assert 1 <= health["collections_gen1"] <= collector.collections[1]
+            assert health["forced"] <= collector.forced
+            assert 0 < health["slowest_ms_gen1"] <= collector.slowest_ns[1] / 1e6 + 0.001
     return collector, window
 
 
