@@ -105,3 +105,14 @@ def silent_server() -> Iterator[int]:
         yield int(s.getsockname()[1])
     finally:
         s.close()
+
+
+#: How late a shaped token can be from machine noise alone: on a shared virtual machine the
+#: hypervisor can take the CPU for ~10 ms at a time. Lateness beyond it is the proxy's.
+MACHINE_NOISE_MS = 25.0
+
+
+def on_time(row: Any) -> bool:
+    """A cycle row with no manipulation violation beyond what machine noise explains (tests
+    with a fast upstream: any real miss here would be the proxy's own)."""
+    return not row["violation"] or row["violation_ms"] < MACHINE_NOISE_MS
