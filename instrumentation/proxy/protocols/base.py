@@ -32,6 +32,7 @@ __all__ = [
     "SSEParser",
     "dumps",
     "field_template",
+    "json_str",
     "split_on_field",
     "text_of_content",
 ]
@@ -246,11 +247,12 @@ def split_on_field(raw: bytes, key: str, value: str, pieces: Iterable[str]
     if tpl is None:
         return None
     head, tail = tpl
-    return (head + _dumps_str(p).encode() + tail for p in pieces)
+    return (head + json_str(p) + tail for p in pieces)
 
 
-def _dumps_str(s: str) -> str:
-    return json.dumps(s, ensure_ascii=False)
+def json_str(s: str) -> bytes:
+    """``s`` as a JSON string literal (UTF-8, as the templates of split events carry it)."""
+    return json.dumps(s, ensure_ascii=False).encode()
 
 
 class ProtocolAdapter:

@@ -31,6 +31,7 @@ from instrumentation.proxy.protocols.base import (
     dumps,
     field_template,
     json_of,
+    json_str,
     request_info,
     split_on_field,
     text_of_content,
@@ -55,10 +56,6 @@ def _input_text(value: Any) -> str:
             if isinstance(item, dict) and item.get("role") == "user":
                 return text_of_content(item.get("content"))
     return ""
-
-
-def _json_str(s: str) -> bytes:
-    return json.dumps(s, ensure_ascii=False).encode()
 
 
 def _seq_template(raw: bytes, tpl: tuple[bytes, bytes] | None
@@ -154,9 +151,9 @@ class ResponsesAdapter(ProtocolAdapter):
         if tpl is not None:  # the common case: both slots in one template, no regex per piece
             x, y, z, seq_first = tpl
             if seq_first:
-                return (x + str(first + i).encode() + y + _json_str(p) + z
+                return (x + str(first + i).encode() + y + json_str(p) + z
                         for i, p in enumerate(pieces))
-            return (x + _json_str(p) + y + str(first + i).encode() + z
+            return (x + json_str(p) + y + str(first + i).encode() + z
                     for i, p in enumerate(pieces))
         out = split_on_field(ev.raw, key, c.text, pieces)
         if out is None:
