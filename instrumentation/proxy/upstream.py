@@ -226,6 +226,7 @@ class HttpUpstream(Upstream):
         self._key_tuple = (url.scheme, url.host, url.port or (443 if https else 80))
         self._host_header = url.netloc.decode("ascii")
         self._base_path = url.raw_path.decode("ascii").rstrip("/")
+        self._scrub_cache: tuple[str | None, Scrubber] | None = None
 
     async def start(self) -> None:
         if self._transport is None:
@@ -254,6 +255,14 @@ class HttpUpstream(Upstream):
 
     def _key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def _scrubber(self) -> Scrubber:
+        """The key's scrubber, rebuilt only when the variable's value changes."""
+        key = self._key()
+        cached = self._scrub_cache
+        if cached is None or cached[0] != key:
+            cached = self._scrub_cache = (key, Scrubber([key]))
+        return cached[1]
 
     def _auth_headers(self) -> dict[str, str]:
         if not self.api_key_env:
@@ -351,9 +360,12 @@ class HttpUpstream(Upstream):
                                          f"({type(exc).__name__})") from None
 
         body = chunks()
+        scrub = self._scrubber()
         if status >= 400:
-            body = _redacted(body, Scrubber([self._key()]))
-        return UpstreamReply(status, forwardable_response_headers(headers), body, close)
+            body = _redacted(body, scrub)
+        # A header may echo the key too (a debugging gateway, a misconfigured upstream).
+        return UpstreamReply(status, scrub.headers(forwardable_response_headers(headers)), body,
+                             close)
 
 
 class _Stream(httpx.AsyncByteStream):

@@ -20,6 +20,8 @@ body), or, for a WebSocket turn, an ``x_fault`` field in the ``response.create``
 ``echo_key:S``      status S with the protocol's JSON error body whose message quotes the API
                     key the request carried (``Authorization: Bearer`` / ``x-api-key``) and
                     the request body, as an upstream refusing a key may
+``echo_key_escaped:S`` as ``echo_key:S``, the key in the JSON spelled with ``\\uXXXX`` escapes
+``echo_key_header`` the model's normal answer, with a response header quoting the key
 ``echo_key_sse:N``  a streaming answer: N events, then the protocol's error event quoting the
                     key and the request body, then the end of the body
 ``html:S``          status S with an HTML body (what a load balancer sends)
@@ -61,10 +63,15 @@ def _fault_arg(fault: str) -> tuple[str, str]:
     return name, arg
 
 
+def _key_of(headers: dict[str, str]) -> str:
+    """The API key a request carried (``Authorization: Bearer`` or ``x-api-key``)."""
+    auth = headers.get("authorization", "")
+    return auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key", "")
+
+
 def _echo(headers: dict[str, str], request: bytes) -> str:
     """An error message that quotes the key the request carried and the request itself."""
-    auth = headers.get("authorization", "")
-    key = auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key", "")
+    key = _key_of(headers)
     return (f"Incorrect API key provided: {key}. Request was: "
             f"{request.decode('utf-8', 'replace')}")
 
@@ -185,13 +192,17 @@ class FaultyUpstream:
             writer.write(b"this is not HTTP at all\r\n\r\n")
             await writer.drain()
             return False
-        if name in ("status", "html", "echo_key"):
+        if name in ("status", "html", "echo_key", "echo_key_escaped"):
             status = int(arg)
             if name == "html":
                 out, ctype = b"<html><body><h1>Bad gateway</h1></body></html>", "text/html"
             else:
-                message = _echo(headers, body) if name == "echo_key" else f"scripted {status}"
+                message = _echo(headers, body) if name.startswith("echo") else f"scripted {status}"
                 out, ctype = _error_json(path, status, message), "application/json"
+                if name == "echo_key_escaped":
+                    key = _key_of(headers)
+                    out = out.replace(key.encode(), "".join(
+                        f"\\u{ord(c):04x}" for c in key).encode())
             self._head(writer, status, ctype, {"content-length": str(len(out)),
                                                "retry-after": "7"})
             writer.write(out)
@@ -211,6 +222,7 @@ class FaultyUpstream:
             await writer.drain()
             return True
         stream = reply.headers.get("content-type", "").startswith("text/event-stream")
+        echo = {"x-echo-auth": "Bearer " + _key_of(headers)} if name == "echo_key_header" else {}
         if not stream:
             out = await reply.read()
             if name in ("die", "reset"):
@@ -224,7 +236,7 @@ class FaultyUpstream:
                 await writer.drain()
                 await self._until_closed(reader)
                 return False
-            self._head(writer, reply.status, ctype, {"content-length": str(len(out))})
+            self._head(writer, reply.status, ctype, {"content-length": str(len(out)), **echo})
             writer.write(out)
             await writer.drain()
             return True
@@ -232,7 +244,7 @@ class FaultyUpstream:
         if name == "cut_clean":
             self._head(writer, reply.status, ctype, {"connection": "close"})
         else:
-            self._head(writer, reply.status, ctype, {"transfer-encoding": "chunked"})
+            self._head(writer, reply.status, ctype, {"transfer-encoding": "chunked", **echo})
         sent = 0
         async for chunk in _chunks(reply.body):
             if name in ("die", "reset", "stall", "early_end", "cut_clean") and sent == n:

@@ -120,6 +120,42 @@ def test_error_status_quoting_the_keys_is_redacted(served: Served, protocol: str
     assert error == message
 
 
+@pytest.mark.parametrize("protocol", ["chat", "messages"])
+def test_error_quoting_the_key_in_json_escapes_is_redacted(served: Served, protocol: str
+                                                           ) -> None:
+    """The upstream spells the key in ``\\uXXXX`` escapes (valid JSON, invisible to a plain
+    search): the client and the row still get it redacted."""
+    r = served.post(protocol, "echo_key_escaped:401", False)
+    assert r.status_code == 401, r.text
+    key = upstream_key(protocol)
+    escaped = "".join(f"\\u{ord(c):04x}" for c in key)
+    assert escaped not in r.text and key not in json.dumps(r.json()), r.text
+    message = r.json()["error"]["message"]
+    assert message.startswith(f"Incorrect API key provided: {REDACTED}. Request was: ")
+    assert sv_key_absent(served, message)
+    _, _, error = served.row(r.headers["x-flowtrial-cycle-id"])
+    assert key not in error and escaped not in error and REDACTED in error
+
+
+def sv_key_absent(sv: Served, text: str) -> bool:
+    return all(s not in text for s in (OPENAI_KEY, ANTHROPIC_KEY, sv.key))
+
+
+@pytest.mark.parametrize("protocol,stream", [("chat", False), ("chat", True),
+                                             ("messages", True)])
+def test_response_header_quoting_the_key_is_redacted(served: Served, protocol: str,
+                                                     stream: bool) -> None:
+    """A successful answer whose response header echoes the upstream key: the header still
+    reaches the client (gateways put request ids there), with the key redacted."""
+    r = served.post(protocol, "echo_key_header", stream)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-echo-auth"] == f"Bearer {REDACTED}"
+    assert all(upstream_key(protocol) not in v for v in r.headers.values())
+    assert r.headers["x-request-id"] == "req_faulty"  # other headers pass untouched
+    status, _, _ = served.row(r.headers["x-flowtrial-cycle-id"])
+    assert status == "ok"
+
+
 @pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
 def test_sse_error_event_quoting_the_keys_is_redacted(served: Served, protocol: str) -> None:
     """A stream that ends with the upstream's error event quoting the keys: the client gets
@@ -192,3 +228,14 @@ def test_scrubber_covers_every_upstream_key_and_the_participant(
     raw = b'{"m": "sk-a\\/b' + b"1" * 20 + b'"}'  # "/" escaped, as some servers write it
     assert scrub.raw(raw) == b'{"m": "' + REDACTED.encode() + b'"}'
     assert Scrubber(["abc", None, ""]).text("abc") == "abc"
+    # Any escape inside a JSON string: decoded, checked, re-encoded only if it held a key.
+    spelled = "".join(f"\\u{ord(c):04x}" for c in ANTHROPIC_KEY[:5]) + ANTHROPIC_KEY[5:]
+    doc = '{"m": "key ' + spelled + ' \\"quoted\\"", "n": "a\\u00e9\\/b"}'
+    assert json.loads(scrub.text(doc)) == {"m": f'key {REDACTED} "quoted"', "n": "aé/b"}
+    assert scrub.text(doc).endswith('"n": "a\\u00e9\\/b"}')  # untouched: no key in it
+    assert json.loads(scrub.raw(doc.encode())) == json.loads(scrub.text(doc))
+    sse = b"event: error\ndata: " + doc.encode() + b"\n\n\xff"
+    assert ANTHROPIC_KEY[5:].encode() not in scrub.raw(sse)
+    assert scrub.raw(sse).endswith(b"\n\n\xff")
+    assert scrub.headers([("x-a", f"Bearer {ANTHROPIC_KEY}"), ("x-b", "1")]) == [
+        ("x-a", f"Bearer {REDACTED}"), ("x-b", "1")]
