@@ -17,7 +17,7 @@ from sqlalchemy import BigInteger, Column, Index, MetaData, Text, UniqueConstrai
 from sqlmodel import Field, SQLModel
 
 #: Bumped with every Alembic revision in ``study/migrations/versions`` (revision ``000N``).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _big() -> Column:  # type: ignore[type-arg]
@@ -222,9 +222,19 @@ class GroundTruth(SQLModel, table=True):
     params_json: str = Field(sa_column=Column(Text, nullable=False))
 
 
+class DrawCounter(SQLModel, table=True):
+    """The next unclaimed per-prompt request index of a participant. Proxy processes claim
+    blocks of indices from it in one transaction, so separate proxies (and the workers of
+    one) never draw the same index twice (schema version 3)."""
+
+    __tablename__ = "draw_counters"
+    participant_id: str = Field(primary_key=True)
+    next_index: int = Field(sa_column=Column(BigInteger, nullable=False))
+
+
 TABLES: list[type[SQLModel]] = [
     Meta, Study, Arm, Participant, Assignment, Task, Cycle, Event,
-    QuestionnaireAnswer, Persistence, GroundTruth,
+    QuestionnaireAnswer, Persistence, GroundTruth, DrawCounter,
 ]
 
 

@@ -307,13 +307,11 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
                      writer: RecordWriter | None = None,
                      upstream: Upstream | UpstreamRouter | None = None,
                      grace_s: float = GRACE_S, instance: str | None = None,
-                     worker: tuple[int, int] = (0, 1),
                      page_secret: bytes | None = None) -> Starlette:
     """The proxy app for ``config`` recording into ``database``.
 
     ``instance`` names this proxy in ``cycles.recorded_by`` (default ``host:pid``).
-    ``worker`` = (k, n): this process is worker k of n serving one socket (per-prompt draws
-    are split between them); ``page_secret`` signs participant-page sessions (the workers of
+    ``page_secret`` signs participant-page sessions (the workers of
     one proxy share it, so a login holds whichever worker serves the next request).
 
     ``writer``: a RecordWriter to share (its owner closes it); by default the app makes its
@@ -333,7 +331,7 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         own_writer = writer is None
         w = writer if writer is not None else make_writer(database)
-        state = ProxyState(database, config, w, router, instance=instance, worker=worker)
+        state = ProxyState(database, config, w, router, instance=instance)
         app.state.proxy = state
         await router.start()
         # A full collection walks every object the imports made (~140k: numpy, SQLAlchemy,

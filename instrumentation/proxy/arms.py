@@ -4,10 +4,12 @@ call so nothing touches the database between an upstream chunk and the client.
 - ``parallel``: the participant's period-0 assignment (cached: assignments never change).
 - ``crossover``: the arm of the period of the participant's currently started task (latest
   ``status = "started"`` row of ``tasks``), else period 0.
-- ``per_prompt``: ``per_prompt_draw`` with a per-participant request index that continues
-  across proxy restarts (past the highest index recorded in the participant's draws); the
-  draw is recorded in ``draw_json``. Worker k of a proxy's n worker processes takes only the
-  indices ≡ k (mod n), so workers never repeat a draw.
+- ``per_prompt``: ``per_prompt_draw`` with a per-participant request index; the draw is
+  recorded in ``draw_json``. Each process claims blocks of :data:`INDEX_BLOCK` indices from
+  the participant's ``draw_counters`` row in one transaction, so proxy restarts, the workers
+  of one proxy and separate proxies on one database (a load balancer without sticky
+  sessions) never repeat a draw. A claim never starts below the participant's highest
+  recorded index (rows written without the counter, e.g. by ``flowtrial simulate``).
 
 An arm without latency settings is unshaped pass-through (team mode).
 """
@@ -27,7 +29,11 @@ from study.participants import PER_PROMPT_ARM, assignments_for
 from study.randomization import per_prompt_draw
 from study.storage import Database, create_db_engine
 
-__all__ = ["ArmResolver", "Resolution", "read_engine"]
+__all__ = ["INDEX_BLOCK", "ArmResolver", "Resolution", "read_engine"]
+
+#: Request indices a process claims at a time: a claim is one small write transaction (once
+#: per 16 prompts of a participant); indices a process claimed but never used are skipped.
+INDEX_BLOCK = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +70,13 @@ _STARTED_TASK_SQL = (
 _COUNT_CYCLES = text("SELECT count(*) FROM cycles WHERE participant_id = :pid")
 _DRAWS = text("SELECT draw_json FROM cycles WHERE participant_id = :pid "
               "AND draw_json IS NOT NULL")
+_COUNTER_ROW = text("INSERT INTO draw_counters (participant_id, next_index) VALUES (:pid, 0) "
+                    "ON CONFLICT (participant_id) DO NOTHING")
+# The UPDATE takes the row's write lock (PostgreSQL) / the database's (SQLite) until commit,
+# so concurrent claims serialize and each reads back its own block's end.
+_CLAIM = text("UPDATE draw_counters SET next_index = CASE WHEN next_index < :floor THEN :floor "
+              "ELSE next_index END + :n WHERE participant_id = :pid")
+_COUNTER = text("SELECT next_index FROM draw_counters WHERE participant_id = :pid")
 
 
 def _readonly_sqlite(database: Database) -> sqlite3.Connection | None:
@@ -104,19 +117,15 @@ def _settle(fut: asyncio.Future[int | None], task: asyncio.Future[int | None]) -
 class ArmResolver:
     """Resolves the arm and latency target of each request."""
 
-    def __init__(self, database: Database, config: StudyConfig, engine: Engine | None = None,
-                 worker: tuple[int, int] = (0, 1)):
+    def __init__(self, database: Database, config: StudyConfig, engine: Engine | None = None):
         self.database = database
-        #: (index, count) of this process among the proxy's workers: per-prompt request
-        #: indices are split by residue (worker k of n draws only indices ≡ k mod n), so
-        #: workers sharing a participant never repeat a draw.
-        self.worker = worker
         self.config = config
         self.engine = engine if engine is not None else read_engine(database)
         self._ro = _readonly_sqlite(database)
         self.time_scale = config.study.time_scale
         self._assignments: dict[str, dict[int, str]] = {}
-        self._next_index: dict[str, int] = {}
+        self._indices: dict[str, tuple[int, int]] = {}  # pid -> (next, end) of its block
+        self._floors: set[str] = set()  # participants whose recorded draws were checked
         self._index_locks: dict[str, asyncio.Lock] = {}
         self._targets = {
             a.name: Target.for_arm(a, self.time_scale) for a in config.arms
@@ -143,15 +152,25 @@ class ArmResolver:
             return False, None
         return True, ((int(row[0]), row[1], row[2]) if row else None)
 
-    def _first_index(self, pid: str) -> int:
-        """Where this process's request indices for ``pid`` continue: past every index any
-        process recorded (their draws say which), else past the count of their cycles."""
+    def _recorded_floor(self, pid: str) -> int:
+        """Past every index recorded for ``pid`` (their draws say which), and past the count
+        of their cycles."""
         with self.engine.connect() as conn:
             count = int(conn.execute(_COUNT_CYCLES, {"pid": pid}).scalar_one())
             used = [_request_index_of(d) for (d,) in conn.execute(_DRAWS, {"pid": pid})]
-        base = max([count, *(i + 1 for i in used if i is not None)])
-        k, n = self.worker
-        return base + (k - base) % n  # the first index >= base that is this worker's
+        return max([count, *(i + 1 for i in used if i is not None)])
+
+    def _claim_block(self, pid: str) -> int:
+        """Claim the next :data:`INDEX_BLOCK` request indices of ``pid``; the first one."""
+        floor = 0
+        if pid not in self._floors:  # once per process: the counter covers the rest
+            floor = self._recorded_floor(pid)
+        with self.engine.begin() as conn:
+            conn.execute(_COUNTER_ROW, {"pid": pid})
+            conn.execute(_CLAIM, {"pid": pid, "floor": floor, "n": INDEX_BLOCK})
+            end = int(conn.execute(_COUNTER, {"pid": pid}).scalar_one())
+        self._floors.add(pid)
+        return end - INDEX_BLOCK
 
     async def _assignments_for(self, pid: str) -> dict[int, str]:
         got = self._assignments.get(pid)
@@ -161,14 +180,16 @@ class ArmResolver:
         return got
 
     async def _request_index(self, pid: str) -> int:
-        if pid not in self._next_index:
+        nxt, end = self._indices.get(pid, (0, 0))
+        if nxt >= end:
             lock = self._index_locks.setdefault(pid, asyncio.Lock())
             async with lock:
-                if pid not in self._next_index:
-                    self._next_index[pid] = await asyncio.to_thread(self._first_index, pid)
-        i = self._next_index[pid]
-        self._next_index[pid] = i + self.worker[1]
-        return i
+                nxt, end = self._indices.get(pid, (0, 0))
+                if nxt >= end:
+                    nxt = await asyncio.to_thread(self._claim_block, pid)
+                    end = nxt + INDEX_BLOCK
+        self._indices[pid] = (nxt + 1, end)
+        return nxt
 
     def _arm_target(self, arm: str) -> Target | None:
         if arm in self._targets:

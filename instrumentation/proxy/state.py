@@ -41,15 +41,14 @@ class ProxyState:
     """Everything the routes share; one per app."""
 
     def __init__(self, database: Database, config: StudyConfig, writer: RecordWriter,
-                 upstreams: UpstreamRouter, instance: str | None = None,
-                 worker: tuple[int, int] = (0, 1)) -> None:
+                 upstreams: UpstreamRouter, instance: str | None = None) -> None:
         self.database = database
         self.instance = instance or f"{socket.gethostname()}:{os.getpid()}"
         self.config = config
         self.writer = writer
         self.upstreams = upstreams
         self.auth = Authenticator(database)
-        self.arms = ArmResolver(database, config, worker=worker)
+        self.arms = ArmResolver(database, config)
         self.recorder = Recorder(writer, config.capture.content, recorded_by=self.instance)
         self.keepalive_ns = int(config.proxy.keepalive_s * 1e9)
         self.max_body_bytes = config.proxy.max_body_bytes

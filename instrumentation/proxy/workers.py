@@ -8,8 +8,9 @@ upstream connections) on that socket: the kernel hands each new connection to on
 
 - Every worker records into the same database (``cycles.recorded_by`` names it, host:pid);
   group commit and the database gate work per worker.
-- Per-prompt draws: worker k of n takes only request indices ≡ k (mod n), so two workers
-  serving one participant never repeat a draw (:class:`~instrumentation.proxy.arms.ArmResolver`).
+- Per-prompt draws: each worker claims its own blocks of request indices from the database,
+  so two workers serving one participant never repeat a draw
+  (:class:`~instrumentation.proxy.arms.ArmResolver`).
 - Participant-page sessions are signed with one secret made here and shared by the workers,
   so a login holds whichever worker serves the next request.
 - The supervisor (this process) restarts a worker that dies (a crash, kill -9) and, on
@@ -40,7 +41,7 @@ MAX_WORKERS = 64
 MIN_UPTIME_S = 2.0
 
 
-def _worker_main(db: str, config: StudyConfig, sock: socket.socket, k: int, n: int,
+def _worker_main(db: str, config: StudyConfig, sock: socket.socket, k: int,
                  instance: str | None, page_secret: bytes, grace_s: float) -> int:
     """Run one worker until it is told to stop (in the forked child)."""
     from instrumentation.proxy.app import create_proxy_app
@@ -53,7 +54,7 @@ def _worker_main(db: str, config: StudyConfig, sock: socket.socket, k: int, n: i
     database = open_db(db)
     writer = make_writer(database)
     name = f"{instance}/{k}" if instance else None
-    app = create_proxy_app(database, config, writer=writer, instance=name, worker=(k, n),
+    app = create_proxy_app(database, config, writer=writer, instance=name,
                            page_secret=page_secret)
     server = make_server(app, grace_s)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -95,7 +96,7 @@ def run_workers(db: str, config: StudyConfig, sock: socket.socket, n: int, *,
     stopping = False
 
     def start(k: int) -> None:
-        pid = _fork(lambda: _worker_main(db, config, sock, k, n, instance, page_secret,
+        pid = _fork(lambda: _worker_main(db, config, sock, k, instance, page_secret,
                                          grace_s))
         children[pid] = (k, time.monotonic())
 

@@ -4,6 +4,7 @@ loses nothing a client saw complete while the other keeps serving."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import text
 
+from instrumentation.proxy.arms import INDEX_BLOCK
 from study.config import load_study
 from study.participants import enroll
 from study.storage import init_db, open_db
@@ -85,12 +87,27 @@ class Clients:
         return threads
 
 
-def setup(tmp_path: Path, pg_server: PgServer) -> tuple[Path, str, list[str]]:
+PER_PROMPT = """
+[study]
+name = "multi-proxy-per-prompt"
+design = "per_prompt"
+seed = 11
+[upstream.mock]
+tokens_per_second = 20000
+ttft_ms = 1
+[per_prompt]
+ttft_ms = { min = 2, max = 20 }
+tokens_per_second = { min = 2000, max = 4000 }
+"""
+
+
+def setup(tmp_path: Path, pg_server: PgServer, body: str = STUDY
+          ) -> tuple[Path, str, list[str]]:
     study = tmp_path / "study.toml"
-    study.write_text(STUDY, encoding="utf-8")
+    study.write_text(body, encoding="utf-8")
     url = pg_server.new_database()
     config = load_study(study)
-    database = init_db(url, config, STUDY)
+    database = init_db(url, config, body)
     keys = [enroll(database, config, f"p{i:02d}")[1] for i in range(N_PARTICIPANTS)]
     database.dispose()
     return study, url, keys
@@ -152,3 +169,49 @@ def test_kill_9_of_one_proxy_loses_nothing_the_other_keeps_serving(
     missing = set(clients.complete) - set(rows)
     assert not missing, f"{len(missing)} streams a client saw complete are not recorded"
     assert any(by == "site-b" and st == "ok" for by, st in rows.values())
+
+
+def test_two_proxies_never_repeat_a_per_prompt_draw(tmp_path: Path, pg_server: PgServer
+                                                    ) -> None:
+    """A load balancer without sticky sessions: each participant's prompts alternate between
+    two proxies, which claim blocks of request indices from the database, so no index (and
+    no draw) repeats, and every recorded draw is the one its index seeds."""
+    from study.randomization import per_prompt_draw
+
+    study, url, keys = setup(tmp_path, pg_server, PER_PROMPT)
+    config = load_study(study)
+    (pa, a), (pb, b) = start(study, url, "site-a"), start(study, url, "site-b")
+    n = 2 * INDEX_BLOCK + 3  # both proxies claim more than one block per participant
+
+    def participant(key: str) -> None:
+        with httpx.Client(timeout=15) as http:
+            for j in range(n):
+                r = http.post((a, b)[j % 2] + "/v1/chat/completions", headers={
+                    "authorization": f"Bearer {key}"}, json={
+                    "model": "flowtrial-sim-1", "max_tokens": 5,
+                    "messages": [{"role": "user", "content": f"prompt {j}"}]})
+                assert r.status_code == 200, r.text
+
+    try:
+        threads = [threading.Thread(target=participant, args=(k,)) for k in keys[:4]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        for p in (pa, pb):
+            p.send_signal(signal.SIGTERM)
+        for p in (pa, pb):
+            assert p.wait(30) == 0, p.stderr.read() if p.stderr else ""
+    database = open_db(url)
+    with database.engine.connect() as conn:
+        rows = conn.execute(text("SELECT participant_id, recorded_by, draw_json, "
+                                 "target_ttft_ms FROM cycles")).all()
+    database.dispose()
+    assert len(rows) == 4 * n and {r[1] for r in rows} == {"site-a", "site-b"}
+    for pid in {r[0] for r in rows}:
+        draws = [json.loads(r[2]) for r in rows if r[0] == pid]
+        indices = [d["request_index"] for d in draws]
+        assert len(set(indices)) == len(indices) == n, sorted(indices)
+        for d in draws:
+            assert d == per_prompt_draw(config.per_prompt, 11, pid, d["request_index"])

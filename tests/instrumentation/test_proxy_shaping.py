@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from instrumentation.proxy import create_proxy_app, serve_proxy
+from instrumentation.proxy.arms import INDEX_BLOCK
 from instrumentation.proxy.shaping import Pacer, Target
 from study.schema import Task
 from study.storage import utcnow
@@ -193,9 +194,10 @@ def test_per_prompt_draws_continue_across_restarts(make_study) -> None:
         with serve_proxy(s.db, s.config) as px:
             ids += [stream_chat(px.base_url, s.key, 5)["id"] for _ in range(2)]
     draws = [json.loads(row(s, i)["draw_json"]) for i in ids]
-    assert [d["request_index"] for d in draws] == [0, 1, 2, 3]
-    for i, (cid, d) in enumerate(zip(ids, draws, strict=True)):
-        expected = per_prompt_draw(s.config.per_prompt, 7, "p01", i)
+    # The second lifetime continues past the block of indices the first one claimed.
+    assert [d["request_index"] for d in draws] == [0, 1, INDEX_BLOCK, INDEX_BLOCK + 1]
+    for cid, d in zip(ids, draws, strict=True):
+        expected = per_prompt_draw(s.config.per_prompt, 7, "p01", d["request_index"])
         assert d["ttft_ms"] == pytest.approx(expected["ttft_ms"])
         r = row(s, cid)
         assert r["arm"] == "per_prompt" and r["target_ttft_ms"] == pytest.approx(d["ttft_ms"])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from instrumentation.proxy.arms import INDEX_BLOCK
 from study.config import load_study
 from study.participants import enroll
 from tests.instrumentation.test_proxy_process import setup_study, start_proxy, wait_healthy
@@ -99,7 +100,9 @@ def test_workers_share_port_database_draws_and_sessions(tmp_path: Path) -> None:
     for pid in ("p01", "p02"):
         idx = [(json.loads(r[3])["request_index"], r[2]) for r in rows if r[1] == pid]
         assert len({i for i, _ in idx}) == len(idx) == 32  # no draw repeated
-        assert all(i % 2 == int(by[-1]) for i, by in idx)  # worker k takes indices ≡ k mod 2
+        owner: dict[int, str] = {}
+        for i, by in idx:  # each block of indices was claimed by one worker
+            assert owner.setdefault(i // INDEX_BLOCK, by) == by
 
 
 def test_supervisor_restarts_a_killed_worker_and_drains_on_sigterm(tmp_path: Path) -> None:
@@ -131,8 +134,9 @@ def test_supervisor_restarts_a_killed_worker_and_drains_on_sigterm(tmp_path: Pat
 
 
 def test_draw_indices_continue_past_every_recorded_one(tmp_path: Path) -> None:
-    """After a restart the workers continue past the highest index any worker recorded, even
-    when one worker had served far more than the other (the count of cycles would repeat)."""
+    """Processes claim blocks of indices past every index recorded for the participant (rows
+    written without the counter, e.g. by an older proxy), then past each other's blocks: two
+    processes interleaving never repeat one, and a restart continues past both."""
     import asyncio
 
     from instrumentation.proxy.arms import ArmResolver
@@ -142,24 +146,34 @@ def test_draw_indices_continue_past_every_recorded_one(tmp_path: Path) -> None:
     study, db, _ = setup_study(tmp_path, PER_PROMPT)
     config = load_study(study)
     database = open_db(db)
-    with database.session() as s:  # worker 0 of 2 served indices 0, 2, 4, 6; worker 1 none
+    with database.session() as s:  # an earlier process recorded indices 0, 2, 4, 6
         for i in (0, 2, 4, 6):
             s.add(Cycle(id=f"c{i}", participant_id="p01", arm="per_prompt", protocol="chat",
                         mono_anchor_ns=0, wall_anchor_ns=0, t_request_ns=i,
                         started_at=utcnow(), draw_json=json.dumps({"request_index": i})))
         s.commit()
 
-    async def next_indices(worker: tuple[int, int], n: int) -> list[int]:
-        arms = ArmResolver(database, config, worker=worker)
+    async def interleaved(n: int) -> tuple[list[int], list[int]]:
+        a, b = ArmResolver(database, config), ArmResolver(database, config)
+        got: tuple[list[int], list[int]] = ([], [])
         try:
-            return [json.loads((await arms.resolve("p01")).draw_json)["request_index"]
-                    for _ in range(n)]
+            for _ in range(n):
+                for arms, out in zip((a, b), got, strict=True):
+                    out.append(json.loads((await arms.resolve("p01")).draw_json)
+                               ["request_index"])
         finally:
-            arms.close()
+            a.close()
+            b.close()
+        return got
 
-    assert asyncio.run(next_indices((0, 2), 3)) == [8, 10, 12]
-    assert asyncio.run(next_indices((1, 2), 3)) == [7, 9, 11]
-    assert asyncio.run(next_indices((0, 1), 2)) == [7, 8]  # one process: past the highest
+    first, second = asyncio.run(interleaved(INDEX_BLOCK + 2))
+    assert first == list(range(7, 7 + INDEX_BLOCK)) + list(range(7 + 2 * INDEX_BLOCK,
+                                                                 9 + 2 * INDEX_BLOCK))
+    assert second == list(range(7 + INDEX_BLOCK, 7 + 2 * INDEX_BLOCK)) + list(
+        range(7 + 3 * INDEX_BLOCK, 9 + 3 * INDEX_BLOCK))
+    assert not set(first) & set(second)
+    again, _ = asyncio.run(interleaved(1))  # a restart: past every block claimed so far
+    assert again == [7 + 4 * INDEX_BLOCK]
     database.dispose()
 
 

@@ -50,6 +50,19 @@ def test_database_from_flowtrial_0_1_opens_and_keeps_its_data(tmp_path: Path) ->
         assert conn.execute(text("SELECT count(*) FROM cycles WHERE recorded_by IS NULL")
                             ).scalar() == 40
         assert conn.execute(text("SELECT count(*) FROM participants")).scalar() == 5
+        # Version 3: each participant's next per-prompt index starts past their cycles and
+        # past every request index their draws recorded.
+        counters = dict(conn.execute(text("SELECT participant_id, next_index FROM "
+                                          "draw_counters")).all())
+        count: dict[str, int] = {}
+        past: dict[str, int] = {}
+        for pid, draw in conn.execute(text("SELECT participant_id, draw_json FROM cycles")):
+            count[pid] = count.get(pid, 0) + 1
+            i = json.loads(draw).get("request_index") if draw else None
+            if isinstance(i, int):
+                past[pid] = max(past.get(pid, 0), i + 1)
+        assert counters == {p: max(n, past.get(p, 0)) for p, n in count.items()}
+        assert set(past) and len(counters) == 4
     assert participant_by_key(database, V1_KEY).id == "p-real"
     assert database.config().study.name
     database.dispose()
@@ -127,7 +140,8 @@ def test_migrate_command(tmp_path: Path) -> None:
     shutil.copy(DATA / "v1_study.db", db)
     runner = CliRunner()
     first = runner.invoke(app, ["migrate", "--db", str(db)])
-    assert first.exit_code == 0 and "from schema version 1 to 2" in first.output, first.output
+    assert first.exit_code == 0, first.output
+    assert f"from schema version 1 to {SCHEMA_VERSION}" in first.output, first.output
     second = runner.invoke(app, ["migrate", "--db", str(db)])
     assert second.exit_code == 0 and "nothing to do" in second.output
     missing = runner.invoke(app, ["migrate", "--db", str(tmp_path / "none.db")])
