@@ -172,6 +172,56 @@ def add_shaping_options(ap: Any, upstream: str) -> None:
     ap.add_argument("--priority", type=int, default=0,
                     help="nice value for the proxy's event-loop thread (e.g. -10, needs "
                          "root): the proxy as if it had a CPU to itself on a busy machine")
+    ap.add_argument("--pin", action="store_true",
+                    help="the proxy on a CPU of its own (the last one), this load generator "
+                         "and the simulated model on the others: as deployed, where the "
+                         "clients run on other machines")
+
+
+#: The CPUs this benchmark may use, before --pin splits them.
+ALL_CPUS = sorted(os.sched_getaffinity(0))
+
+
+def pin_load_generator(args: Any) -> None:
+    """With ``--pin``: this process, and the servers it starts from now on, on every CPU but
+    the last (call before starting them)."""
+    if args.pin:
+        if len(ALL_CPUS) < 2:
+            raise SystemExit("--pin needs at least 2 CPUs")
+        os.sched_setaffinity(0, ALL_CPUS[:-1])
+
+
+def place_proxy(args: Any, pid: int) -> None:
+    """Apply ``--priority`` (the event-loop thread) and ``--pin`` (every thread, on the last
+    CPU) to the proxy process ``pid``."""
+    if args.priority:
+        os.setpriority(os.PRIO_PROCESS, pid, args.priority)
+    if args.pin:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setaffinity(int(tid), {ALL_CPUS[-1]})
+
+
+def proxy_cpu(args: Any) -> int | None:
+    """The CPU the proxy is pinned to (None without ``--pin``)."""
+    return ALL_CPUS[-1] if args.pin else None
+
+
+class CpuSteal:
+    """The share of CPU time the hypervisor gave to other guests while this machine wanted
+    it (``steal`` in /proc/stat), from construction to :meth:`pct`."""
+
+    def __init__(self) -> None:
+        self._start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return fields[7] if len(fields) > 7 else 0, sum(fields[:8])
+
+    def pct(self) -> float:
+        steal, total = self._read()
+        d_total = max(1, total - self._start[1])
+        return round((steal - self._start[0]) / d_total * 100, 2)
 
 
 def proxy_toml(args: Any) -> str:
@@ -257,12 +307,15 @@ if len(sys.argv) > 2:
 """
 
 
-def timer_noise(seconds: float = 2.0, nice: int = 0) -> dict[str, float]:
+def timer_noise(seconds: float = 2.0, nice: int = 0, cpu: int | None = None
+                ) -> dict[str, float]:
     """Lateness (ms) of a bare ``asyncio.sleep`` on this machine right now, and how often a
     busy thread loses its CPU (stalls over 1 ms per second, the longest, the share of time):
-    the floor under any event-loop timing, whatever the proxy does."""
+    the floor under any event-loop timing, whatever the proxy does. ``cpu``: probe on that
+    CPU only (the pinned proxy's)."""
     import json
 
     args = [sys.executable, "-c", TIMER_PROBE, str(seconds)] + ([str(nice)] if nice else [])
-    out = subprocess.run(args, capture_output=True, text=True, check=True)
+    pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+    out = subprocess.run(args, capture_output=True, text=True, check=True, preexec_fn=pin)
     return json.loads(out.stdout)  # type: ignore[no-any-return]

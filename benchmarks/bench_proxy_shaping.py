@@ -11,7 +11,7 @@ event-loop timing.
 Targets: p99 |TTFT error| ≤ 2 ms with 50–100 streams; tokens/s within 2 %.
 
     python benchmarks/bench_proxy_shaping.py [--streams 100] [--ttft-ms 400] [--tps 50]
-                                             [--priority -10]
+                                             [--priority -10] [--pin]
 """
 
 from __future__ import annotations
@@ -32,11 +32,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
+    CpuSteal,
     add_shaping_options,
     cpu_seconds,
     enroll_keys,
     mock_model_process,
     percentile,
+    pin_load_generator,
+    place_proxy,
+    proxy_cpu,
     proxy_process,
     proxy_toml,
     timer_noise,
@@ -108,6 +112,7 @@ def main() -> None:
                          "shaping rather than the model's own pacing)")
     add_shaping_options(ap, upstream="http")
     args = ap.parse_args()
+    pin_load_generator(args)
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
         d = Path(tmp)
@@ -123,13 +128,14 @@ def main() -> None:
         keys = enroll_keys(study, db, 10)
         results = []
         with proxy_process(study, db, env) as url:
-            if args.priority:
-                os.setpriority(os.PRIO_PROCESS, url.pid, args.priority)
+            place_proxy(args, url.pid)
             asyncio.run(load(url, keys, 5, 1))  # warm-up: imports, connections, caches
+            steal = CpuSteal()
             cpu0, t0 = cpu_seconds(url.pid), time.monotonic()
             for _ in range(args.rounds):
                 results += asyncio.run(load(url, keys, args.streams, args.stagger_ms))
-            noise = timer_noise(2.0, args.priority)
+            steal_pct = steal.pct()
+            noise = timer_noise(2.0, args.priority, proxy_cpu(args))
             cpu = cpu_seconds(url.pid) - cpu0
             wall = time.monotonic() - t0
         ids = [r[0] for r in results]
@@ -169,6 +175,8 @@ def main() -> None:
         "statuses": dict(Counter(r[8] for r in rows.values())),
         "errors": dict(Counter(e for e in errors if e)),
         "proxy_nice": args.priority,
+        "proxy_pinned_cpu": proxy_cpu(args),
+        "cpu_steal_pct": steal_pct,
         "bare_asyncio_sleep_lateness_ms_same_machine": noise,
         "cpus": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],

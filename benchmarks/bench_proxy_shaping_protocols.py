@@ -14,6 +14,7 @@ the lateness of a bare ``asyncio.sleep`` on the same machine (the floor under an
     python benchmarks/bench_proxy_shaping_protocols.py [--streams 50] [--ttft-ms 400]
                                                        [--tps 50] [--rounds 2]
                                                        [--priority -10] [--no-quiet-gc]
+                                                       [--pin]
 """
 
 from __future__ import annotations
@@ -34,11 +35,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
+    CpuSteal,
     add_shaping_options,
     cpu_seconds,
     enroll_keys,
     mock_model_process,
     percentile,
+    pin_load_generator,
+    place_proxy,
+    proxy_cpu,
     proxy_process,
     proxy_toml,
     timer_noise,
@@ -152,6 +157,7 @@ def main() -> None:
     out: dict = {"streams_concurrent": args.streams, "rounds": args.rounds,
                  "target_ttft_ms": args.ttft_ms, "target_tps": args.tps,
                  "upstream": args.upstream, "quiet_gc": not args.no_quiet_gc}
+    pin_load_generator(args)
     with contextlib.ExitStack() as stack:
         d = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         env = None
@@ -165,8 +171,8 @@ def main() -> None:
         db = d / "bench.db"
         keys = enroll_keys(study, db, 10)
         with proxy_process(study, db, env) as url:
-            if args.priority:
-                os.setpriority(os.PRIO_PROCESS, url.pid, args.priority)
+            place_proxy(args, url.pid)
+            steal = CpuSteal()
             cpu0, t0 = cpu_seconds(url.pid), time.monotonic()
             for name in args.protocols.split(","):
                 fn = CLIENTS[name]
@@ -186,8 +192,11 @@ def main() -> None:
                 out[name] = summarize(rows)
             out["proxy_cpu_cores"] = round((cpu_seconds(url.pid) - cpu0)
                                            / (time.monotonic() - t0), 3)
+            out["cpu_steal_pct"] = steal.pct()
         out["proxy_nice"] = args.priority
-        out["bare_asyncio_sleep_lateness_ms_same_machine"] = timer_noise(2.0, args.priority)
+        out["proxy_pinned_cpu"] = proxy_cpu(args)
+        out["bare_asyncio_sleep_lateness_ms_same_machine"] = timer_noise(
+            2.0, args.priority, proxy_cpu(args))
     out["cpus"] = os.cpu_count()
     out["load_avg_1m"] = os.getloadavg()[0]
     print(json.dumps(out, indent=2))

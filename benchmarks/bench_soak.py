@@ -4,8 +4,12 @@ One ``flowtrial proxy`` process (the CLI's own code path, ``python -m
 instrumentation.proxy``) with the built-in simulated model as its upstream and per-prompt
 shaping (each prompt draws its TTFT and tokens/s, by default 300–1000 ms and 50–200
 tokens/s). ``--participants`` enrolled participants each loop: send a prompt, read the stream
-to its end, think for a moment, again — for ``--seconds``; then every stream still open is
-read to its end and the proxy is stopped with SIGTERM. The clients are light raw-socket
+to its end, think, again — for ``--seconds``; then every stream still open is read to its end
+and the proxy is stopped with SIGTERM. By default they think as the simulator's participants
+do (``study.simulator.params.SimParams``: review the answer, median 15 s, then craft the next
+prompt, median 20 s; log-normal), so 200 of them are the load of 200 developers.
+``--think-s S`` instead draws think times with mean S s (exponential): ``--think-s 1`` is a
+stress test, tens of times a real team's load. The clients are light raw-socket
 asyncio loops in this process, so hundreds of them do not load the machine being measured.
 
 Printed (JSON):
@@ -22,6 +26,7 @@ Printed (JSON):
   event-loop timing on this machine).
 
     python benchmarks/bench_soak.py [--seconds 120] [--participants 200] [--think-s 1.0]
+                                    [--workers 2]
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import re
@@ -134,12 +140,36 @@ async def one_prompt(host: str, port: int, key: str, prompt: str, max_tokens: in
         tally.incomplete.append(cid)
 
 
+class Thinking:
+    """Think times between an answer's end and the next prompt: the simulator's human
+    durations (``think_s`` None) or exponential with mean ``think_s``."""
+
+    def __init__(self, think_s: float | None) -> None:
+        from study.simulator.params import SimParams
+
+        self.think_s = think_s
+        p = SimParams()
+        self.parts = [(p.review_verify.median, p.review_verify.logsd),
+                      (p.prompt_crafting.median, p.prompt_crafting.logsd)]
+
+    def first(self, rng: random.Random) -> float:
+        """A start offset, so participants are spread over one think time (steady state)."""
+        if self.think_s is None:
+            return rng.uniform(0, sum(m for m, _ in self.parts))
+        return rng.uniform(0, min(5.0, self.think_s * 3))
+
+    def draw(self, rng: random.Random) -> float:
+        if self.think_s is None:
+            return sum(rng.lognormvariate(math.log(m), sd) for m, sd in self.parts)
+        return rng.expovariate(1 / self.think_s) if self.think_s > 0 else 0.0
+
+
 async def participant(host: str, port: int, key: str, rng: random.Random, until: float,
-                      think_s: float, max_tokens: int, tally: Tally) -> None:
-    await asyncio.sleep(rng.uniform(0, min(5.0, think_s * 3)))  # do not all start at once
+                      thinking: Thinking, max_tokens: int, tally: Tally) -> None:
+    await asyncio.sleep(thinking.first(rng))  # do not all start at once
     while time.monotonic() < until:
         await one_prompt(host, port, key, rng.choice(PROMPTS), max_tokens, tally)
-        await asyncio.sleep(rng.expovariate(1 / think_s) if think_s > 0 else 0)
+        await asyncio.sleep(thinking.draw(rng))
 
 
 def _tree(pid: int) -> list[int]:
@@ -180,8 +210,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=120.0)
     ap.add_argument("--participants", type=int, default=200)
-    ap.add_argument("--think-s", type=float, default=1.0,
-                    help="mean think time between a stream's end and the next prompt")
+    ap.add_argument("--think-s", type=float, default=None,
+                    help="mean think time (s, exponential) between a stream's end and the "
+                         "next prompt; default: the simulator's participants (review + "
+                         "crafting the next prompt, medians 15 s + 20 s)")
     ap.add_argument("--max-tokens", type=int, default=150)
     ap.add_argument("--ttft-ms", type=float, nargs=2, default=(300.0, 1000.0),
                     metavar=("MIN", "MAX"))
@@ -210,12 +242,13 @@ def main() -> None:
             sampler.start()
             cpu0, t0 = tree_cpu(url.pid), time.monotonic()
             rng = random.Random(args.seed)
+            thinking = Thinking(args.think_s)
 
             async def run() -> None:
                 until = time.monotonic() + args.seconds
                 await asyncio.gather(*(
                     participant(host, int(port), k, random.Random(rng.random()), until,
-                                args.think_s, args.max_tokens, tally) for k in keys))
+                                thinking, args.max_tokens, tally) for k in keys))
 
             asyncio.run(run())  # returns once every participant's last stream has ended
             wall = time.monotonic() - t0
@@ -228,7 +261,8 @@ def main() -> None:
         con = sqlite3.connect(db)
         rows = con.execute(
             "SELECT id, status, error, experienced_ttft_ms, target_ttft_ms, achieved_tps, "
-            "target_tps, tokens_sent, violation FROM cycles").fetchall()
+            "target_tps, tokens_sent, violation, t_done_ns - t_request_ns FROM cycles"
+        ).fetchall()
         con.close()
 
     by_id = {r[0]: r for r in rows}
@@ -245,7 +279,8 @@ def main() -> None:
     out = {
         "participants": args.participants,
         "seconds": args.seconds,
-        "think_s_mean": args.think_s,
+        "think": ("simulator (review + next prompt)" if args.think_s is None
+                  else f"exponential, mean {args.think_s} s"),
         "target_ranges": {"ttft_ms": list(args.ttft_ms), "tokens_per_second": list(args.tps)},
         "enroll_s": round(enroll_s, 1),
         "requests_sent": tally.sent,
@@ -256,6 +291,8 @@ def main() -> None:
         "client_incomplete_streams": len(tally.incomplete),
         "client_failures": dict(tally.failures),
         "cycles_per_s": round(len(recorded) / wall, 1),
+        # Streams open at once, on average (sum of cycle durations over the run's length).
+        "concurrent_streams_mean": round(sum(r[9] or 0 for r in rows) / 1e9 / wall, 1),
         "rss_mb": {
             "window_s": window,
             "first_window_mean": round(mean(first), 1) if first else None,
