@@ -50,6 +50,7 @@ from statistics import mean
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
+    CpuSteal,
     cpu_seconds,
     enroll_keys,
     percentile,
@@ -169,7 +170,8 @@ async def participant(host: str, port: int, key: str, rng: random.Random, until:
     await asyncio.sleep(thinking.first(rng))  # do not all start at once
     while time.monotonic() < until:
         await one_prompt(host, port, key, rng.choice(PROMPTS), max_tokens, tally)
-        await asyncio.sleep(thinking.draw(rng))
+        # A think that would outlast the run ends with it (the loop then stops).
+        await asyncio.sleep(min(thinking.draw(rng), max(0.0, until - time.monotonic())))
 
 
 def _tree(pid: int) -> list[int]:
@@ -240,6 +242,7 @@ def main() -> None:
             sampler = threading.Thread(target=sample_rss, args=(url.pid, 1.0, rss, stop),
                                        daemon=True)
             sampler.start()
+            steal = CpuSteal()
             cpu0, t0 = tree_cpu(url.pid), time.monotonic()
             rng = random.Random(args.seed)
             thinking = Thinking(args.think_s)
@@ -254,6 +257,7 @@ def main() -> None:
             wall = time.monotonic() - t0
             cpu_by = {p: c - cpu0.get(p, 0.0) for p, c in tree_cpu(url.pid).items()}
             cpu = sum(cpu_by.values())
+            steal_pct = steal.pct()
             stop.set()
             sampler.join(5)
             noise = timer_noise(2.0)
@@ -317,6 +321,7 @@ def main() -> None:
         "proxy_cpu_share": round(cpu / wall, 3),
         "proxy_cpu_share_busiest_process": round(max(cpu_by.values()) / wall, 3),
         "wall_s": round(wall, 1),
+        "cpu_steal_pct": steal_pct,
         "bare_asyncio_sleep_lateness_ms_same_machine": noise,
         "cpus": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],

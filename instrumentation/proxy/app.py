@@ -334,6 +334,7 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
         state = ProxyState(database, config, w, router, instance=instance)
         app.state.proxy = state
         await router.start()
+        await state.arms.start()
         # A full collection walks every object the imports made (~140k: numpy, SQLAlchemy,
         # pydantic ...) and stalls the event loop for ~100 ms, which would show up as TTFT
         # misses. Freeze them out of the collector; later garbage is collected as usual.

@@ -4,12 +4,9 @@ call so nothing touches the database between an upstream chunk and the client.
 - ``parallel``: the participant's period-0 assignment (cached: assignments never change).
 - ``crossover``: the arm of the period of the participant's currently started task (latest
   ``status = "started"`` row of ``tasks``), else period 0.
-- ``per_prompt``: ``per_prompt_draw`` with a per-participant request index; the draw is
-  recorded in ``draw_json``. Each process claims blocks of :data:`INDEX_BLOCK` indices from
-  the participant's ``draw_counters`` row in one transaction, so proxy restarts, the workers
-  of one proxy and separate proxies on one database (a load balancer without sticky
-  sessions) never repeat a draw. A claim never starts below the participant's highest
-  recorded index (rows written without the counter, e.g. by ``flowtrial simulate``).
+- ``per_prompt``: ``per_prompt_draw`` with the participant's next request index
+  (:mod:`instrumentation.proxy.draw_indices`: claimed in blocks, never repeated across
+  processes); the draw is recorded in ``draw_json``.
 
 An arm without latency settings is unshaped pass-through (team mode).
 """
@@ -23,17 +20,14 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, text
 
+from instrumentation.proxy.draw_indices import DrawIndices
 from instrumentation.proxy.shaping import Target
 from study.config import StudyConfig
 from study.participants import PER_PROMPT_ARM, assignments_for
 from study.randomization import per_prompt_draw
 from study.storage import Database, create_db_engine
 
-__all__ = ["INDEX_BLOCK", "ArmResolver", "Resolution", "read_engine"]
-
-#: Request indices a process claims at a time: a claim is one small write transaction (once
-#: per 16 prompts of a participant); indices a process claimed but never used are skipped.
-INDEX_BLOCK = 16
+__all__ = ["ArmResolver", "Resolution", "read_engine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,16 +61,6 @@ _STARTED_TASK_SQL = (
     "SELECT id, period, arm FROM tasks WHERE participant_id = ? AND status = 'started' "
     "ORDER BY started_at_ns IS NULL, started_at_ns DESC, id DESC LIMIT 1"
 )
-_COUNT_CYCLES = text("SELECT count(*) FROM cycles WHERE participant_id = :pid")
-_DRAWS = text("SELECT draw_json FROM cycles WHERE participant_id = :pid "
-              "AND draw_json IS NOT NULL")
-_COUNTER_ROW = text("INSERT INTO draw_counters (participant_id, next_index) VALUES (:pid, 0) "
-                    "ON CONFLICT (participant_id) DO NOTHING")
-# The UPDATE takes the row's write lock (PostgreSQL) / the database's (SQLite) until commit,
-# so concurrent claims serialize and each reads back its own block's end.
-_CLAIM = text("UPDATE draw_counters SET next_index = CASE WHEN next_index < :floor THEN :floor "
-              "ELSE next_index END + :n WHERE participant_id = :pid")
-_COUNTER = text("SELECT next_index FROM draw_counters WHERE participant_id = :pid")
 
 
 def _readonly_sqlite(database: Database) -> sqlite3.Connection | None:
@@ -93,14 +77,6 @@ def _readonly_sqlite(database: Database) -> sqlite3.Connection | None:
                                timeout=0.02)
     except sqlite3.Error:
         return None
-
-
-def _request_index_of(draw_json: str) -> int | None:
-    try:
-        i = json.loads(draw_json).get("request_index")
-    except (ValueError, AttributeError):
-        return None
-    return i if isinstance(i, int) else None
 
 
 def _settle(fut: asyncio.Future[int | None], task: asyncio.Future[int | None]) -> None:
@@ -124,9 +100,7 @@ class ArmResolver:
         self._ro = _readonly_sqlite(database)
         self.time_scale = config.study.time_scale
         self._assignments: dict[str, dict[int, str]] = {}
-        self._indices: dict[str, tuple[int, int]] = {}  # pid -> (next, end) of its block
-        self._floors: set[str] = set()  # participants whose recorded draws were checked
-        self._index_locks: dict[str, asyncio.Lock] = {}
+        self.draw_indices = DrawIndices(self.engine)
         self._targets = {
             a.name: Target.for_arm(a, self.time_scale) for a in config.arms
         }
@@ -152,26 +126,6 @@ class ArmResolver:
             return False, None
         return True, ((int(row[0]), row[1], row[2]) if row else None)
 
-    def _recorded_floor(self, pid: str) -> int:
-        """Past every index recorded for ``pid`` (their draws say which), and past the count
-        of their cycles."""
-        with self.engine.connect() as conn:
-            count = int(conn.execute(_COUNT_CYCLES, {"pid": pid}).scalar_one())
-            used = [_request_index_of(d) for (d,) in conn.execute(_DRAWS, {"pid": pid})]
-        return max([count, *(i + 1 for i in used if i is not None)])
-
-    def _claim_block(self, pid: str) -> int:
-        """Claim the next :data:`INDEX_BLOCK` request indices of ``pid``; the first one."""
-        floor = 0
-        if pid not in self._floors:  # once per process: the counter covers the rest
-            floor = self._recorded_floor(pid)
-        with self.engine.begin() as conn:
-            conn.execute(_COUNTER_ROW, {"pid": pid})
-            conn.execute(_CLAIM, {"pid": pid, "floor": floor, "n": INDEX_BLOCK})
-            end = int(conn.execute(_COUNTER, {"pid": pid}).scalar_one())
-        self._floors.add(pid)
-        return end - INDEX_BLOCK
-
     async def _assignments_for(self, pid: str) -> dict[int, str]:
         got = self._assignments.get(pid)
         if got is None:
@@ -179,17 +133,10 @@ class ArmResolver:
             self._assignments[pid] = got
         return got
 
-    async def _request_index(self, pid: str) -> int:
-        nxt, end = self._indices.get(pid, (0, 0))
-        if nxt >= end:
-            lock = self._index_locks.setdefault(pid, asyncio.Lock())
-            async with lock:
-                nxt, end = self._indices.get(pid, (0, 0))
-                if nxt >= end:
-                    nxt = await asyncio.to_thread(self._claim_block, pid)
-                    end = nxt + INDEX_BLOCK
-        self._indices[pid] = (nxt + 1, end)
-        return nxt
+    async def start(self) -> None:
+        """Claim per-prompt request indices for every enrolled participant up front."""
+        if self.config.study.design == "per_prompt":
+            await self.draw_indices.start()
 
     def _arm_target(self, arm: str) -> Target | None:
         if arm in self._targets:
@@ -221,7 +168,7 @@ class ArmResolver:
             if design == "per_prompt":
                 pp = self.config.per_prompt
                 assert pp is not None  # the config validator guarantees it
-                index = await self._request_index(pid)
+                index = await self.draw_indices.next(pid)
                 draw = per_prompt_draw(pp, self.config.study.seed, pid, index)
                 target = Target.for_draw(pp, draw, self.time_scale)
                 return Resolution(PER_PROMPT_ARM, target if target.shaped else None, None,

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from study.config import StudyConfig
-from study.schema import Cycle, Event, GroundTruth, Task
+from study.schema import Cycle, DrawCounter, Event, GroundTruth, Task
 from study.simulator.model import (
     Behaviour,
     Population,
@@ -344,11 +344,16 @@ def simulate_virtual(
             config, params, n_participants, tasks, prompts_per_task, seed,
             ids=ids, first_index=first, first_task_id=first_task,
         )
+        # Per-prompt draws used request indices 0 … k-1 of each participant: a proxy serving
+        # them later must continue past those (the counter every proxy claims from).
+        counters = ([{"participant_id": p, "next_index": tasks * prompts_per_task}
+                     for p in ids] if config.study.design == "per_prompt" else [])
         write_rows(database, [
             WriteBatch(Task, frame_rows(frames["tasks"])),
             WriteBatch(Cycle, frame_rows(frames["cycles"])),
             WriteBatch(Event, frame_rows(frames["events"], drop=("id",))),
             WriteBatch(GroundTruth, frame_rows(frames["ground_truth"], drop=("id",))),
+            WriteBatch(DrawCounter, counters),
         ])
     if progress:
         progress(total, total)

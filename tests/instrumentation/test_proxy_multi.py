@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import text
 
-from instrumentation.proxy.arms import INDEX_BLOCK
+from instrumentation.proxy.draw_indices import INDEX_BLOCK
 from study.config import load_study
 from study.participants import enroll
 from study.storage import init_db, open_db

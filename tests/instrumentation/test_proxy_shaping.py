@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from instrumentation.proxy import create_proxy_app, serve_proxy
-from instrumentation.proxy.arms import INDEX_BLOCK
+from instrumentation.proxy.draw_indices import INDEX_BLOCK
 from instrumentation.proxy.shaping import Pacer, Target
 from study.schema import Task
 from study.storage import utcnow

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from instrumentation.proxy.arms import INDEX_BLOCK
+from instrumentation.proxy.draw_indices import INDEX_BLOCK
 from study.config import load_study
 from study.participants import enroll
 from tests.instrumentation.test_proxy_process import setup_study, start_proxy, wait_healthy
@@ -131,50 +131,6 @@ def test_supervisor_restarts_a_killed_worker_and_drains_on_sigterm(tmp_path: Pat
     con.close()
     assert n == 10
     assert not any(Path(f"/proc/{p}").exists() for p in first - {victim})  # all stopped
-
-
-def test_draw_indices_continue_past_every_recorded_one(tmp_path: Path) -> None:
-    """Processes claim blocks of indices past every index recorded for the participant (rows
-    written without the counter, e.g. by an older proxy), then past each other's blocks: two
-    processes interleaving never repeat one, and a restart continues past both."""
-    import asyncio
-
-    from instrumentation.proxy.arms import ArmResolver
-    from study.schema import Cycle
-    from study.storage import open_db, utcnow
-
-    study, db, _ = setup_study(tmp_path, PER_PROMPT)
-    config = load_study(study)
-    database = open_db(db)
-    with database.session() as s:  # an earlier process recorded indices 0, 2, 4, 6
-        for i in (0, 2, 4, 6):
-            s.add(Cycle(id=f"c{i}", participant_id="p01", arm="per_prompt", protocol="chat",
-                        mono_anchor_ns=0, wall_anchor_ns=0, t_request_ns=i,
-                        started_at=utcnow(), draw_json=json.dumps({"request_index": i})))
-        s.commit()
-
-    async def interleaved(n: int) -> tuple[list[int], list[int]]:
-        a, b = ArmResolver(database, config), ArmResolver(database, config)
-        got: tuple[list[int], list[int]] = ([], [])
-        try:
-            for _ in range(n):
-                for arms, out in zip((a, b), got, strict=True):
-                    out.append(json.loads((await arms.resolve("p01")).draw_json)
-                               ["request_index"])
-        finally:
-            a.close()
-            b.close()
-        return got
-
-    first, second = asyncio.run(interleaved(INDEX_BLOCK + 2))
-    assert first == list(range(7, 7 + INDEX_BLOCK)) + list(range(7 + 2 * INDEX_BLOCK,
-                                                                 9 + 2 * INDEX_BLOCK))
-    assert second == list(range(7 + INDEX_BLOCK, 7 + 2 * INDEX_BLOCK)) + list(
-        range(7 + 3 * INDEX_BLOCK, 9 + 3 * INDEX_BLOCK))
-    assert not set(first) & set(second)
-    again, _ = asyncio.run(interleaved(1))  # a restart: past every block claimed so far
-    assert again == [7 + 4 * INDEX_BLOCK]
-    database.dispose()
 
 
 def test_workers_out_of_range_is_a_clear_error(tmp_path: Path, capsys) -> None:
