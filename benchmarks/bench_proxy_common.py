@@ -176,6 +176,10 @@ def add_shaping_options(ap: Any, upstream: str) -> None:
                     help="the proxy on a CPU of its own (the last one), this load generator "
                          "and the simulated model on the others: as deployed, where the "
                          "clients run on other machines")
+    ap.add_argument("--witness", action="store_true",
+                    help="with --pin: a real-time process on the proxy's CPU notes every "
+                         "moment that CPU was gone (needs root); each release later than "
+                         "2 ms is then checked against them")
 
 
 #: The CPUs this benchmark may use, before --pin splits them.
@@ -305,6 +309,84 @@ if len(sys.argv) > 2:
     os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[2]))
 (uvloop.run if uvloop else asyncio.run)(main(float(sys.argv[1])))
 """
+
+
+WITNESS = """
+import json, os, signal, sys, time
+
+os.sched_setaffinity(0, {int(sys.argv[1])})
+try:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(50))
+    realtime = True
+except OSError:
+    realtime = False
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+period, late = 500_000, 1_000_000
+gaps, last, mono = [], time.monotonic_ns(), time.monotonic_ns
+print("ready", flush=True)
+while not stop:
+    time.sleep(period / 1e9)
+    now = mono()
+    if now - last > period + late:
+        gaps.append((last + period, now))
+    last = now
+print(json.dumps({"realtime": realtime, "gaps": gaps}), flush=True)
+"""
+
+
+class StallWitness:
+    """A tiny real-time process on the pinned proxy's CPU that wakes every 0.5 ms and notes
+    every wake more than 1 ms late. A real-time task preempts the proxy at once, so such a gap
+    means the CPU itself was gone (the hypervisor ran another guest, or the kernel was busy)
+    — time no process on that CPU could have used. :meth:`stalled` says whether a window
+    overlaps one. Needs root (SCHED_FIFO); without it the witness is an ordinary process and
+    :attr:`realtime` is False (then its gaps include waiting for the proxy)."""
+
+    def __init__(self, cpu: int) -> None:
+        self._proc = subprocess.Popen([sys.executable, "-c", WITNESS, str(cpu)],
+                                      stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        self._proc.stdout.readline()  # "ready"
+        self._t0 = time.monotonic()
+        self.seconds = 0.0
+        self.gaps: list[tuple[int, int]] = []
+        self.realtime = False
+
+    def finish(self) -> None:
+        """Stop the witness and collect its gaps."""
+        import json
+
+        self._proc.send_signal(signal.SIGTERM)
+        self.seconds = time.monotonic() - self._t0
+        out, _ = self._proc.communicate(timeout=30)
+        got = json.loads(out.strip().splitlines()[-1])
+        self.gaps = [tuple(g) for g in got["gaps"]]
+        self.realtime = bool(got["realtime"])
+
+    def stalled(self, start_ns: int, end_ns: int) -> bool:
+        """Whether a CPU stall overlaps [start_ns, end_ns]."""
+        return any(a < end_ns and b > start_ns for a, b in self.gaps)
+
+    def summary(self) -> dict[str, Any]:
+        """What the witness saw, over its lifetime."""
+        total, seconds = sum(b - a for a, b in self.gaps), self.seconds
+        return {"realtime": self.realtime, "stalls_over_1ms": len(self.gaps),
+                "stalls_per_s": round(len(self.gaps) / max(seconds, 1e-9), 2),
+                "longest_ms": round(max((b - a for a, b in self.gaps), default=0) / 1e6, 2),
+                "stalled_pct": round(total / max(seconds, 1e-9) / 1e7, 2)}
+
+
+def attribute_misses(witness: StallWitness, misses: list[tuple[int, int, float]],
+                     bound_ms: float) -> dict[str, Any]:
+    """Of the releases whose |TTFT error| exceeded ``bound_ms`` (``misses``: due ns, first
+    byte sent ns, error ms), how many had the proxy's CPU stalled between due and sent."""
+    over = [m for m in misses if abs(m[2]) > bound_ms]
+    stalled = [m for m in over if witness.stalled(m[0] - 1_000_000, max(m[0], m[1]))]
+    return {"bound_ms": bound_ms, "over_bound": len(over),
+            "over_bound_with_cpu_stalled": len(stalled),
+            "over_bound_cpu_not_stalled_errors_ms": sorted(round(abs(m[2]), 2) for m in over
+                                                           if m not in stalled)}
 
 
 def timer_noise(seconds: float = 2.0, nice: int = 0, cpu: int | None = None

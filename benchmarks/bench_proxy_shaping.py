@@ -11,7 +11,7 @@ event-loop timing.
 Targets: p99 |TTFT error| ≤ 2 ms with 50–100 streams; tokens/s within 2 %.
 
     python benchmarks/bench_proxy_shaping.py [--streams 100] [--ttft-ms 400] [--tps 50]
-                                             [--priority -10] [--pin]
+                                             [--priority -10] [--pin [--witness]]
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
+    ALL_CPUS,
     CpuSteal,
+    StallWitness,
     add_shaping_options,
+    attribute_misses,
     cpu_seconds,
     enroll_keys,
     mock_model_process,
@@ -112,6 +115,8 @@ def main() -> None:
                          "shaping rather than the model's own pacing)")
     add_shaping_options(ap, upstream="http")
     args = ap.parse_args()
+    if args.witness and not args.pin:
+        ap.error("--witness needs --pin (the witness watches the proxy's CPU)")
     pin_load_generator(args)
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
@@ -130,11 +135,14 @@ def main() -> None:
         with proxy_process(study, db, env) as url:
             place_proxy(args, url.pid)
             asyncio.run(load(url, keys, 5, 1))  # warm-up: imports, connections, caches
+            witness = StallWitness(ALL_CPUS[-1]) if args.witness else None
             steal = CpuSteal()
             cpu0, t0 = cpu_seconds(url.pid), time.monotonic()
             for _ in range(args.rounds):
                 results += asyncio.run(load(url, keys, args.streams, args.stagger_ms))
             steal_pct = steal.pct()
+            if witness is not None:
+                witness.finish()
             noise = timer_noise(2.0, args.priority, proxy_cpu(args))
             cpu = cpu_seconds(url.pid) - cpu0
             wall = time.monotonic() - t0
@@ -142,7 +150,8 @@ def main() -> None:
         con = sqlite3.connect(db)
         marks = ",".join("?" * len(ids))
         q = ("SELECT id, experienced_ttft_ms, target_ttft_ms, achieved_tps, target_tps, "
-             f"tokens_sent, violation, violation_ms, status FROM cycles WHERE id IN ({marks})")
+             "tokens_sent, violation, violation_ms, status, t_request_ns, t_first_sent_ns "
+             f"FROM cycles WHERE id IN ({marks})")
         rows = {r[0]: r for r in con.execute(q, ids)}
         errors = [r[0] for r in con.execute(f"SELECT error FROM cycles WHERE id IN ({marks})",
                                             ids)]
@@ -176,6 +185,10 @@ def main() -> None:
         "errors": dict(Counter(e for e in errors if e)),
         "proxy_nice": args.priority,
         "proxy_pinned_cpu": proxy_cpu(args),
+        "proxy_cpu_stalls_witnessed": witness.summary() if witness else None,
+        "misses_vs_cpu_stalls": attribute_misses(witness, [
+            (r[9] + int(r[2] * 1e6), r[10], r[1] - r[2]) for r in rows.values()
+            if r[1] is not None and r[10] is not None], 2.0) if witness else None,
         "cpu_steal_pct": steal_pct,
         "bare_asyncio_sleep_lateness_ms_same_machine": noise,
         "cpus": os.cpu_count(),

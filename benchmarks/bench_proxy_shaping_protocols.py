@@ -14,7 +14,7 @@ the lateness of a bare ``asyncio.sleep`` on the same machine (the floor under an
     python benchmarks/bench_proxy_shaping_protocols.py [--streams 50] [--ttft-ms 400]
                                                        [--tps 50] [--rounds 2]
                                                        [--priority -10] [--no-quiet-gc]
-                                                       [--pin]
+                                                       [--pin [--witness]]
 """
 
 from __future__ import annotations
@@ -35,8 +35,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
+    ALL_CPUS,
     CpuSteal,
+    StallWitness,
     add_shaping_options,
+    attribute_misses,
     cpu_seconds,
     enroll_keys,
     mock_model_process,
@@ -154,6 +157,8 @@ def main() -> None:
     ap.add_argument("--protocols", default=",".join(CLIENTS),
                     help="comma-separated subset of " + ", ".join(CLIENTS))
     args = ap.parse_args()
+    if args.witness and not args.pin:
+        ap.error("--witness needs --pin (the witness watches the proxy's CPU)")
     out: dict = {"streams_concurrent": args.streams, "rounds": args.rounds,
                  "target_ttft_ms": args.ttft_ms, "target_tps": args.tps,
                  "upstream": args.upstream, "quiet_gc": not args.no_quiet_gc}
@@ -172,6 +177,8 @@ def main() -> None:
         keys = enroll_keys(study, db, 10)
         with proxy_process(study, db, env) as url:
             place_proxy(args, url.pid)
+            witness = StallWitness(ALL_CPUS[-1]) if args.witness else None
+            misses: dict[str, list[tuple[int, int, float]]] = {}
             steal = CpuSteal()
             cpu0, t0 = cpu_seconds(url.pid), time.monotonic()
             for name in args.protocols.split(","):
@@ -186,13 +193,20 @@ def main() -> None:
                 con = sqlite3.connect(db)
                 rows = list(con.execute(
                     "SELECT experienced_ttft_ms, target_ttft_ms, achieved_tps, target_tps, "
-                    "tokens_sent, violation, status FROM cycles WHERE t_request_ns > ?",
-                    (start,)))
+                    "tokens_sent, violation, status, t_request_ns, t_first_sent_ns "
+                    "FROM cycles WHERE t_request_ns > ?", (start,)))
                 con.close()
                 out[name] = summarize(rows)
+                misses[name] = [(r[7] + int(r[1] * 1e6), r[8], r[0] - r[1]) for r in rows
+                                if r[0] is not None and r[8] is not None]
             out["proxy_cpu_cores"] = round((cpu_seconds(url.pid) - cpu0)
                                            / (time.monotonic() - t0), 3)
             out["cpu_steal_pct"] = steal.pct()
+            if witness is not None:
+                witness.finish()
+                out["proxy_cpu_stalls_witnessed"] = witness.summary()
+                for name, m in misses.items():
+                    out[name]["misses_vs_cpu_stalls"] = attribute_misses(witness, m, 2.0)
         out["proxy_nice"] = args.priority
         out["proxy_pinned_cpu"] = proxy_cpu(args)
         out["bare_asyncio_sleep_lateness_ms_same_machine"] = timer_noise(

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 #: Request indices a process claims at a time.
 INDEX_BLOCK = 16
 
-_PARTICIPANTS = text("SELECT id FROM participants")
+_PARTICIPANTS = text("SELECT id FROM participants ORDER BY id")
 _COUNTER_ROW = text("INSERT INTO draw_counters (participant_id, next_index) VALUES (:pid, 0) "
                     "ON CONFLICT (participant_id) DO NOTHING")
 # The UPDATE takes the row's write lock (PostgreSQL) / the database's (SQLite) until commit,
@@ -43,13 +43,16 @@ class DrawIndices:
     def __init__(self, engine: Engine, block: int = INDEX_BLOCK) -> None:
         self.engine = engine
         self.block = block
-        self.claims = 0  # transactions run (for tests and health)
+        self.claims = 0  # claim transactions run
         self._current: dict[str, tuple[int, int]] = {}  # pid -> (next, end)
         self._spare: dict[str, asyncio.Future[int]] = {}  # pid -> start of the next block
         self._locks: dict[str, asyncio.Lock] = {}
 
     def claim(self, pids: list[str]) -> dict[str, int]:
         """Claim one block for each of ``pids`` in one transaction; the first index of each."""
+        # One order for every process: claims of overlapping participants lock the same rows
+        # in the same order, so two proxies starting at once cannot deadlock (PostgreSQL).
+        pids = sorted(set(pids))
         if not pids:
             return {}
         with self.engine.begin() as conn:

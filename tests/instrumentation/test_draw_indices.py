@@ -114,6 +114,34 @@ def test_concurrent_claims_are_disjoint(database: Database) -> None:
     assert sorted(starts) == [i * INDEX_BLOCK for i in range(30)]
 
 
+def test_concurrent_claims_of_many_participants_do_not_deadlock(database: Database) -> None:
+    """Proxies starting at once each claim for every participant, whatever order they list
+    them in: every claim completes, and each participant's blocks are disjoint."""
+    orders = [["p01", "p02", "p03"], ["p03", "p02", "p01"], ["p02", "p03", "p01"]] * 2
+    got: list[dict[str, int]] = []
+    errors: list[BaseException] = []
+
+    def claim(order: list[str]) -> None:
+        engine = read_engine(database)
+        try:
+            d = DrawIndices(engine)
+            for _ in range(4):
+                got.append(d.claim(order))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            engine.dispose()
+
+    threads = [threading.Thread(target=claim, args=(o,)) for o in orders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and len(got) == 24
+    for pid in ("p01", "p02", "p03"):
+        assert sorted(g[pid] for g in got) == [i * INDEX_BLOCK for i in range(24)]
+
+
 def test_virtual_simulation_leaves_counters_past_its_draws(
         new_db: Callable[[str], str | Path], backend: str) -> None:
     """A virtual per-prompt simulation drew indices 0 … k-1 for its participants; a proxy
