@@ -156,6 +156,8 @@ def main() -> None:
     add_shaping_options(ap, upstream="inprocess")
     ap.add_argument("--protocols", default=",".join(CLIENTS),
                     help="comma-separated subset of " + ", ".join(CLIENTS))
+    ap.add_argument("--keep-db", type=Path, default=None,
+                    help="copy the study database here afterwards (to study single cycles)")
     args = ap.parse_args()
     if args.witness and not args.pin:
         ap.error("--witness needs --pin (the witness watches the proxy's CPU)")
@@ -188,8 +190,10 @@ def main() -> None:
                 (start,) = con.execute(
                     "SELECT coalesce(max(t_request_ns), 0) FROM cycles").fetchone()
                 con.close()
+                gen0, w0 = time.process_time(), time.monotonic()
                 for _ in range(args.rounds):
                     asyncio.run(load(fn, url, keys, args.streams, args.stagger_ms))
+                gen_cores = (time.process_time() - gen0) / (time.monotonic() - w0)
                 con = sqlite3.connect(db)
                 rows = list(con.execute(
                     "SELECT experienced_ttft_ms, target_ttft_ms, achieved_tps, target_tps, "
@@ -197,11 +201,15 @@ def main() -> None:
                     "FROM cycles WHERE t_request_ns > ?", (start,)))
                 con.close()
                 out[name] = summarize(rows)
+                out[name]["load_generator_cpu_cores"] = round(gen_cores, 3)
                 misses[name] = [(r[7] + int(r[1] * 1e6), r[8], r[0] - r[1]) for r in rows
                                 if r[0] is not None and r[8] is not None]
             out["proxy_cpu_cores"] = round((cpu_seconds(url.pid) - cpu0)
                                            / (time.monotonic() - t0), 3)
             out["cpu_steal_pct"] = steal.pct()
+            if args.keep_db:
+                with sqlite3.connect(db) as src, sqlite3.connect(args.keep_db) as dst:
+                    src.backup(dst)
             if witness is not None:
                 witness.finish()
                 out["proxy_cpu_stalls_witnessed"] = witness.summary()
