@@ -311,8 +311,8 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
     """The proxy app for ``config`` recording into ``database``.
 
     ``instance`` names this proxy in ``cycles.recorded_by`` (default ``host:pid``).
-    ``page_secret`` signs participant-page sessions (the workers of
-    one proxy share it, so a login holds whichever worker serves the next request).
+    ``page_secret`` signs participant-page sessions (the workers of one proxy share it, so a
+    login holds whichever worker serves the next request).
 
     ``writer``: a RecordWriter to share (its owner closes it); by default the app makes its
     own at startup and drains and closes it at shutdown. ``upstream``: an Upstream (serves
