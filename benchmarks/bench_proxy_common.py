@@ -189,6 +189,8 @@ ALL_CPUS = sorted(os.sched_getaffinity(0))
 def pin_load_generator(args: Any) -> None:
     """With ``--pin``: this process, and the servers it starts from now on, on every CPU but
     the last (call before starting them)."""
+    if args.witness and not args.pin:
+        raise SystemExit("--witness needs --pin (the witness watches the proxy's CPU)")
     if args.pin:
         if len(ALL_CPUS) < 2:
             raise SystemExit("--pin needs at least 2 CPUs")
@@ -377,16 +379,21 @@ class StallWitness:
                 "stalled_pct": round(total / max(seconds, 1e-9) / 1e7, 2)}
 
 
+def witness_for(args: Any) -> StallWitness | None:
+    """A :class:`StallWitness` on the pinned proxy's CPU with ``--witness``, else None."""
+    return StallWitness(ALL_CPUS[-1]) if args.witness else None
+
+
 def attribute_misses(witness: StallWitness, misses: list[tuple[int, int, float]],
                      bound_ms: float) -> dict[str, Any]:
     """Of the releases whose |TTFT error| exceeded ``bound_ms`` (``misses``: due ns, first
     byte sent ns, error ms), how many had the proxy's CPU stalled between due and sent."""
     over = [m for m in misses if abs(m[2]) > bound_ms]
-    stalled = [m for m in over if witness.stalled(m[0] - 1_000_000, max(m[0], m[1]))]
+    unexplained = [m for m in over if not witness.stalled(m[0] - 1_000_000, max(m[0], m[1]))]
     return {"bound_ms": bound_ms, "over_bound": len(over),
-            "over_bound_with_cpu_stalled": len(stalled),
-            "over_bound_cpu_not_stalled_errors_ms": sorted(round(abs(m[2]), 2) for m in over
-                                                           if m not in stalled)}
+            "over_bound_with_cpu_stalled": len(over) - len(unexplained),
+            "over_bound_cpu_not_stalled_errors_ms": sorted(round(abs(m[2]), 2)
+                                                           for m in unexplained)}
 
 
 def timer_noise(seconds: float = 2.0, nice: int = 0, cpu: int | None = None

@@ -32,9 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
-    ALL_CPUS,
     CpuSteal,
-    StallWitness,
     add_shaping_options,
     attribute_misses,
     cpu_seconds,
@@ -49,6 +47,7 @@ from benchmarks.bench_proxy_common import (  # noqa: E402
     timer_noise,
     upstream_env,
     upstream_section,
+    witness_for,
     write_study,
 )
 
@@ -115,8 +114,6 @@ def main() -> None:
                          "shaping rather than the model's own pacing)")
     add_shaping_options(ap, upstream="http")
     args = ap.parse_args()
-    if args.witness and not args.pin:
-        ap.error("--witness needs --pin (the witness watches the proxy's CPU)")
     pin_load_generator(args)
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
@@ -135,7 +132,7 @@ def main() -> None:
         with proxy_process(study, db, env) as url:
             place_proxy(args, url.pid)
             asyncio.run(load(url, keys, 5, 1))  # warm-up: imports, connections, caches
-            witness = StallWitness(ALL_CPUS[-1]) if args.witness else None
+            witness = witness_for(args)
             steal = CpuSteal()
             cpu0, t0 = cpu_seconds(url.pid), time.monotonic()
             for _ in range(args.rounds):

@@ -35,9 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
-    ALL_CPUS,
     CpuSteal,
-    StallWitness,
     add_shaping_options,
     attribute_misses,
     cpu_seconds,
@@ -52,6 +50,7 @@ from benchmarks.bench_proxy_common import (  # noqa: E402
     timer_noise,
     upstream_env,
     upstream_section,
+    witness_for,
     write_study,
 )
 
@@ -159,8 +158,6 @@ def main() -> None:
     ap.add_argument("--keep-db", type=Path, default=None,
                     help="copy the study database here afterwards (to study single cycles)")
     args = ap.parse_args()
-    if args.witness and not args.pin:
-        ap.error("--witness needs --pin (the witness watches the proxy's CPU)")
     out: dict = {"streams_concurrent": args.streams, "rounds": args.rounds,
                  "target_ttft_ms": args.ttft_ms, "target_tps": args.tps,
                  "upstream": args.upstream, "quiet_gc": not args.no_quiet_gc}
@@ -179,7 +176,7 @@ def main() -> None:
         keys = enroll_keys(study, db, 10)
         with proxy_process(study, db, env) as url:
             place_proxy(args, url.pid)
-            witness = StallWitness(ALL_CPUS[-1]) if args.witness else None
+            witness = witness_for(args)
             misses: dict[str, list[tuple[int, int, float]]] = {}
             steal = CpuSteal()
             cpu0, t0 = cpu_seconds(url.pid), time.monotonic()

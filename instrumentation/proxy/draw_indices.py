@@ -56,8 +56,7 @@ class DrawIndices:
         if not pids:
             return {}
         with self.engine.begin() as conn:
-            rows = [{"pid": p} for p in pids]
-            conn.execute(_COUNTER_ROW, rows)
+            conn.execute(_COUNTER_ROW, [{"pid": p} for p in pids])
             conn.execute(_CLAIM, [{"pid": p, "n": self.block} for p in pids])
             ends = {p: int(e) for p, e in conn.execute(_ENDS, {"pids": pids})}
         self.claims += 1
@@ -98,7 +97,7 @@ class DrawIndices:
     def _claim_later(self, pid: str) -> asyncio.Future[int]:
         fut = asyncio.ensure_future(asyncio.to_thread(lambda: self.claim([pid])[pid]))
         # A failed spare claim surfaces when its block is needed (it is popped then, so the
-        # next request claims afresh);
-        # retrieving the exception here keeps asyncio from logging it as never retrieved.
+        # next request claims afresh); retrieving the exception here keeps asyncio from
+        # logging it as never retrieved.
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         return fut

@@ -83,10 +83,7 @@ class Scrubber:
 
     def headers(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """Header pairs with every secret in their values replaced."""
-        if not self._texts:
-            return headers
-        return [(k, self.text(v)) if any(s in v for s in self._plain) else (k, v)
-                for k, v in headers]
+        return [(k, self.text(v)) for k, v in headers] if self._texts else headers
 
     def _literal(self, m: re.Match[str]) -> str:
         found = self._redacted_literal(m.group(0))
