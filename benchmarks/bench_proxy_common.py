@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +176,11 @@ def add_shaping_options(ap: Any, upstream: str) -> None:
                     help="the proxy on a CPU of its own (the last one), this load generator "
                          "and the simulated model on the others: as deployed, where the "
                          "clients run on other machines")
+    ap.add_argument("--isolate", action="store_true",
+                    help="with --pin: shield the proxy's CPU for the run, moving every other "
+                         "task that can move (other processes, kernel threads such as "
+                         "kdamond) to the other CPUs, as isolcpus or a cpuset does on a "
+                         "dedicated proxy host (needs root; restored afterwards)")
     ap.add_argument("--witness", action="store_true",
                     help="with --pin: a real-time process on the proxy's CPU notes every "
                          "moment that CPU was gone (needs root); each release later than "
@@ -191,6 +196,8 @@ def pin_load_generator(args: Any) -> None:
     the last (call before starting them)."""
     if args.witness and not args.pin:
         raise SystemExit("--witness needs --pin (the witness watches the proxy's CPU)")
+    if args.isolate and not args.pin:
+        raise SystemExit("--isolate needs --pin (it shields the proxy's CPU)")
     if args.pin:
         if len(ALL_CPUS) < 2:
             raise SystemExit("--pin needs at least 2 CPUs")
@@ -205,6 +212,40 @@ def place_proxy(args: Any, pid: int) -> None:
     if args.pin:
         for tid in os.listdir(f"/proc/{pid}/task"):
             os.sched_setaffinity(int(tid), {ALL_CPUS[-1]})
+
+
+@contextmanager
+def shielded_cpu(args: Any) -> Iterator[dict[str, Any]]:
+    """With ``--isolate``: every task allowed on the proxy's CPU and others (everything but
+    the pinned proxy and witness, and per-CPU kernel threads, which cannot move) is moved
+    off it until the block ends. Yields what was moved, for the report."""
+    report: dict[str, Any] = {}
+    if not args.isolate:
+        yield report
+        return
+    cpu = ALL_CPUS[-1]
+    saved: dict[int, set[int]] = {}
+    kernel: list[str] = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with suppress(OSError):
+            for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+                with suppress(OSError):
+                    allowed = os.sched_getaffinity(tid)
+                    if cpu not in allowed or len(allowed) < 2:
+                        continue
+                    os.sched_setaffinity(tid, allowed - {cpu})
+                    saved[tid] = allowed
+                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                    if stat.rsplit(")", 1)[1].split()[1] == "2":  # child of kthreadd
+                        kernel.append(stat[stat.index("(") + 1:stat.rindex(")")])
+    report["tasks_moved_off_proxy_cpu"] = len(saved)
+    report["kernel_threads_moved"] = sorted(kernel)
+    try:
+        yield report
+    finally:
+        for tid, allowed in saved.items():
+            with suppress(OSError):  # the task may have ended meanwhile
+                os.sched_setaffinity(tid, allowed)
 
 
 def proxy_cpu(args: Any) -> int | None:
@@ -228,6 +269,34 @@ class CpuSteal:
         steal, total = self._read()
         d_total = max(1, total - self._start[1])
         return round((steal - self._start[0]) / d_total * 100, 2)
+
+
+class RunDelay:
+    """How long each of the proxy's threads waited, runnable, for a CPU (``run_delay`` in
+    /proc/PID/task/TID/schedstat), from construction to :meth:`summary`: the time other
+    tasks on its CPU held it off (its own threads, kernel threads), which a real-time witness
+    cannot see because it preempts them all. Stolen time is not in it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.t0 = time.monotonic()
+        self._start = self._read()
+
+    def _read(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for tid in os.listdir(f"/proc/{self.pid}/task"):
+            with suppress(OSError):
+                fields = Path(f"/proc/{self.pid}/task/{tid}/schedstat").read_text().split()
+                out[int(tid)] = int(fields[1])
+        return out
+
+    def summary(self) -> dict[str, float]:
+        """Milliseconds waited per second of run: the event loop's thread, the others."""
+        now, dt = self._read(), max(1e-9, time.monotonic() - self.t0)
+        waited = {tid: ns - self._start.get(tid, 0) for tid, ns in now.items()}
+        loop = waited.pop(self.pid, 0)
+        return {"event_loop_thread_ms_per_s": round(loop / 1e6 / dt, 3),
+                "other_threads_ms_per_s": round(sum(waited.values()) / 1e6 / dt, 3)}
 
 
 def proxy_toml(args: Any) -> str:

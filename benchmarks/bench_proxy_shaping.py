@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
     CpuSteal,
+    RunDelay,
     add_shaping_options,
     attribute_misses,
     cpu_seconds,
@@ -44,6 +45,7 @@ from benchmarks.bench_proxy_common import (  # noqa: E402
     proxy_cpu,
     proxy_process,
     proxy_toml,
+    shielded_cpu,
     timer_noise,
     upstream_env,
     upstream_section,
@@ -133,11 +135,12 @@ def main() -> None:
             place_proxy(args, url.pid)
             asyncio.run(load(url, keys, 5, 1))  # warm-up: imports, connections, caches
             witness = witness_for(args)
-            steal = CpuSteal()
+            shield = stack.enter_context(shielded_cpu(args))
+            steal, delay = CpuSteal(), RunDelay(url.pid)
             cpu0, t0 = cpu_seconds(url.pid), time.monotonic()
             for _ in range(args.rounds):
                 results += asyncio.run(load(url, keys, args.streams, args.stagger_ms))
-            steal_pct = steal.pct()
+            steal_pct, waited = steal.pct(), delay.summary()
             if witness is not None:
                 witness.finish()
             noise = timer_noise(2.0, args.priority, proxy_cpu(args))
@@ -187,6 +190,8 @@ def main() -> None:
             (r[9] + int(r[2] * 1e6), r[10], r[1] - r[2]) for r in rows.values()
             if r[1] is not None and r[10] is not None], 2.0) if witness else None,
         "cpu_steal_pct": steal_pct,
+        "proxy_threads_waiting_for_cpu": waited,
+        "proxy_cpu_shielded": shield or None,
         "bare_asyncio_sleep_lateness_ms_same_machine": noise,
         "cpus": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
     CpuSteal,
+    RunDelay,
     add_shaping_options,
     attribute_misses,
     cpu_seconds,
@@ -47,6 +48,7 @@ from benchmarks.bench_proxy_common import (  # noqa: E402
     proxy_cpu,
     proxy_process,
     proxy_toml,
+    shielded_cpu,
     timer_noise,
     upstream_env,
     upstream_section,
@@ -177,8 +179,10 @@ def main() -> None:
         with proxy_process(study, db, env) as url:
             place_proxy(args, url.pid)
             witness = witness_for(args)
+            out["proxy_cpu_shielded"] = stack.enter_context(shielded_cpu(args)) or None
             misses: dict[str, list[tuple[int, int, float]]] = {}
             steal = CpuSteal()
+            delay = RunDelay(url.pid)
             cpu0, t0 = cpu_seconds(url.pid), time.monotonic()
             for name in args.protocols.split(","):
                 fn = CLIENTS[name]
@@ -204,6 +208,7 @@ def main() -> None:
             out["proxy_cpu_cores"] = round((cpu_seconds(url.pid) - cpu0)
                                            / (time.monotonic() - t0), 3)
             out["cpu_steal_pct"] = steal.pct()
+            out["proxy_threads_waiting_for_cpu"] = delay.summary()
             if args.keep_db:
                 with sqlite3.connect(db) as src, sqlite3.connect(args.keep_db) as dst:
                     src.backup(dst)

@@ -44,6 +44,7 @@ from instrumentation.proxy.protocols import (
 )
 from instrumentation.proxy.quiet_gc import QuietCollector
 from instrumentation.proxy.relay import Exchange
+from instrumentation.proxy.releases import give_way
 from instrumentation.proxy.state import ProxyState, close_writer, make_writer
 from instrumentation.proxy.upstream import (
     CYCLE_HEADER,
@@ -111,6 +112,7 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
             st.errors += 1
             return _too_large(st.max_body_bytes, adapter)
         t_request = time.monotonic_ns()
+        await give_way()  # reading a large body must not hold up a due first token
         try:
             obj = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:

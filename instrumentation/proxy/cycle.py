@@ -216,6 +216,8 @@ class CycleRun:
                     await self._wait(due, RELEASE_SPIN_NS)
                 self._push(raw, piece, width, due)
                 pacer.start(_now())
+                # Out now: the source's next slice (or the next event) could yield first.
+                await self._flush()
             else:
                 due = pacer.due(k + width - 1 if width else k)
                 if due > _now():

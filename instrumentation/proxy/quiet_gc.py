@@ -6,12 +6,12 @@ objects (each stream's coroutines, buffers, parsed events), so that collection s
 for 2–7 ms; landing just before a first token's release it shows up as a TTFT miss
 (benchmarks/bench_proxy_shaping_protocols.py).
 
-The shaper knows when its precise releases are due (:func:`precise_release` around each
-wait), so the proxy takes the older generations off the automatic schedule and runs them
-from a task at moments when no release is due within a guard larger than a collection
-lasts. Young collections (generation 0) stay automatic: they are cheap. A collection that
-has waited ``max_defer`` times its usual cadence runs anyway, so memory stays bounded even
-when releases never leave a gap.
+The shaper announces when its precise releases are due
+(:mod:`~instrumentation.proxy.releases`), so the proxy takes the older generations off the
+automatic schedule and runs them from a task at moments when no release is due within a
+guard larger than a collection lasts. Young collections (generation 0) stay automatic: they
+are cheap. A collection that has waited ``max_defer`` times its usual cadence runs anyway,
+so memory stays bounded even when releases never leave a gap.
 """
 
 from __future__ import annotations
@@ -19,38 +19,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterator
 
-__all__ = ["QuietCollector", "precise_release", "soonest_release"]
+from instrumentation.proxy.releases import soonest_release
+
+__all__ = ["QuietCollector"]
 
 log = logging.getLogger(__name__)
 
 _monotonic_ns = time.monotonic_ns
-# Deadlines (monotonic ns) of the releases now being waited for, by ticket. Written from the
-# event loop of each proxy app in the process, read by the collectors' tasks; plain dict
-# operations and min() over int values run under the GIL without yielding it.
-_RELEASES: dict[int, int] = {}
-_tickets = itertools.count()
-
-
-@contextlib.contextmanager
-def precise_release(deadline_ns: int) -> Iterator[None]:
-    """Announce a timed release due at ``deadline_ns`` for as long as the block runs."""
-    ticket = next(_tickets)
-    _RELEASES[ticket] = deadline_ns
-    try:
-        yield
-    finally:
-        del _RELEASES[ticket]
-
-
-def soonest_release() -> int | None:
-    """The earliest announced release deadline (monotonic ns), or None."""
-    return min(_RELEASES.values(), default=None)
 
 
 class QuietCollector:

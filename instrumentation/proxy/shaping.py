@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from instrumentation.proxy.quiet_gc import precise_release
+from instrumentation.proxy.releases import give_way, precise_release
 from study.config import ArmConfig, PerPromptSection
 
 __all__ = ["RELEASE_SPIN_NS", "Pacer", "Target", "VIOLATION_TOLERANCE_MS", "sleep_until"]
@@ -170,15 +170,18 @@ RELEASE_SPIN_NS = 1_500_000
 async def sleep_until(deadline_ns: int, spin_ns: int = 0) -> None:
     """Sleep until the monotonic clock reaches ``deadline_ns`` (never wakes early).
 
-    With ``spin_ns``, the last ``spin_ns`` before the deadline are spent yielding to the
-    event loop (other tasks keep running) rather than in a coarse timer, and the deadline is
-    announced to the quiet garbage collector so no older-generation collection lands on it.
+    With ``spin_ns`` it is a precise release: the last ``spin_ns`` before the deadline are
+    spent yielding to the event loop (other tasks keep running) rather than in a coarse
+    timer, and the deadline is announced (:func:`precise_release`), so no older-generation
+    collection lands on it and other waits give way to it. Without, the wait ends by giving
+    way to any precise release due within :data:`~instrumentation.proxy.releases.GIVE_WAY_NS`.
     """
     if spin_ns:
         with precise_release(deadline_ns):
             await _sleep_until(deadline_ns, spin_ns)
     else:
         await _sleep_until(deadline_ns, 0)
+        await give_way()
 
 
 async def _sleep_until(deadline_ns: int, spin_ns: int) -> None:

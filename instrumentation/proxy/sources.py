@@ -23,6 +23,7 @@ from instrumentation.proxy.protocols.base import (
     SSEParser,
 )
 from instrumentation.proxy.recorder import CycleRecord
+from instrumentation.proxy.releases import give_way
 from instrumentation.proxy.upstream import UpstreamError
 
 __all__ = ["Direct", "Prefetch"]
@@ -133,7 +134,10 @@ class Prefetch(Direct):
 
     async def get(self) -> tuple[int, list[tuple[Any, Classified]]] | None:
         if self._events is not None:
-            await asyncio.sleep(0)  # between slices of one chunk: let other streams run
+            # Between slices of one chunk: let other streams run, and a first token due
+            # now go out before this slice is made.
+            await asyncio.sleep(0)
+            await give_way()
         while self._events is None:
             if self._eof:
                 return None

@@ -49,6 +49,7 @@ from instrumentation.proxy.cycle import CycleRun
 from instrumentation.proxy.health import UNAVAILABLE_MESSAGE
 from instrumentation.proxy.protocols.base import JsonFrames, openai_error
 from instrumentation.proxy.protocols.responses import ResponsesSocketAdapter, ws_error
+from instrumentation.proxy.releases import give_way
 from instrumentation.proxy.scrub import Scrubber
 from instrumentation.proxy.sources import Direct, Prefetch
 from instrumentation.proxy.state import ProxyState
@@ -251,6 +252,7 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
     try:
         while (item := await inbox.get()) is not None:
             t_request, raw = item
+            await give_way()  # reading a large message must not hold up a due first token
             message = _check(raw, state.max_body_bytes)
             if isinstance(message, bytes):
                 state.errors += 1

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from instrumentation.proxy import serve_proxy
-from instrumentation.proxy.quiet_gc import QuietCollector, precise_release, soonest_release
-from instrumentation.proxy.shaping import sleep_until
+from instrumentation.proxy.quiet_gc import QuietCollector
+from instrumentation.proxy.releases import precise_release, soonest_release
 
 pytestmark = pytest.mark.usefixtures("fine_gil_switching")
 
@@ -32,30 +32,6 @@ async def _with_collector(fn: Any, **kw: Any) -> Any:
         return await fn(c)
     finally:
         await c.stop()
-
-
-def test_releases_are_announced_for_their_wait_only() -> None:
-    assert soonest_release() is None
-    with precise_release(5_000), precise_release(3_000):
-        assert soonest_release() == 3_000
-    assert soonest_release() is None
-
-    async def main() -> list[int | None]:
-        seen: list[int | None] = []
-        due = time.monotonic_ns() + 20_000_000
-        waiter = asyncio.ensure_future(sleep_until(due, 1_500_000))
-        await asyncio.sleep(0.005)
-        seen.append(soonest_release())
-        await waiter
-        seen.append(soonest_release())
-        plain = asyncio.ensure_future(sleep_until(time.monotonic_ns() + 10_000_000))
-        await asyncio.sleep(0.002)
-        seen.append(soonest_release())  # later tokens' waits are not announced
-        await plain
-        return seen
-
-    first, after, plain = asyncio.run(main())
-    assert first is not None and after is None and plain is None
 
 
 def test_collects_only_clear_of_the_next_release() -> None:
