@@ -19,11 +19,15 @@ from study.storage import Database, RecordWriter, create_db_engine
 __all__ = ["ProxyState", "close_writer", "make_writer", "new_cycle_id"]
 
 
+#: The writer thread runs this much nicer than the event loop, which it must never hold off.
+WRITER_NICE = 5
+
+
 def make_writer(database: Database) -> RecordWriter:
     """The proxy's record writer, on its own pooled engine: the writer thread keeps one
     connection open instead of reopening the database for every commit."""
     return RecordWriter(create_db_engine(database.url, pooled=True),
-                        name="flowtrial-proxy-writer")
+                        name="flowtrial-proxy-writer", nice=WRITER_NICE)
 
 
 def close_writer(writer: RecordWriter) -> None:
