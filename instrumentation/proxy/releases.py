@@ -24,7 +24,7 @@ import itertools
 import time
 from collections.abc import Iterator
 
-__all__ = ["GIVE_WAY_NS", "give_way", "precise_release", "soonest_release"]
+__all__ = ["GIVE_WAY_NS", "STALE_NS", "give_way", "precise_release", "soonest_release"]
 
 _monotonic_ns = time.monotonic_ns
 # Deadlines (monotonic ns) of the releases now being waited for, by ticket. Written from the
@@ -36,6 +36,8 @@ _tickets = itertools.count()
 #: Work that can wait yields while a precise release is due within this margin (or overdue):
 #: a few times what one paced token costs the loop, well inside the shaper's spin window.
 GIVE_WAY_NS = 500_000
+#: An announced release this long overdue is not given way to any more.
+STALE_NS = 5_000_000
 
 
 @contextlib.contextmanager
@@ -60,8 +62,11 @@ async def give_way(margin_ns: int = GIVE_WAY_NS) -> None:
 
     It cannot wait long: an announced release's task is spinning on the loop within its
     last ``RELEASE_SPIN_NS`` and withdraws the announcement on the turn its deadline passes.
+    An announcement :data:`STALE_NS` overdue is not waited for (its loop, another proxy's
+    in the same process, may have stopped with it).
     """
     while _RELEASES:
-        if min(_RELEASES.values()) - _monotonic_ns() > margin_ns:
+        ahead = min(_RELEASES.values()) - _monotonic_ns()
+        if ahead > margin_ns or ahead < -STALE_NS:
             return
         await asyncio.sleep(0)

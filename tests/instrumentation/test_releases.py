@@ -5,7 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from instrumentation.proxy.releases import GIVE_WAY_NS, give_way, precise_release, soonest_release
+from instrumentation.proxy.releases import (
+    GIVE_WAY_NS,
+    STALE_NS,
+    give_way,
+    precise_release,
+    soonest_release,
+)
 from instrumentation.proxy.shaping import RELEASE_SPIN_NS, sleep_until
 
 _now = time.monotonic_ns
@@ -104,3 +110,15 @@ def test_a_paced_token_due_with_a_first_token_goes_out_after_it() -> None:
     assert t["paced token, due well before"] < t["first_due"]
     assert t["first token"] >= t["first_due"]  # never early
     assert t["paced token, due just before"] - t["first token"] < 20_000_000
+
+
+def test_a_stale_announcement_is_not_waited_for() -> None:
+    """An announcement left behind (its loop stopped) holds nothing up for long."""
+
+    async def main() -> float:
+        with precise_release(_now() - STALE_NS - 1_000_000):
+            t0 = time.monotonic()
+            await asyncio.wait_for(give_way(), 1.0)
+            return time.monotonic() - t0
+
+    assert asyncio.run(main()) < 0.5
