@@ -65,8 +65,8 @@ async def give_way(margin_ns: int = GIVE_WAY_NS) -> None:
     An announcement :data:`STALE_NS` overdue is not waited for (its loop, another proxy's
     in the same process, may have stopped with it).
     """
-    while _RELEASES:
-        ahead = min(_RELEASES.values()) - _monotonic_ns()
+    while (soonest := soonest_release()) is not None:
+        ahead = soonest - _monotonic_ns()
         if ahead > margin_ns or ahead < -STALE_NS:
             return
         await asyncio.sleep(0)

@@ -57,6 +57,7 @@ def test_give_way_returns_at_once_when_no_release_is_near() -> None:
 
 def test_give_way_waits_while_a_release_is_due_within_the_margin() -> None:
     async def main() -> tuple[int, int]:
+        # Overdue by ~0.25 ms when checked; a machine stall of STALE_NS would make it stale.
         due = _now() + GIVE_WAY_NS // 2
         turns = 0
 
@@ -70,14 +71,21 @@ def test_give_way_waits_while_a_release_is_due_within_the_margin() -> None:
         await asyncio.sleep(0)
         with precise_release(due):
             waiter = asyncio.ensure_future(give_way())
-            await asyncio.sleep(0.001 + GIVE_WAY_NS / 1e9)  # the release is overdue now
+            await asyncio.sleep(0.00075)  # the release is overdue now
             assert not waiter.done(), "gave no way to an announced, overdue release"
         before = turns
         await waiter  # the announcement is withdrawn: it returns on its next turn
         counter.cancel()
         return before, turns - before
 
-    before, after = asyncio.run(main())
+    for _ in range(3):  # a stall of the machine (over STALE_NS) can spoil one attempt
+        try:
+            before, after = asyncio.run(main())
+            break
+        except AssertionError:
+            continue
+    else:
+        before, after = asyncio.run(main())
     assert before > 10 and after <= 2
 
 
@@ -102,9 +110,13 @@ def test_a_paced_token_due_with_a_first_token_goes_out_after_it() -> None:
         out["first_due"] = first_due
         return out
 
-    for _ in range(3):  # a stall of the machine can reorder one attempt; the rule cannot
+    def held(t: dict[str, int]) -> bool:
+        return (t["first token"] <= t["paced token, due just before"]
+                and t["paced token, due well before"] < t["first_due"])
+
+    for _ in range(3):  # a stall of the machine can spoil one attempt; the rule cannot
         t = asyncio.run(main())
-        if t["first token"] <= t["paced token, due just before"]:
+        if held(t):
             break
     assert t["first token"] <= t["paced token, due just before"]
     assert t["paced token, due well before"] < t["first_due"]
