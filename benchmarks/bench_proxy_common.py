@@ -169,6 +169,17 @@ def add_shaping_options(ap: Any, upstream: str) -> None:
     ap.add_argument("--no-quiet-gc", action="store_true",
                     help="proxy.quiet_gc = false: CPython's own garbage-collection schedule "
                          "(for an A/B comparison)")
+    add_placement_options(ap)
+
+
+#: The CPUs this benchmark may use, before --pin splits them.
+ALL_CPUS = sorted(os.sched_getaffinity(0))
+
+
+def add_placement_options(ap: Any) -> None:
+    """Where and how the proxy runs against its load: ``--priority``, ``--pin``,
+    ``--isolate``, ``--witness`` (see :func:`pin_load_generator`, :func:`place_proxy`,
+    :func:`shielded_cpu`, :func:`witness_for`)."""
     ap.add_argument("--priority", type=int, default=0,
                     help="nice value for the proxy's event-loop thread (e.g. -10, needs "
                          "root): the proxy as if it had a CPU to itself on a busy machine")
@@ -185,10 +196,6 @@ def add_shaping_options(ap: Any, upstream: str) -> None:
                     help="with --pin: a real-time process on the proxy's CPU notes every "
                          "moment that CPU was gone (needs root); each release later than "
                          "2 ms is then checked against them")
-
-
-#: The CPUs this benchmark may use, before --pin splits them.
-ALL_CPUS = sorted(os.sched_getaffinity(0))
 
 
 def pin_load_generator(args: Any) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -51,11 +52,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import (  # noqa: E402
     CpuSteal,
+    RunDelay,
+    add_placement_options,
+    attribute_misses,
     cpu_seconds,
     enroll_keys,
     percentile,
+    pin_load_generator,
+    place_proxy,
+    proxy_cpu,
     proxy_process,
+    shielded_cpu,
     timer_noise,
+    witness_for,
     write_study,
 )
 
@@ -224,7 +233,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workers", type=int, default=1,
                     help="the proxy's worker processes (flowtrial proxy --workers)")
+    add_placement_options(ap)
     args = ap.parse_args()
+    if args.pin and args.workers > 1:
+        raise SystemExit("--pin puts one proxy process on one CPU: use --workers 1")
+    pin_load_generator(args)
 
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -237,12 +250,16 @@ def main() -> None:
         tally = Tally()
         rss: list[tuple[float, float]] = []
         stop = threading.Event()
-        with proxy_process(study, db, None, "--workers", str(args.workers)) as url:
+        with proxy_process(study, db, None, "--workers", str(args.workers)) as url, \
+                contextlib.ExitStack() as stack:
+            place_proxy(args, url.pid)
+            witness = witness_for(args)
+            shield = stack.enter_context(shielded_cpu(args))
             host, port = url.split("//", 1)[1].rsplit(":", 1)
             sampler = threading.Thread(target=sample_rss, args=(url.pid, 1.0, rss, stop),
                                        daemon=True)
             sampler.start()
-            steal = CpuSteal()
+            steal, delay = CpuSteal(), RunDelay(url.pid)
             cpu0, t0 = tree_cpu(url.pid), time.monotonic()
             rng = random.Random(args.seed)
             thinking = Thinking(args.think_s)
@@ -257,15 +274,18 @@ def main() -> None:
             wall = time.monotonic() - t0
             cpu_by = {p: c - cpu0.get(p, 0.0) for p, c in tree_cpu(url.pid).items()}
             cpu = sum(cpu_by.values())
-            steal_pct = steal.pct()
+            steal_pct, waited = steal.pct(), delay.summary()
             stop.set()
             sampler.join(5)
-            noise = timer_noise(2.0)
+            if witness is not None:
+                witness.finish()
+            noise = timer_noise(2.0, args.priority, proxy_cpu(args))
         # SIGTERM has drained the writer: the database is complete now.
         con = sqlite3.connect(db)
         rows = con.execute(
             "SELECT id, status, error, experienced_ttft_ms, target_ttft_ms, achieved_tps, "
-            "target_tps, tokens_sent, violation, t_done_ns - t_request_ns FROM cycles"
+            "target_tps, tokens_sent, violation, t_done_ns - t_request_ns, t_request_ns, "
+            "t_first_sent_ns FROM cycles"
         ).fetchall()
         con.close()
 
@@ -322,6 +342,14 @@ def main() -> None:
         "proxy_cpu_share_busiest_process": round(max(cpu_by.values()) / wall, 3),
         "wall_s": round(wall, 1),
         "cpu_steal_pct": steal_pct,
+        "proxy_threads_waiting_for_cpu": waited,
+        "proxy_pinned_cpu": proxy_cpu(args),
+        "proxy_cpu_shielded": shield or None,
+        "proxy_cpu_stalls_witnessed": witness.summary() if witness else None,
+        "misses_vs_cpu_stalls": attribute_misses(witness, [
+            (r[10] + int(r[4] * 1e6), r[11], r[3] - r[4]) for r in rows
+            if r[3] is not None and r[4] is not None and r[11] is not None], 2.0)
+        if witness else None,
         "bare_asyncio_sleep_lateness_ms_same_machine": noise,
         "cpus": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],
