@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import os
@@ -250,11 +249,11 @@ def main() -> None:
         tally = Tally()
         rss: list[tuple[float, float]] = []
         stop = threading.Event()
+        # The shield leaves the proxy alone: it still has this process's CPUs when it starts.
         with proxy_process(study, db, None, "--workers", str(args.workers)) as url, \
-                contextlib.ExitStack() as stack:
+                shielded_cpu(args) as shield:
             place_proxy(args, url.pid)
             witness = witness_for(args)
-            shield = stack.enter_context(shielded_cpu(args))
             host, port = url.split("//", 1)[1].rsplit(":", 1)
             sampler = threading.Thread(target=sample_rss, args=(url.pid, 1.0, rss, stop),
                                        daemon=True)

@@ -28,8 +28,9 @@ __all__ = ["GIVE_WAY_NS", "STALE_NS", "give_way", "precise_release", "soonest_re
 
 _monotonic_ns = time.monotonic_ns
 # Deadlines (monotonic ns) of the releases now being waited for, by ticket. Written from the
-# event loop of each proxy app in the process, read by the collectors' tasks; plain dict
-# operations and min() over int values run under the GIL without yielding it.
+# event loop of each proxy app in the process, read by the collectors' tasks and by
+# give_way; plain dict operations and min() over int values run under the GIL without
+# yielding it.
 _RELEASES: dict[int, int] = {}
 _tickets = itertools.count()
 
