@@ -1,0 +1,236 @@
+"""The personal flow threshold (issue 16): median personal threshold e^c with a 95 % profile
+CI, the between-person spread τ with its CI and a boundary LR test of τ = 0, and the model
+comparison (random-breakpoint hinge vs random-intercept smooth and flat logistic, AIC/BIC).
+
+The model and its numerics live in `analysis.rb_model`. After the main fit, the independent
+refits (four profile endpoints, the τ = 0 fit, the comparison models and the quadrature
+check) run on worker processes (`analysis.workers.run_jobs`, single-threaded BLAS), so a
+fit uses every core; ``progress(done, total)`` reports them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy.stats import chi2
+
+from . import AnalysisInputError
+from .rb_model import (
+    PARAMS,
+    CycleData,
+    Fit,
+    RandomBreakpointModel,
+    maximize,
+    profile_endpoint,
+    wald_se,
+)
+from .workers import run_jobs
+
+ProgressFn = Callable[[int, int], None]
+DEFAULT_NODES = (24, 7)
+CHECK_NODES = (48, 11)  # the quadrature check: twice the breakpoint nodes
+_K = {"hinge": 5, "hinge_tau0": 4, "smooth": 3, "flat": 2}
+
+
+@dataclass
+class PersonalThresholdResult:
+    """Outcome of `fit_personal_threshold` (JSON-ready via `to_dict`)."""
+
+    median_psi_s: float
+    ci_s: list[float]
+    tau: float
+    tau_ci: list[float]
+    tau_lr: float
+    p_tau_zero: float
+    sigma_u: float
+    slope_b: float
+    intercept_a: float
+    wald_ci_s: list[float] | None
+    loglik: dict[str, float]
+    aic: dict[str, float]
+    bic: dict[str, float]
+    detection_share: float
+    nodes: list[int]
+    node_check: dict[str, float] | None
+    converged: bool
+    n_obs: int
+    n_participants: int
+    n_switches: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary."""
+        return asdict(self)
+
+    def psi_quantiles_s(self, q: tuple[float, ...] = (0.1, 0.9)) -> list[float]:
+        """Personal thresholds at population quantiles ``q`` (e^(c + τ·Φ⁻¹(q)))."""
+        from scipy.stats import norm
+
+        c = math.log(self.median_psi_s)
+        return [math.exp(c + self.tau * float(norm.ppf(p))) for p in q]
+
+
+def _data(df: pd.DataFrame) -> CycleData:
+    need = ["participant_id", "wait_s", "switched"]
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise AnalysisInputError(f"cycle table lacks column(s) {', '.join(missing)}")
+    d = df[need].dropna()
+    w = d["wait_s"].to_numpy(float)
+    if np.any(w <= 0):
+        raise AnalysisInputError("wait_s must be > 0 seconds for every cycle")
+    y = d["switched"].astype(float).to_numpy()
+    if not np.isin(y, (0.0, 1.0)).all():
+        raise AnalysisInputError("switched must be 0/1")
+    pid = pd.factorize(d["participant_id"])[0]
+    if len(y) < 20 or pid.max(initial=-1) < 1 or y.sum() in (0, len(y)):
+        raise AnalysisInputError(
+            "need >= 20 cycles from >= 2 participants with and without switches")
+    return CycleData.from_arrays(np.log(w), y, pid)
+
+
+def _start(data: CycleData) -> np.ndarray:
+    """Starting values from the pooled hinge (profile over a coarse grid of c)."""
+    from .threshold import _newton
+
+    x, y = data.x, data.y
+    grid = np.quantile(x, np.linspace(0.1, 0.9, 17))
+    h = np.maximum(0.0, x[:, None] - grid[None, :])
+    p0 = min(max(y.mean(), 1e-3), 1 - 1e-3)
+    a, b, ll = _newton(h, h * h, y @ h, np.ones_like(y), y, np.full(grid.size, math.log(
+        p0 / (1 - p0))), np.zeros(grid.size))
+    j = int(np.argmax(ll))
+    return np.array([a[j], 0.3, max(b[j], 0.1), grid[j], 0.3])
+
+
+def _job(kind: str, data: CycleData, detection: float, nodes: tuple[int, int],
+         best: Fit, arg: Any) -> Any:
+    """One independent refit (runs on a worker process)."""
+    model = RandomBreakpointModel(data, nodes, detection=detection,
+                                  kind="hinge" if kind in ("end", "tau0", "check") else kind)
+    if kind == "end":
+        k, side, guess, crit, lower = arg
+        return profile_endpoint(model, best, k, side, guess, crit, lower_bound=lower)[0]
+    if kind == "tau0":
+        return maximize(model, best.theta, fixed={4: 0.0})
+    if kind == "check":
+        return maximize(model, best.theta)
+    start = best.theta.copy()
+    start[2] = 0.0 if kind == "flat" else 0.5
+    return maximize(model, start)
+
+
+def fit_personal_threshold(
+    df: pd.DataFrame,
+    *,
+    detection_share: float = 1.0,
+    nodes: tuple[int, int] = DEFAULT_NODES,
+    level: float = 0.95,
+    node_check: bool = True,
+    workers: int | None = None,
+    progress: ProgressFn | None = None,
+) -> PersonalThresholdResult:
+    """Fit the random-breakpoint hinge to cycles (`participant_id`, `wait_s` > 0, `switched`).
+
+    ``detection_share`` d: the share of real switches the switch rule counts (known, or
+    estimated with `estimate_detection_share`); P(counted) = d·expit(η). ``node_check``
+    refits with `CHECK_NODES` quadrature nodes and reports the relative changes."""
+    if not 0 < detection_share <= 1:
+        raise AnalysisInputError(
+            f"detection share {detection_share!r} must be in (0, 1]; 1 = every switch counted")
+    data = _data(df)
+    model = RandomBreakpointModel(data, nodes, detection=detection_share)
+    start = _start(data)
+    best = maximize(model, start)
+    # A second start with a small spread: the likelihood in τ can have a shoulder near 0.
+    alt_start = best.theta.copy()
+    alt_start[4] = 0.05 if best.theta[4] > 0.15 else 0.5
+    alt = maximize(model, alt_start)
+    if alt.loglik > best.loglik + 1e-6:
+        best = alt
+    se = wald_se(model, best.theta)
+    crit = float(chi2.ppf(level, 1))
+    z = math.sqrt(crit)
+
+    def guess(k: int, side: int) -> float:
+        s = se[k] if np.isfinite(se[k]) and se[k] > 0 else 0.1
+        return float(best.theta[k] + side * z * s)
+
+    jobs: list[tuple[Any, ...]] = [
+        ("end", data, detection_share, nodes, best, (3, -1, guess(3, -1), crit, None)),
+        ("end", data, detection_share, nodes, best, (3, 1, guess(3, 1), crit, None)),
+        ("end", data, detection_share, nodes, best, (4, -1, guess(4, -1), crit, 0.0)),
+        ("end", data, detection_share, nodes, best, (4, 1, guess(4, 1), crit, None)),
+        ("tau0", data, detection_share, nodes, best, None),
+        ("smooth", data, detection_share, nodes, best, None),
+        ("flat", data, detection_share, nodes, best, None),
+    ]
+    if node_check:
+        jobs.append(("check", data, detection_share, CHECK_NODES, best, None))
+    out = run_jobs(_job, jobs, workers, on_done=progress)
+    c_lo, c_hi, t_lo, t_hi, tau0, smooth, flat = out[:7]
+    tau_lr = max(0.0, 2 * (best.loglik - tau0.loglik))
+    # Boundary LR test (Self & Liang 1987): ½χ²₀ + ½χ²₁ under τ = 0.
+    p_tau = 1.0 if tau_lr <= 0 else 0.5 * float(chi2.sf(tau_lr, 1))
+    ll = {"hinge": best.loglik, "hinge_tau0": tau0.loglik, "smooth": smooth.loglik,
+          "flat": flat.loglik}
+    n = int(data.x.size)
+    aic = {m: 2 * _K[m] - 2 * v for m, v in ll.items()}
+    bic = {m: _K[m] * math.log(n) - 2 * v for m, v in ll.items()}
+    check = None
+    if node_check:
+        f2: Fit = out[7]
+        check = {
+            "nodes": list(CHECK_NODES),
+            "rel_change_median_psi": float(math.expm1(f2.theta[3] - best.theta[3])),
+            "abs_change_tau": float(f2.theta[4] - best.theta[4]),
+            "loglik_change": float(f2.loglik - best.loglik),
+        }
+    wald = None
+    if np.isfinite(se[3]):
+        wald = [math.exp(best.theta[3] - z * se[3]), math.exp(best.theta[3] + z * se[3])]
+    return PersonalThresholdResult(
+        median_psi_s=math.exp(best.theta[3]),
+        ci_s=[math.exp(c_lo), math.exp(c_hi)],
+        tau=float(best.theta[4]),
+        tau_ci=[float(max(0.0, t_lo)), float(t_hi)],
+        tau_lr=float(tau_lr),
+        p_tau_zero=p_tau,
+        sigma_u=float(best.theta[1]),
+        slope_b=float(best.theta[2]),
+        intercept_a=float(best.theta[0]),
+        wald_ci_s=wald,
+        loglik=ll,
+        aic=aic,
+        bic=bic,
+        detection_share=float(detection_share),
+        nodes=list(nodes),
+        node_check=check,
+        converged=bool(best.converged),
+        n_obs=n,
+        n_participants=data.n_participants,
+        n_switches=int(data.y.sum()),
+    )
+
+
+def estimate_detection_share(counted: pd.Series, all_switches: pd.Series) -> float:
+    """Share of switches the primary rule counts: switches it counts over switches counted by
+    the most inclusive rule (e.g. ``switched_2s``), among the same cycles. 1.0 when no switch
+    was seen at all."""
+    n_all = float(pd.Series(all_switches).astype(float).sum())
+    n_counted = float(pd.Series(counted).astype(float).sum())
+    if n_all <= 0:
+        return 1.0
+    return float(min(1.0, max(n_counted / n_all, 1e-3)))
+
+
+__all__ = [
+    "PARAMS",
+    "PersonalThresholdResult",
+    "estimate_detection_share",
+    "fit_personal_threshold",
+]

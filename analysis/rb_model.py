@@ -1,0 +1,245 @@
+"""The random-breakpoint hinge model behind the personal flow threshold (issue 16).
+
+The pooled hinge (`analysis.threshold`) estimates ψ*, the onset of the population-averaged
+switch curve, which lies below the typical person's threshold whenever people differ. This
+module estimates the typical person directly:
+
+    logit p_ij = a + σ_u·v_i + b·(log w_ij − c − τ·z_i)₊,    z_i, v_i ~ N(0, 1)
+
+so person i has threshold ψ_i = e^(c + τ·z_i): e^c is the **median personal threshold** and τ
+the between-person log-sd. When the switch rule misses a known (or estimated) share of
+switches, P(counted switch) = d·expit(η) with detection share d.
+
+Fitting: marginal maximum likelihood; each person's likelihood is integrated over (z, v) by
+Gauss–Hermite quadrature (product rule, `nodes` = (n_z, n_v)), maximised by L-BFGS-B with the
+analytic gradient (the posterior-weighted score). Intervals are profile-likelihood intervals
+(the signed root of the profile LR is found by secant steps from the Wald guess), which keep
+their coverage where Wald intervals do not (random intercepts, small τ). τ = 0 is tested by
+the boundary LR test: LR against the τ = 0 fit, referred to ½χ²₀ + ½χ²₁.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import minimize
+from scipy.special import expit, log_expit, logsumexp
+
+from . import AnalysisInputError
+
+PARAMS = ("a", "sigma_u", "b", "c", "tau")
+_BOUNDS = [(-15.0, 15.0), (0.0, 5.0), (-20.0, 40.0), (None, None), (0.0, 3.0)]
+
+
+def gh_nodes(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Probabilists' Gauss–Hermite nodes and log weights for E[f(Z)], Z ~ N(0, 1)."""
+    if n <= 1:
+        return np.zeros(1), np.zeros(1)
+    x, w = np.polynomial.hermite_e.hermegauss(n)
+    return x, np.log(w / w.sum())
+
+
+@dataclass
+class CycleData:
+    """Cycles sorted by participant: log wait `x`, switch flag `y`, participant row starts."""
+
+    x: np.ndarray
+    y: np.ndarray
+    starts: np.ndarray
+    n_participants: int
+
+    @classmethod
+    def from_arrays(cls, logw: np.ndarray, y: np.ndarray, pid: np.ndarray) -> CycleData:
+        order = np.argsort(pid, kind="stable")
+        p = np.asarray(pid)[order]
+        starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
+        return cls(x=np.asarray(logw, float)[order], y=np.asarray(y, float)[order],
+                   starts=starts, n_participants=int(starts.size))
+
+    def subset(self, people: np.ndarray) -> CycleData:
+        """The cycles of the given participants (indices into 0..P-1; repeats allowed)."""
+        ends = np.r_[self.starts[1:], self.x.size]
+        idx = np.concatenate([np.arange(self.starts[i], ends[i]) for i in people])
+        sizes = ends[people] - self.starts[people]
+        starts = np.r_[0, np.cumsum(sizes)[:-1]]
+        return CycleData(self.x[idx], self.y[idx], starts, int(len(people)))
+
+
+class RandomBreakpointModel:
+    """Negative marginal log-likelihood and gradient of the random-breakpoint hinge.
+
+    ``kind`` "hinge" is the full model; "smooth" replaces the hinge by b·(log w − x̄) and
+    "flat" drops it (both with the random intercept, for the model comparison)."""
+
+    def __init__(self, data: CycleData, nodes: tuple[int, int] = (24, 7), *,
+                 detection: float = 1.0, kind: str = "hinge") -> None:
+        if not 0 < detection <= 1:
+            raise AnalysisInputError(f"detection share {detection!r} must be in (0, 1]")
+        self.d = data
+        self.kind = kind
+        self.detection = float(detection)
+        nz, nv = nodes if kind == "hinge" else (1, nodes[1])
+        self.z, lwz = gh_nodes(nz)
+        self.v, lwv = gh_nodes(nv)
+        self.log_w = (lwz[:, None] + lwv[None, :]).ravel()  # (Q,) with Q = nz·nv
+        self.sign = 2.0 * data.y - 1.0
+        self.xc = float(data.x.mean())
+        self.n_evals = 0
+
+    def nll(self, theta: np.ndarray, need_grad: bool = True) -> tuple[float, np.ndarray]:
+        """(−ℓ, −∂ℓ/∂θ) at θ = (a, σ_u, b, c, τ)."""
+        self.n_evals += 1
+        a, su, b, c, tau = (float(t) for t in theta)
+        x = self.d.x
+        if self.kind == "hinge":
+            arg = x[:, None] - c - tau * self.z[None, :]  # (N, nz)
+            h = np.maximum(arg, 0.0)
+        elif self.kind == "smooth":
+            h = (x - self.xc)[:, None]
+        else:
+            h = np.zeros((x.size, 1))
+        n, nz = h.shape
+        eta = (a + b * h)[:, :, None] + su * self.v[None, None, :]  # (N, nz, nv)
+        eta = eta.reshape(n, -1)
+        if self.detection == 1.0:
+            u = self.sign[:, None] * eta
+            ll = log_expit(u)
+            score = self.sign[:, None] * expit(-u) if need_grad else None
+        else:
+            ll, score = self._detected(eta, need_grad)
+        per = np.add.reduceat(ll, self.d.starts, axis=0) + self.log_w  # (P, Q)
+        tot = logsumexp(per, axis=1)
+        f = -float(tot.sum())
+        if not need_grad:
+            return f, np.zeros(5)
+        post = np.exp(per - tot[:, None])  # posterior node weights per person
+        sizes = np.diff(np.r_[self.d.starts, n])
+        r = score * np.repeat(post, sizes, axis=0)  # (N, Q)
+        nv = self.v.size
+        r3 = r.reshape(n, nz, nv)
+        rz = r3.sum(axis=2)  # (N, nz)
+        g = np.zeros(5)
+        g[0] = r.sum()
+        g[1] = float(r3.sum(axis=(0, 1)) @ self.v)
+        g[2] = float((rz * h).sum())
+        if self.kind == "hinge":
+            rin = rz * (arg > 0)
+            g[3] = -b * float(rin.sum())
+            g[4] = -b * float(rin.sum(axis=0) @ self.z)
+        return f, -g
+
+    def _detected(self, eta: np.ndarray, need_grad: bool) -> tuple[np.ndarray, Any]:
+        """Log-likelihood and score when only a share d of switches is counted."""
+        d = self.detection
+        y = self.d.y[:, None] > 0.5
+        p = expit(eta)
+        ll = np.where(y, math.log(d) + log_expit(eta), np.log1p(-d * p))
+        if not need_grad:
+            return ll, None
+        score = np.where(y, 1.0 - p, -d * p * (1.0 - p) / (1.0 - d * p))
+        return ll, score
+
+
+@dataclass
+class Fit:
+    theta: np.ndarray
+    loglik: float
+    converged: bool
+    n_evals: int
+
+
+def maximize(model: RandomBreakpointModel, start: np.ndarray, fixed: dict[int, float] | None
+             = None, bounds: list[tuple[float | None, float | None]] | None = None) -> Fit:
+    """L-BFGS-B on the free parameters (those not in ``fixed``) from ``start``."""
+    fixed = fixed or {}
+    bounds = bounds or _BOUNDS
+    theta = np.asarray(start, float).copy()
+    for k, val in fixed.items():
+        theta[k] = val
+    free = [k for k in range(5) if k not in fixed]
+    if model.kind != "hinge":  # c and τ do not enter; b is absent from the flat model
+        free = [k for k in free if k not in (3, 4) and not (model.kind == "flat" and k == 2)]
+    evals0 = model.n_evals
+
+    def fun(tf: np.ndarray) -> tuple[float, np.ndarray]:
+        t = theta.copy()
+        t[free] = tf
+        f, g = model.nll(t)
+        return f, g[free]
+
+    res = minimize(fun, theta[free], jac=True, method="L-BFGS-B",
+                   bounds=[bounds[k] for k in free],
+                   options={"maxiter": 500, "ftol": 1e-11, "gtol": 1e-6})
+    theta[free] = res.x
+    return Fit(theta=theta, loglik=-float(res.fun), converged=bool(res.success),
+               n_evals=model.n_evals - evals0)
+
+
+def hessian(model: RandomBreakpointModel, theta: np.ndarray, free: list[int]) -> np.ndarray:
+    """Observed information on the free parameters by central differences of the gradient."""
+    k = len(free)
+    out = np.zeros((k, k))
+    for j, p in enumerate(free):
+        step = 1e-4 * max(1.0, abs(theta[p]))
+        tp, tm = theta.copy(), theta.copy()
+        tp[p] += step
+        tm[p] -= step
+        out[:, j] = (model.nll(tp)[1][free] - model.nll(tm)[1][free]) / (2 * step)
+    return 0.5 * (out + out.T)
+
+
+def wald_se(model: RandomBreakpointModel, theta: np.ndarray) -> np.ndarray:
+    """Wald standard errors of θ (NaN where the information is singular)."""
+    free = [0, 1, 2, 3, 4]
+    # A parameter at its lower bound 0 has no two-sided derivative; nudge it inside.
+    t = theta.copy()
+    for k in (1, 4):
+        t[k] = max(t[k], 2e-3)
+    info = hessian(model, t, free)
+    try:
+        cov = np.linalg.inv(info)
+        se = np.sqrt(np.where(np.diag(cov) > 0, np.diag(cov), np.nan))
+    except np.linalg.LinAlgError:
+        se = np.full(5, np.nan)
+    return se
+
+
+def profile_endpoint(model: RandomBreakpointModel, best: Fit, k: int, side: int, guess: float,
+                     crit: float, lower_bound: float | None = None, max_steps: int = 8
+                     ) -> tuple[float, int]:
+    """One end of the profile-likelihood interval of parameter ``k``: the value where the
+    signed root r = ±sqrt(2(ℓ̂ − ℓ_p)) reaches ±sqrt(crit). Secant steps on r (nearly linear
+    in the parameter) from ``guess``; returns (endpoint, fits used). When the profile never
+    reaches the critical value before ``lower_bound``, returns ``lower_bound``."""
+    target = math.sqrt(crit)
+    est = float(best.theta[k])
+    pts = [(est, 0.0)]
+    start = best.theta.copy()
+    val = guess
+    fits = 0
+    for _ in range(max_steps):
+        if lower_bound is not None and val <= lower_bound:
+            val = lower_bound
+        f = maximize(model, start, fixed={k: val})
+        fits += 1
+        r = math.sqrt(max(0.0, 2 * (best.loglik - f.loglik)))
+        if abs(r - target) < 0.01:
+            return val, fits
+        if lower_bound is not None and val == lower_bound and r < target:
+            return lower_bound, fits
+        pts.append((val, r))
+        start = f.theta
+        (v0, r0), (v1, r1) = pts[-2], pts[-1]
+        if r1 <= r0 + 1e-9:  # flat profile: step further out
+            val = v1 + side * 2 * abs(v1 - est + 1e-3)
+            continue
+        val = v1 + (target - r1) * (v1 - v0) / (r1 - r0)
+        # Never move by more than 3x the current distance from the estimate at once.
+        span = abs(v1 - est) + 1e-3
+        val = float(np.clip(val, v1 - 3 * span, v1 + 3 * span))
+        if (val - est) * side <= 0:
+            val = est + side * 0.5 * abs(v1 - est)
+    return val, fits
