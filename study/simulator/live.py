@@ -457,6 +457,7 @@ async def _cycle(run: _Run, client: Any, hooks: _Hooks, http: Any, i: int, k: in
         threshold_s=np.array(pop.threshold_s[i]), u_switch=np.array(beh.u_switch[i, k]),
         switch_frac=np.array(beh.switch_frac[i, k]), away_s=np.array(beh.away_s[i, k]),
         resume_z=np.array(beh.resume_z[i, k]), verify_s=np.array(beh.verify_s[i, k]),
+        switch_offset=None if pop.switch_offset is None else float(pop.switch_offset[i]),
     )
     switched = bool(tl["switched"])
     if switched:

@@ -54,6 +54,7 @@ class Population:
     verify_median_s: np.ndarray
     acceptance: np.ndarray
     partial_accept: np.ndarray
+    switch_offset: np.ndarray | None = None  # random intercept uᵢ (logit); None = all 0
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -68,6 +69,8 @@ class Population:
                 "review_verify_median_s": float(self.verify_median_s[i]),
                 "acceptance": float(self.acceptance[i]),
                 "partial_accept": float(self.partial_accept[i]),
+                "switch_offset": 0.0 if self.switch_offset is None
+                else float(self.switch_offset[i]),
             }
             for i in range(len(self))
         ]
@@ -80,7 +83,7 @@ def draw_population(params: SimParams, ids: list[str], rng: np.random.Generator)
     acc = rng.beta(params.acceptance * k, (1 - params.acceptance) * k, size=n)
     # Keep accept + partial < 1 so the decision shares stay a probability distribution.
     acc = np.minimum(acc, 0.98 - params.partial_accept)
-    return Population(
+    pop = Population(
         ids=list(ids),
         reading_tps=_lognormal(rng, params.reading_tps, params.reading_tps_logsd, n),
         threshold_s=_lognormal(rng, params.threshold_s, params.threshold_logsd, n),
@@ -89,6 +92,10 @@ def draw_population(params: SimParams, ids: list[str], rng: np.random.Generator)
         acceptance=acc,
         partial_accept=np.full(n, params.partial_accept),
     )
+    # Drawn last, so studies without random intercepts keep their earlier draws per seed.
+    if params.switch_intercept_sd > 0:
+        pop.switch_offset = params.switch_intercept_sd * rng.standard_normal(n)
+    return pop
 
 
 @dataclass
@@ -206,6 +213,7 @@ def cycle_timeline(
     resume_z: np.ndarray,
     verify_s: np.ndarray,
     all_at_once: np.ndarray | bool = False,
+    switch_offset: np.ndarray | float | None = None,
 ) -> dict[str, np.ndarray]:
     """Times (real s after the request) of switch, return and decision for cycles.
 
@@ -215,7 +223,8 @@ def cycle_timeline(
     approximated as (switch time − TTFT)·min(tps, reading speed)). Without a switch, reading
     ends at idle wait + n/r (see ``idle_wait_s``). The decision follows after review/verify.
     """
-    p = switch_probability(idle_s, threshold_s, params)
+    p = switch_probability(idle_s, threshold_s, params,
+                           offset=0.0 if switch_offset is None else switch_offset)
     switched = np.asarray(u_switch) < p
     r = np.asarray(reading_tps, dtype=float)
     n = np.asarray(n_tokens, dtype=float)

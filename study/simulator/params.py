@@ -65,6 +65,9 @@ class SimParams(BaseModel):
     p_high: float = Field(default=0.60, gt=0, lt=1)
     hinge_multiple: float = Field(default=4.0, gt=1)
     p_flat: float = Field(default=0.15, gt=0, lt=1)
+    # Per-person baseline switch propensity: a random intercept u_i ~ N(0, sd) added to the
+    # logit of every truth model (people differ in how readily they switch at any wait).
+    switch_intercept_sd: float = Field(default=0.0, ge=0)
     # Where in the idle wait the switch happens: a uniform fraction in this range (the edges
     # are avoided so the focus change falls clearly inside t_request..t_last_sent).
     switch_at_fraction: tuple[float, float] = (0.05, 0.95)
@@ -157,32 +160,56 @@ class SimParams(BaseModel):
 
 
 def switch_probability(
-    idle_wait: Any, threshold: Any, params: SimParams, truth: TruthModel | None = None
+    idle_wait: Any, threshold: Any, params: SimParams, truth: TruthModel | None = None,
+    offset: Any = 0.0,
 ) -> np.ndarray:
-    """P(switch during a wait) for idle wait(s) ``idle_wait`` (s) and threshold(s) ψᵢ (s)."""
+    """P(switch during a wait) for idle wait(s) ``idle_wait`` (s), threshold(s) ψᵢ (s) and
+    the person's random intercept(s) ``offset`` (logit scale)."""
     truth = truth or params.truth
     w = np.maximum(np.asarray(idle_wait, dtype=float), 1e-6)
     psi = np.asarray(threshold, dtype=float)
+    u = np.asarray(offset, dtype=float)
     if truth == "hinge":
         a, b = params.hinge_coefficients()
-        return expit(a + b * np.maximum(0.0, np.log(w) - np.log(psi)))
+        return expit(a + u + b * np.maximum(0.0, np.log(w) - np.log(psi)))
     if truth == "smooth":
         c, d = params.smooth_coefficients()
-        return expit(c + d * (np.log(w) - np.log(psi)))
+        return expit(c + u + d * (np.log(w) - np.log(psi)))
     if truth == "flat":
-        return np.full(np.broadcast(w, psi).shape, params.p_flat)
+        return expit(float(logit(params.p_flat)) + u + 0.0 * w * psi)
     raise ValueError(f"unknown truth model {truth!r}: use hinge, smooth or flat")
 
 
 def expected_switch_probability(
     idle_wait: Any, params: SimParams, truth: TruthModel | None = None, nodes: int = 40
 ) -> np.ndarray:
-    """Population-averaged P(switch) at each wait: E over ψᵢ ~ LogNormal(ψ, threshold_logsd).
+    """Population-averaged P(switch) at each wait: E over ψᵢ ~ LogNormal(ψ, threshold_logsd)
+    and the random intercepts uᵢ ~ N(0, switch_intercept_sd).
 
-    Gauss–Hermite quadrature over log ψᵢ; used to score analysis against its true estimand.
+    Gauss–Hermite quadrature over log ψᵢ and uᵢ; used to score analysis against its true
+    estimand (multiply by the detection share for what the switch rule counts).
     """
     z, w = np.polynomial.hermite_e.hermegauss(nodes)
     w = w / w.sum()
     psi_i = params.threshold_s * np.exp(params.threshold_logsd * z)
     waits = np.asarray(idle_wait, dtype=float)
-    return switch_probability(waits[..., None], psi_i, params, truth) @ w
+    if params.switch_intercept_sd == 0:
+        return switch_probability(waits[..., None], psi_i, params, truth) @ w
+    zu, wu = np.polynomial.hermite_e.hermegauss(15)
+    wu = wu / wu.sum()
+    u = params.switch_intercept_sd * zu
+    p = switch_probability(waits[..., None, None], psi_i[:, None], params, truth, u[None, :])
+    return (p @ wu) @ w
+
+
+def detection_share(params: SimParams, min_away_s: float) -> float:
+    """Share of switches a rule needing ``min_away_s`` s away counts: P(time away >= it).
+
+    (Time away is log-normal; AFK and the switch's position inside the wait do not shorten
+    it in the simulator.)"""
+    from scipy.stats import norm
+
+    if min_away_s <= 0:
+        return 1.0
+    ta = params.time_away
+    return float(norm.sf((math.log(min_away_s) - math.log(ta.median)) / max(ta.logsd, 1e-12)))

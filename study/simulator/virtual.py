@@ -124,6 +124,7 @@ def simulate_virtual_frames(
         reading_tps=r, threshold_s=pop.threshold_s[:, None], u_switch=beh.u_switch,
         switch_frac=beh.switch_frac, away_s=beh.away_s, resume_z=beh.resume_z,
         verify_s=beh.verify_s, all_at_once=all_at_once,
+        switch_offset=None if pop.switch_offset is None else pop.switch_offset[:, None],
     )
     bg_resume = resumption_s(params, beh.bg_away_s, beh.bg_resume_z)
     post = beh.coding_s + np.where(beh.bg_switch, beh.bg_away_s + bg_resume, 0.0)

@@ -220,3 +220,26 @@ def test_glance_reports_rising_switch_rate(tmp_path: Path) -> None:
     assert g.cycles == 2400 and g.participants == 40 and g.violations == 0
     rates = [b["rate"] for b in g.bands]
     assert rates[0] < 0.08 and rates[-1] > 0.25
+
+
+def test_random_intercepts_shift_each_persons_switch_rate() -> None:
+    config = wide_config(seed=4)
+    base = simulate_virtual_frames(config, SimParams(truth="flat"), 80, 2, 40, seed=8)
+    ri = simulate_virtual_frames(config, SimParams(truth="flat", switch_intercept_sd=1.0),
+                                 80, 2, 40, seed=8)
+
+    def people(frames: dict[str, pd.DataFrame]) -> list[dict]:
+        gt = frames["ground_truth"]
+        return [json.loads(v) for v in gt[gt["scope"] == "participant"]["params_json"]]
+
+    b, r = people(base), people(ri)
+    # Intercepts are drawn last: everything else about the people is unchanged per seed.
+    assert [x["threshold_s"] for x in b] == [x["threshold_s"] for x in r]
+    assert all(x["switch_offset"] == 0.0 for x in b)
+    u = np.array([x["switch_offset"] for x in r])
+    assert 0.75 < u.std() < 1.25
+    rate = ri["cycle_truth"].groupby("participant_id", sort=False)["switched"].mean()
+    expected = 1 / (1 + np.exp(-(_logit(0.15) + u)))
+    assert np.corrcoef(rate.to_numpy(), expected)[0, 1] > 0.6
+    flat_rate = base["cycle_truth"].groupby("participant_id")["switched"].mean()
+    assert rate.std() > 1.5 * flat_rate.std()
