@@ -79,7 +79,6 @@ def simulate_cycles(cell: dict[str, Any], n_part: int, n_prompts: int, psi: floa
 
 def one_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, Any]:
     """Simulate and analyse one study; the figures the benchmark aggregates."""
-    import numpy as np
     import pandas as pd
 
     from analysis.personal_threshold import estimate_detection_share, fit_personal_threshold
