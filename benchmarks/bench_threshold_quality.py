@@ -1,4 +1,4 @@
-"""Quality benchmark of the flow-threshold estimator (`analysis.threshold.fit_threshold`).
+"""Quality benchmark of the flow-threshold estimator (`flowtrial.analysis.threshold.fit_threshold`).
 
 Simulates many studies from known truths (DESIGN §7 defaults: ψ = 8 s, person-to-person
 log-sd 0.35, P(switch) 0.03 → 0.60, waits log-uniform 0.2–60 s) and prints:
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from analysis.threshold import (  # noqa: E402
+from flowtrial.analysis.threshold import (  # noqa: E402
     fit_threshold,
     population_onset_psi,
     simulate_switch_data,

@@ -16,12 +16,12 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import func, select
 
-from study.config import StudyConfig
-from study.participants import enroll
-from study.schema import Participant, Task
-from study.simulator.model import Population
-from study.simulator.params import SimParams
-from study.storage import Database
+from ..config import StudyConfig
+from ..participants import enroll
+from ..schema import Participant, Task
+from ..storage import Database
+from .model import Population
+from .params import SimParams
 
 ProgressFn = Callable[[int, int], None]  # (done, total)
 
