@@ -21,9 +21,9 @@ def build(url: str, fresh: tuple[int, ...], participant: str, day: str
           ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per-cycle table, drawable segments) for one participant-day."""
     from flowtrial.analysis.metrics import (
-        working_overrides,
         cycle_table_from_frames,
         frames_from_tables,
+        working_overrides,
     )
     from flowtrial.analysis.switches import AFK_KINDS, FOCUS_KINDS, afk_intervals, away_episodes
 
