@@ -1,9 +1,9 @@
 """flowtrial analysis: the preregistered estimators (DESIGN §6).
 
-- `analysis.effects`: METR-style task-time effect (`estimate_effect`).
-- `analysis.threshold`: the flow threshold ψ (`fit_threshold`, `simulate_switch_data`,
+- `flowtrial.analysis.effects`: METR-style task-time effect (`estimate_effect`).
+- `flowtrial.analysis.threshold`: the flow threshold ψ (`fit_threshold`, `simulate_switch_data`,
   `population_onset_psi`).
-- `analysis.checks`: checks first (`srm_check`, `carryover_check`, `manipulation_check`,
+- `flowtrial.analysis.checks`: checks first (`srm_check`, `carryover_check`, `manipulation_check`,
   `missing_data`).
 
 Public names are re-exported lazily so that `import analysis` (e.g. by the CLI) does not
@@ -22,20 +22,20 @@ class AnalysisInputError(ValueError):
 
 
 _EXPORTS: dict[str, str] = {
-    "EffectResult": "analysis.effects",
-    "estimate_effect": "analysis.effects",
-    "ThresholdResult": "analysis.threshold",
-    "fit_threshold": "analysis.threshold",
-    "simulate_switch_data": "analysis.threshold",
-    "population_onset_psi": "analysis.threshold",
-    "SRMResult": "analysis.checks",
-    "CarryoverResult": "analysis.checks",
-    "ManipulationResult": "analysis.checks",
-    "MissingDataResult": "analysis.checks",
-    "srm_check": "analysis.checks",
-    "carryover_check": "analysis.checks",
-    "manipulation_check": "analysis.checks",
-    "missing_data": "analysis.checks",
+    "EffectResult": ".effects",
+    "estimate_effect": ".effects",
+    "ThresholdResult": ".threshold",
+    "fit_threshold": ".threshold",
+    "simulate_switch_data": ".threshold",
+    "population_onset_psi": ".threshold",
+    "SRMResult": ".checks",
+    "CarryoverResult": ".checks",
+    "ManipulationResult": ".checks",
+    "MissingDataResult": ".checks",
+    "srm_check": ".checks",
+    "carryover_check": ".checks",
+    "manipulation_check": ".checks",
+    "missing_data": ".checks",
 }
 
 __all__ = ["AnalysisInputError", *_EXPORTS]
@@ -45,5 +45,5 @@ def __getattr__(name: str) -> Any:
     # PEP 562 lazy re-export: keeps CLI start-up fast.
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'analysis' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import AnalysisInputError
-from study.randomization import SRM_ALPHA, SRMResult
-from study.randomization import srm_check as _study_srm
+from flowtrial.study.randomization import SRM_ALPHA, SRMResult
+from flowtrial.study.randomization import srm_check as _study_srm
+
+from . import AnalysisInputError
 
 
 def _require(df: pd.DataFrame, cols: Sequence[str], what: str) -> None:
@@ -50,7 +51,7 @@ def srm_check(
     """Sample-ratio mismatch: χ² of observed arm counts vs planned proportions (weights are
     normalised); flagged when p < alpha (0.001). Counts in an arm that was never planned are
     a mismatch by themselves (flagged, p = 0). This validates the input; the check itself is
-    `study.randomization.srm_check`."""
+    `flowtrial.study.randomization.srm_check`."""
     if not planned:
         raise AnalysisInputError("srm_check: no planned arms given")
     if any((not math.isfinite(float(w))) or float(w) <= 0 for w in planned.values()):

@@ -63,8 +63,8 @@ def effect(
 
     Effect exp(β) − 1; 95 % CIs: non-robust, HC3, participant-clustered; mixed-model row.
     """
-    from analysis import AnalysisInputError
-    from analysis.effects import estimate_effect
+    from . import AnalysisInputError
+    from .effects import estimate_effect
 
     df = _read_csv(file)
     try:
@@ -144,8 +144,8 @@ def threshold(
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Estimate the flow threshold ψ: hinge logistic of P(switch) on log wait (DESIGN §6.3)."""
-    from analysis import AnalysisInputError
-    from analysis.threshold import fit_threshold
+    from . import AnalysisInputError
+    from .threshold import fit_threshold
 
     df = _read_csv(file)
     missing = [c for c in (wait, switched, participant) if c not in df.columns]

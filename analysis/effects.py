@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from analysis import AnalysisInputError
+from . import AnalysisInputError
 
 ImputePolicy = Literal["drop", "arm_mean"]
 SE_TYPES = ("nonrobust", "hc3", "cluster")

@@ -22,7 +22,7 @@ target_ttft_s          targeted first-token floor (per arm or per-prompt draw)
 target_tps             targeted tokens/s (real: raw ÷ time_scale)
 experienced_ttft_s     t_first_sent − t_request as the participant saw it
 total_wait_s           t_last_sent − t_request (the generation wait)
-idle_wait_s            wait with nothing new to read: ``study.timeline.idle_wait_s`` of
+idle_wait_s            wait with nothing new to read: ``flowtrial.study.timeline.idle_wait_s`` of
                        (experienced TTFT, tokens_completion, achieved tokens/s) at the
                        population default reading speed, 5.3 tokens/s (Brysbaert 2019)
 achieved_tps           content tokens after the first over t_last_sent − t_first_sent (real)
@@ -31,7 +31,7 @@ violation              the upstream was slower than the target (manipulation vio
 violation_s            by how much the target was missed
 tokens_completion      completion tokens (exact from upstream usage when given)
 switched               context switch during the wait at the study's
-                       ``capture.switch_min_away_s`` (see ``analysis.switches``)
+                       ``capture.switch_min_away_s`` (see ``flowtrial.analysis.switches``)
 switched_2s/10s/30s    the same at 2, 10 and 30 s (and any other sensitivity threshold)
 switch_category        where focus went (payload category, else app); None if no switch
 time_away_s            not-AFK time away of that switch (0 if none)
@@ -54,7 +54,7 @@ forecast_slow_s, started_at, ended_at, task_time_s (ended − started, else the 
 
 Both functions read with ``pandas.read_sql`` and are vectorized; the switch join uses
 ``merge_asof`` (100,000 cycles in a few seconds). The ``*_from_frames`` variants do the same
-on in-memory tables (e.g. ``study.simulator.simulate_virtual_frames``) without a database.
+on in-memory tables (e.g. ``flowtrial.study.simulator.simulate_virtual_frames``) without a database.
 """
 
 from __future__ import annotations
@@ -67,19 +67,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.switches import (
+from flowtrial.study.timeline import DEFAULT_READING_TPS, NS, idle_wait_s, wall_ns
+
+from .switches import (
     AFK_KINDS,
     DEFAULT_SENSITIVITY_S,
     FOCUS_KINDS,
     classify_switches,
     switch_column,
 )
-from study.timeline import DEFAULT_READING_TPS, NS, idle_wait_s, wall_ns
 
 DECISION_KINDS = {"accept": "accept", "reject": "reject", "partial_accept": "partial"}
 TASK_EVENT_KINDS = ("task_start", "task_end")
 
-_CYCLE_COLUMNS = [
+CYCLE_COLUMNS = [
     "id", "participant_id", "arm", "period", "task_id", "protocol", "status", "started_at",
     "mono_anchor_ns", "wall_anchor_ns", "t_request_ns", "t_first_sent_ns", "t_last_sent_ns",
     "target_ttft_ms", "target_tps", "target_delivery", "experienced_ttft_ms", "achieved_tps",
@@ -117,12 +118,12 @@ def _has_table(database: Any, name: str) -> bool:
 
 
 def read_frames(database: Any) -> StudyFrames:
-    """Read the tables analysis needs from an open ``study.storage.Database``."""
+    """Read the tables analysis needs from an open ``flowtrial.study.storage.Database``."""
     config = database.config()
     scale = float(database.time_scale())
     with database.engine.connect() as conn:
         cycles = pd.read_sql(
-            f"SELECT {', '.join(_CYCLE_COLUMNS)} FROM cycles", conn,
+            f"SELECT {', '.join(CYCLE_COLUMNS)} FROM cycles", conn,
             # nullable ints keep ns exact (float64 would round epoch ns to 256 ns)
             dtype_backend="numpy_nullable",
         )
@@ -164,7 +165,7 @@ def frames_from_tables(tables: Mapping[str, pd.DataFrame], config: Any,
         df = tables.get(name)
         return df.copy() if df is not None else _empty(cols)
 
-    cycles = get("cycles", _CYCLE_COLUMNS)
+    cycles = get("cycles", CYCLE_COLUMNS)
     if "id" not in cycles.columns and "cycle_id" in cycles.columns:
         cycles = cycles.rename(columns={"cycle_id": "id"})
     return StudyFrames(
@@ -222,7 +223,8 @@ def _wall(cyc: pd.DataFrame, col: str) -> pd.api.extensions.ExtensionArray:
     return arr
 
 
-def _working_overrides(participants: pd.DataFrame) -> dict[str, list[str]]:
+def working_overrides(participants: pd.DataFrame) -> dict[str, list[str]]:
+    """Each participant's own working-app list, where the study gave one (id → apps)."""
     out: dict[str, list[str]] = {}
     if "working_apps_json" not in participants.columns:
         return out
@@ -317,7 +319,7 @@ def cycle_table_from_frames(
         frames.working_apps,
         sensitivity_s=sens,
         time_scale=scale,
-        participant_working_apps=_working_overrides(frames.participants),
+        participant_working_apps=working_overrides(frames.participants),
     )
     for col in ["switched", *[switch_column(m) for m in sorted({*sens,
                                                                frames.switch_min_away_s})],
@@ -371,7 +373,7 @@ def cycle_table_from_frames(
 
 def cycle_table(database: Any, reading_tps: float = DEFAULT_READING_TPS) -> pd.DataFrame:
     """One row per cycle with real-second timings, switches, decisions and persistence
-    (columns in the module docstring). ``database`` is a ``study.storage.Database``."""
+    (columns in the module docstring). ``database`` is a ``flowtrial.study.storage.Database``."""
     return cycle_table_from_frames(read_frames(database), reading_tps)
 
 

@@ -2,7 +2,7 @@
 simulated studies of each size.
 
 For every cell (participants × prompts per participant) and replicate, the virtual simulator
-(``study.simulator.simulate_virtual_frames``, in memory, no database) generates a study
+(``flowtrial.study.simulator.simulate_virtual_frames``, in memory, no database) generates a study
 under a known truth; the metrics layer turns it into the cycle table, and the same
 threshold analysis as ``flowtrial analyze`` (``fit_threshold`` on idle wait, participant-
 cluster bootstrap CI, parametric-bootstrap existence test) is run — plus the METR-style
@@ -12,7 +12,7 @@ task-time effect when the design has arms. Per cell the grid reports:
   ``smooth`` or ``flat`` truth this is the false-positive rate;
 * ``ci_coverage`` — share of successful fits whose 95 % CI contains ψ*, the pooled model's
   estimand for that replicate's waits (hinge truth only): the onset of the
-  population-averaged switch curve (`analysis.threshold.pseudo_true_psi`). With
+  population-averaged switch curve (`flowtrial.analysis.threshold.pseudo_true_psi`). With
   heterogeneous ψᵢ (log-sd 0.35 by default) ψ* sits below the median personal ψ, so
   ``ci_coverage_median_psi`` (coverage of the median) falls as studies grow — both are shown;
 * ``power_effect`` — share of replicates whose task-time effect has a participant-clustered
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.workers import run_jobs
+from .workers import run_jobs
 
 ProgressFn = Callable[[int, int], None]  # (replicates done, total)
 
@@ -69,10 +69,11 @@ def design_tasks(config: Any, prompts: int) -> tuple[int, int]:
 def run_replicate(config: Any, truth: str, threshold_s: float, n_part: int, n_prompts: int,
                   rep: int, seed: int, n_boot: int) -> dict[str, Any]:
     """One simulated study and its analysis; a flat dict of outcomes."""
-    from analysis.metrics import cycle_table_from_frames, frames_from_tables, task_table_from_frames
-    from analysis.report import task_effect_section
-    from analysis.report_sections import threshold_section
-    from study.simulator import SimParams, simulate_virtual_frames
+    from flowtrial.study.simulator import SimParams, simulate_virtual_frames
+
+    from .metrics import cycle_table_from_frames, frames_from_tables, task_table_from_frames
+    from .report import task_effect_section
+    from .report_sections import threshold_section
 
     t0 = time.perf_counter()
     s = _seed(seed, n_part, n_prompts, rep)
@@ -88,8 +89,9 @@ def run_replicate(config: Any, truth: str, threshold_s: float, n_part: int, n_pr
                                median_tokens=med)
     psi_star = None
     if truth == "hinge" and len(ok):
-        from analysis.threshold import pseudo_true_psi
-        from study.simulator.params import expected_switch_probability
+        from flowtrial.study.simulator.params import expected_switch_probability
+
+        from .threshold import pseudo_true_psi
 
         w = ok["idle_wait_s"].to_numpy(float)
         w = w[np.isfinite(w) & (w > 0)]
@@ -139,7 +141,7 @@ def power_replicates(
 
 def summarize(reps: pd.DataFrame, truth: str, threshold_s: float) -> pd.DataFrame:
     """Per-cell power, coverage and effect power from ``power_replicates`` output."""
-    from analysis.report_sections import wilson
+    from .report_sections import wilson
 
     out = []
     for (n, k), g in reps.groupby(["participants", "prompts"], sort=True):

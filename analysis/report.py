@@ -1,6 +1,6 @@
 """`flowtrial analyze`: the preregistered analysis of a study database (DESIGN.md §6).
 
-``run_analysis`` reads the database through the metrics layer (``analysis.metrics``), then
+``run_analysis`` reads the database through the metrics layer (``flowtrial.analysis.metrics``), then
 runs, in this order:
 
 1. **checks** — sample-ratio mismatch, carry-over (crossover), manipulation check per arm,
@@ -29,15 +29,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import AnalysisInputError
-from analysis import report_figures as figs
-from analysis.metrics import (
+from . import AnalysisInputError
+from . import report_figures as figs
+from .metrics import (
     StudyFrames,
     cycle_table_from_frames,
     read_frames,
     task_table_from_frames,
 )
-from analysis.report_sections import (
+from .report_sections import (
     WAIT_MEASURES,
     compare_truth,
     ground_truth,
@@ -46,8 +46,8 @@ from analysis.report_sections import (
     secondary_outcomes,
     threshold_section,
 )
-from analysis.switches import switch_column
-from analysis.workers import run_jobs
+from .switches import switch_column
+from .workers import run_jobs
 
 PRIMARY_WAIT = "idle_wait_s"
 SENSITIVITY_WAITS = ("total_wait_s", "experienced_ttft_s")
@@ -60,9 +60,9 @@ MIN_CYCLES = 20  # below this, the report says there is too little data for wait
 def checks_section(
     config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks: pd.DataFrame
 ) -> dict[str, Any]:
-    """Checks first (DESIGN §6.1), with ``analysis.checks``; a check that does not apply or
-    cannot run says why in ``skipped``."""
-    from analysis import checks
+    """Checks first (DESIGN §6.1), with ``flowtrial.analysis.checks``; a check that does not apply
+    or cannot run says why in ``skipped``."""
+    from . import checks
 
     def run(fn: Callable[[], Any]) -> dict[str, Any]:
         try:
@@ -108,7 +108,7 @@ def checks_section(
 
 def task_effect_section(config: Any, tasks: pd.DataFrame, median_tokens: float) -> dict[str, Any]:
     """METR-style effect of the fast arm on log task time (forecast: log forecast_slow_s)."""
-    from analysis.effects import estimate_effect
+    from .effects import estimate_effect
 
     if config.study.design == "per_prompt":
         return {"skipped": "per-prompt design: latency is randomized per request, not per "
@@ -172,10 +172,10 @@ def run_analysis(
     fit. ``workers`` (default: up to 2 CPUs) processes share the threshold fits while this
     process draws the figures that do not depend on them.
 
-    Raises ``study.storage.StorageError`` for a missing/foreign database and
+    Raises ``flowtrial.study.storage.StorageError`` for a missing/foreign database and
     ``AnalysisInputError`` when there is nothing to analyse (no cycles and no tasks).
     """
-    from study.storage import open_db
+    from flowtrial.study.storage import open_db
 
     say = _say(progress)
     database = open_db(db_path)
@@ -292,7 +292,8 @@ def _fit_thresholds(cycles: pd.DataFrame, jobs: list[tuple[str, str]], *, n_boot
                     while_fitting: Callable[[], None] | None = None,
                     ) -> list[tuple[dict[str, Any], Any]]:
     """``threshold_section`` for each (wait, switch) job, on worker processes
-    (``analysis.workers``); every fit is seeded, so results do not depend on the workers."""
+    (``flowtrial.analysis.workers``); every fit is seeded, so results do not depend on the
+    workers."""
     cols = sorted({"participant_id", "status", *(c for job in jobs for c in job)})
     narrow = cycles[cols]
     return run_jobs(_fit_job, [(narrow, w, sw, n_boot, seed, median_tokens) for w, sw in jobs],

@@ -45,9 +45,10 @@ def analyze(
 ) -> None:
     """Run the preregistered analysis: checks, task-time effect, flow threshold, secondary
     outcomes; write results.json and a self-contained report.html."""
-    from analysis import AnalysisInputError
-    from analysis.report import run_analysis
-    from study.errors import FlowtrialError
+    from flowtrial.study.errors import FlowtrialError
+
+    from . import AnalysisInputError
+    from .report import run_analysis
 
     if n_boot < 10:
         raise _fail(f"--n-boot {n_boot} is too small: use at least 10 (200 for reporting)")
@@ -140,9 +141,10 @@ def power(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
     from rich.table import Table
 
-    from analysis.power import power_grid
-    from study.config import load_study
-    from study.errors import FlowtrialError
+    from flowtrial.study.config import load_study
+    from flowtrial.study.errors import FlowtrialError
+
+    from .power import power_grid
 
     ns = _int_list(participants, "--participants")
     ks = _int_list(prompts, "--prompts")

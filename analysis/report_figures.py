@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.report_sections import analysable, binned_rate
+from .report_sections import analysable, binned_rate
 
 MAX_POINTS = 4000  # scatter plots are thinned to this many points
 MAX_PARTICIPANTS = 30  # small multiples

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from study.timeline import DEFAULT_READING_TPS
+from flowtrial.study.timeline import DEFAULT_READING_TPS
 
 WAIT_MEASURES = {
     "idle_wait_s": "idle wait (TTFT + delivery lag behind reading at 5.3 tokens/s)",
@@ -125,8 +125,8 @@ def threshold_section(
     median_tokens: float | None,
 ) -> tuple[dict[str, Any], Any]:
     """fit_threshold on (participant, wait, switched); returns (JSON dict, result or None)."""
-    from analysis import AnalysisInputError
-    from analysis.threshold import fit_threshold
+    from . import AnalysisInputError
+    from .threshold import fit_threshold
 
     df = analysable(cycles, wait_col)
     base: dict[str, Any] = {
@@ -272,7 +272,7 @@ def ground_truth_from_rows(rows: pd.DataFrame) -> dict[str, Any] | None:
 
 def truth_params(truth: dict[str, Any]) -> Any:
     """The simulator parameters stored with the ground truth, as a SimParams."""
-    from study.simulator import SimParams
+    from flowtrial.study.simulator import SimParams
 
     known = set(SimParams.model_fields)
     stored = {k: v for k, v in (truth.get("params") or {}).items() if k in known}
@@ -286,8 +286,9 @@ def estimand_psi(truth: dict[str, Any], waits_s: Any) -> float | None:
     With thresholds varying between people the pooled model estimates where the
     population-averaged curve starts rising, which lies below the median person's ψ.
     """
-    from analysis.threshold import pseudo_true_psi
-    from study.simulator.params import expected_switch_probability
+    from flowtrial.study.simulator.params import expected_switch_probability
+
+    from .threshold import pseudo_true_psi
 
     w = np.asarray(waits_s, dtype=float)
     w = w[np.isfinite(w) & (w > 0)]

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from instrumentation.app_categories import normalize_app
+from flowtrial.study.app_categories import normalize_app
 
 NS = 1_000_000_000
 AW_SOURCE = "activitywatch"

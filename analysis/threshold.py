@@ -51,7 +51,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from analysis import AnalysisInputError
+from . import AnalysisInputError
 
 ModelName = Literal["flat", "smooth", "hinge"]
 _K_PARAMS = {"flat": 1, "smooth": 2, "hinge": 3}  # ψ counts as a parameter of the hinge

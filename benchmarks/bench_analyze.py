@@ -27,11 +27,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
 
-    from analysis.metrics import cycle_table
-    from analysis.report import run_analysis
-    from study.config import example_study_text, parse_study
-    from study.simulator import SimParams, simulate_virtual
-    from study.storage import init_db, open_db
+    from flowtrial.analysis.metrics import cycle_table
+    from flowtrial.analysis.report import run_analysis
+    from flowtrial.study.config import example_study_text, parse_study
+    from flowtrial.study.simulator import SimParams, simulate_virtual
+    from flowtrial.study.storage import init_db, open_db
 
     data = tomllib.loads(example_study_text())
     data["study"]["time_scale"] = args.time_scale

@@ -30,9 +30,9 @@ APP = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
 
 
 def build(path: Path, participants: int, tasks: int, prompts: int) -> int:
-    from study.config import example_study_text, parse_study
-    from study.simulator import SimParams, simulate_virtual
-    from study.storage import init_db
+    from flowtrial.study.config import example_study_text, parse_study
+    from flowtrial.study.simulator import SimParams, simulate_virtual
+    from flowtrial.study.storage import init_db
 
     text = example_study_text()
     config = parse_study(tomllib.loads(text))
@@ -67,7 +67,7 @@ def main() -> None:
         import scipy.stats  # noqa: F401
         import statsmodels.api  # noqa: F401
 
-        import analysis.metrics  # noqa: F401
+        import flowtrial.analysis.metrics  # noqa: F401  # FIXME-usage
         print(f"imports (once per server process): {time.perf_counter() - t0:.2f} s")
         at = AppTest.from_file(str(APP), default_timeout=120)
         print("first render of each page (caches cold):")

@@ -39,9 +39,9 @@ def write_study(directory: Path, body: str) -> Path:
 
 def enroll_keys(study: Path, db: Path, n: int) -> list[str]:
     """Create the database and enroll ``n`` participants; their keys."""
-    from study.config import load_study
-    from study.participants import enroll
-    from study.storage import init_db
+    from flowtrial.study.config import load_study
+    from flowtrial.study.participants import enroll
+    from flowtrial.study.storage import init_db
 
     config = load_study(study)
     database = init_db(db, config, study.read_text(encoding="utf-8"))
@@ -121,10 +121,10 @@ def _process(args: list[str], pattern: str, env: dict[str, str] | None = None,
 @contextmanager
 def proxy_process(study: Path, db: Path, env: dict[str, str] | None = None, *extra: str
                   ) -> Iterator[Served]:
-    """``python -m instrumentation.proxy`` on a free port (``extra``: more options); yields
+    """``python -m flowtrial.instrumentation.proxy`` on a free port (``extra``: options); yields
     its base URL."""
-    args = [sys.executable, "-m", "instrumentation.proxy", "--study", str(study), "--db", str(db),
-            "--port", "0", *extra]
+    args = [sys.executable, "-m", "flowtrial.instrumentation.proxy", "--study", str(study),
+            "--db", str(db), "--port", "0", *extra]
     with _process(args, r"^OPENAI_BASE_URL=(http://\S+)/v1", env,
                   ready="/flowtrial/v1/health") as url:
         yield url
@@ -135,7 +135,7 @@ def mock_model_process(ttft_ms: float = 0.0, tokens_per_second: float = 2000.0
                        ) -> Iterator[Served]:
     """The simulated model served over HTTP (as ``flowtrial mock-model``); yields
     ``http://host:port/v1``."""
-    code = ("import typer; from instrumentation.mock_model.commands import mock_model; "
+    code = ("import typer; from flowtrial.instrumentation.mock_model.commands import mock_model; "
             "typer.run(mock_model)")
     args = [sys.executable, "-c", code, "--port", "0", "--ttft-ms", str(ttft_ms),
             "--tokens-per-second", str(tokens_per_second)]

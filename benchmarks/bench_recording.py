@@ -29,12 +29,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_proxy_common import percentile  # noqa: E402
-from instrumentation.proxy.recorder import CycleRecord, Recorder  # noqa: E402
-from instrumentation.proxy.shaping import Target  # noqa: E402
-from instrumentation.proxy.state import close_writer, make_writer  # noqa: E402
-from study.config import parse_study  # noqa: E402
-from study.participants import enroll  # noqa: E402
-from study.storage import init_db  # noqa: E402
+from flowtrial.instrumentation.proxy.recorder import CycleRecord, Recorder  # noqa: E402
+from flowtrial.instrumentation.proxy.shaping import Target  # noqa: E402
+from flowtrial.instrumentation.proxy.state import close_writer, make_writer  # noqa: E402
+from flowtrial.study.config import parse_study  # noqa: E402
+from flowtrial.study.participants import enroll  # noqa: E402
+from flowtrial.study.storage import init_db  # noqa: E402
 
 ANSWER = ("def reverse(items):\n"
           "    \"\"\"Return a new list with the items in reverse order.\"\"\"\n"

@@ -16,9 +16,9 @@ import time
 import tomllib
 from pathlib import Path
 
-from study.config import example_study_text, parse_study
-from study.simulator import SimParams, simulate_virtual, simulate_virtual_frames
-from study.storage import init_db
+from flowtrial.study.config import example_study_text, parse_study
+from flowtrial.study.simulator import SimParams, simulate_virtual, simulate_virtual_frames
+from flowtrial.study.storage import init_db
 
 PARTICIPANTS, TASKS, PROMPTS_PER_TASK = 30, 4, 15
 

@@ -6,8 +6,8 @@ shaping (each prompt draws its TTFT and tokens/s, by default 300–1000 ms and 5
 tokens/s). ``--participants`` enrolled participants each loop: send a prompt, read the stream
 to its end, think, again — for ``--seconds``; then every stream still open is read to its end
 and the proxy is stopped with SIGTERM. By default they think as the simulator's participants
-do (``study.simulator.params.SimParams``: review the answer, median 15 s, then craft the next
-prompt, median 20 s; log-normal), so 200 of them are the load of 200 developers.
+do (``flowtrial.study.simulator.params.SimParams``: review the answer, median 15 s, then craft the
+next prompt, median 20 s; log-normal), so 200 of them are the load of 200 developers.
 ``--think-s S`` instead draws think times with mean S s (exponential): ``--think-s 1`` is a
 stress test, tens of times a real team's load. The clients are light raw-socket
 asyncio loops in this process, so hundreds of them do not load the machine being measured.
@@ -154,7 +154,7 @@ class Thinking:
     durations (``think_s`` None) or exponential with mean ``think_s``."""
 
     def __init__(self, think_s: float | None) -> None:
-        from study.simulator.params import SimParams
+        from flowtrial.study.simulator.params import SimParams
 
         self.think_s = think_s
         p = SimParams()

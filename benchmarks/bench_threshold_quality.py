@@ -58,9 +58,9 @@ def simulate_cycles(cell: dict[str, Any], n_part: int, n_prompts: int, psi: floa
     """(analysable cycles, SimParams, study config) of one simulated per-prompt study."""
     import numpy as np
 
-    from analysis.metrics import cycle_table_from_frames, frames_from_tables
-    from study.config import example_study_text, parse_study
-    from study.simulator import SimParams, simulate_virtual_frames
+    from flowtrial.analysis.metrics import cycle_table_from_frames, frames_from_tables
+    from flowtrial.study.config import example_study_text, parse_study
+    from flowtrial.study.simulator import SimParams, simulate_virtual_frames
 
     data = tomllib.loads(example_study_text())
     lo, hi = cell.get("ttft_ms", (200, 30000))
@@ -81,9 +81,12 @@ def one_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, Any]:
     """Simulate and analyse one study; the figures the benchmark aggregates."""
     import pandas as pd
 
-    from analysis.personal_threshold import estimate_detection_share, fit_personal_threshold
-    from analysis.threshold import fit_threshold, pseudo_true_psi
-    from study.simulator.params import detection_share, expected_switch_probability
+    from flowtrial.analysis.personal_threshold import (
+        estimate_detection_share,
+        fit_personal_threshold,
+    )
+    from flowtrial.analysis.threshold import fit_threshold, pseudo_true_psi
+    from flowtrial.study.simulator.params import detection_share, expected_switch_probability
 
     cell_name, n_part, n_prompts, seed, cfg = job
     cell = CELLS[cell_name]
@@ -123,8 +126,11 @@ def timing(psi: float, workers: int) -> float:
     200 null refits) and the personal threshold with its node check, on ``workers``."""
     import pandas as pd
 
-    from analysis.personal_threshold import estimate_detection_share, fit_personal_threshold
-    from analysis.threshold import fit_threshold
+    from flowtrial.analysis.personal_threshold import (
+        estimate_detection_share,
+        fit_personal_threshold,
+    )
+    from flowtrial.analysis.threshold import fit_threshold
 
     ok, _, _ = simulate_cycles(CELLS["intercepts"], 100, 200, psi, 99)
     frame = pd.DataFrame({"participant_id": ok["participant_id"].to_numpy(),

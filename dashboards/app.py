@@ -1,24 +1,19 @@
 """flowtrial dashboard: the Streamlit entry point (``flowtrial dashboard --db PATH``).
 
-Run directly with ``streamlit run dashboards/app.py -- --db study.db``; the database may also
+Run directly with ``streamlit run dashboards/app.py -- --db study.db`` (flowtrial installed,
+e.g. ``pip install -e '.[dashboard]'``); the database may also
 come from ``FLOWTRIAL_DASHBOARD_DB``. Pages live in ``dashboards/pages``.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-# `streamlit run` puts this file's folder, not the repository, on sys.path.
-_ROOT = str(Path(__file__).resolve().parent.parent)
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
+import streamlit as st
 
-import streamlit as st  # noqa: E402
-
-from dashboards import data  # noqa: E402
-from dashboards.ui import db_from_args  # noqa: E402
-from study.errors import FlowtrialError  # noqa: E402
+from flowtrial.dashboards import data
+from flowtrial.dashboards.ui import db_from_args
+from flowtrial.study.errors import FlowtrialError
 
 PAGES = Path(__file__).resolve().parent / "pages"
 

@@ -36,8 +36,8 @@ def dashboard(
     import os
     import subprocess
 
-    from study.errors import FlowtrialError
-    from study.storage import open_db
+    from flowtrial.study.errors import FlowtrialError
+    from flowtrial.study.storage import open_db
 
     if not 0 < port < 65536:
         typer.echo(f"error: --port {port}: use a port between 1 and 65535", err=True)

@@ -1,8 +1,8 @@
 """Results that need the analysis layer itself, computed off the page's critical path.
 
 Context switches, resumption lag and the flow threshold are defined by
-``analysis.metrics.cycle_table`` (focus timelines joined to every wait) and
-``analysis.threshold.fit_threshold``; the dashboard reuses them rather than approximating
+``flowtrial.analysis.metrics.cycle_table`` (focus timelines joined to every wait) and
+``flowtrial.analysis.threshold.fit_threshold``; the dashboard reuses them rather than approximating
 them in SQL, so its numbers are the report's. At 100,000 cycles they take a few seconds, more
 than a page may take to render, so large studies get them from one background worker: the
 page renders its SQL parts at once and a fragment shows these when ready. Small studies
@@ -62,8 +62,9 @@ def get(key: Hashable, fn: Callable[..., Any], *args: Any, block: bool) -> Any |
 
 
 def _switch_table(url: str) -> pd.DataFrame:
-    from analysis.metrics import cycle_table
-    from dashboards.data import database
+    from flowtrial.analysis.metrics import cycle_table
+
+    from .data import database
 
     table = cycle_table(database(url))
     return table[[c for c in SWITCH_COLUMNS if c in table.columns]]
@@ -71,7 +72,8 @@ def _switch_table(url: str) -> pd.DataFrame:
 
 def switch_table(url: str, fresh: tuple[int, ...], *, block: bool | None = None
                  ) -> pd.DataFrame | None:
-    """``analysis.metrics.cycle_table`` (the columns the pages use) for the whole study."""
+    """``flowtrial.analysis.metrics.cycle_table`` (the columns the pages use) for the whole
+    study."""
     block = fresh[0] <= SYNC_CYCLES if block is None else block
     return get(("cycles", url, fresh), _switch_table, url, block=block)
 
@@ -97,7 +99,7 @@ def filter_cycles(table: pd.DataFrame, f: Any, task_names: dict[int, str] | None
 
 def _fit(cycles: pd.DataFrame, wait_col: str, median_tokens: float | None,
          n_boot: int) -> tuple[dict[str, Any], Any]:
-    from analysis.report_sections import threshold_section
+    from flowtrial.analysis.report_sections import threshold_section
 
     return threshold_section(cycles, wait_col, "switched", n_boot=n_boot, seed=0,
                              median_tokens=median_tokens)
@@ -105,7 +107,7 @@ def _fit(cycles: pd.DataFrame, wait_col: str, median_tokens: float | None,
 
 def threshold_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, *, block: bool,
                   n_boot: int = THRESHOLD_BOOT) -> tuple[dict[str, Any], Any] | None:
-    """``analysis.report_sections.threshold_section`` (the report's ψ fit) on ``cycles``:
+    """``flowtrial.analysis.report_sections.threshold_section`` (the report's ψ fit) on ``cycles``:
     (summary dict, ``ThresholdResult`` or None when it could not be fitted)."""
     ok = cycles[cycles["status"].astype(str) == "ok"]
     tok = pd.to_numeric(ok["tokens_completion"], errors="coerce").dropna()
@@ -118,8 +120,9 @@ def task_names(url: str, fresh: tuple[int, ...]) -> dict[int, str]:
     """Task id → name, for the task filter on in-memory cycle tables."""
     from sqlalchemy import select
 
-    from dashboards.data import database
-    from study.schema import Task
+    from flowtrial.study.schema import Task
+
+    from .data import database
 
     with database(url).engine.connect() as conn:
         return {int(i): str(n) for i, n in conn.execute(select(Task.id, Task.name))}

@@ -8,7 +8,8 @@ Heavy work happens in the database: counts, means and histograms are ``GROUP BY`
 (histogram bins are ``CASE`` expressions over fixed log-spaced edges, since ``LOG`` is not
 portable), the cycle time uses the ``LEAD`` window function (SQLite ≥ 3.25, PostgreSQL),
 and weeks are integer divisions of epoch nanoseconds. Durations are stored raw; everything
-returned here is in real seconds (× the study's ``time_scale``), like ``analysis.metrics``.
+returned here is in real seconds (× the study's ``time_scale``), like
+``flowtrial.analysis.metrics``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import streamlit as st
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.sql import ColumnElement
 
-from dashboards.filters import Filters
-from study.schema import Assignment, Cycle, Event, Participant, Persistence, Task
-from study.storage import Database, open_db
+from flowtrial.study.schema import Assignment, Cycle, Event, Participant, Persistence, Task
+from flowtrial.study.storage import Database, open_db
+
+from .filters import Filters
 
 NS = 1_000_000_000
 DAY_NS = 86_400 * NS
@@ -75,8 +77,8 @@ class StudyInfo:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def study_info(url: str, fresh: tuple[int, ...]) -> StudyInfo:
-    """The study's settings and ``study.status.study_status`` (counts per arm, SRM)."""
-    from study.status import study_status
+    """The study's settings and ``flowtrial.study.status.study_status`` (counts per arm, SRM)."""
+    from flowtrial.study.status import study_status
 
     db = database(url)
     config = db.config()
@@ -230,7 +232,7 @@ def decisions_by_arm(url: str, fresh: tuple[int, ...], f: Filters) -> pd.DataFra
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def task_times(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> pd.DataFrame:
-    """One row per task (the columns ``analysis.metrics.task_table`` documents that the
+    """One row per task (the columns ``flowtrial.analysis.metrics.task_table`` documents that the
     effect estimate needs): task time from start/end, else the imported ``time_s``."""
     span = (Task.ended_at_ns - Task.started_at_ns) / float(NS)
     q = select(Task.id, Task.participant_id, Task.name, Task.arm, Task.period,
@@ -341,17 +343,17 @@ def participant_day_tables(url: str, fresh: tuple[int, ...], participant: str, d
                            ) -> dict[str, pd.DataFrame]:
     """One participant's cycles that day and their events (±1 h, for switches straddling
     the day's edges), read with indexed range queries: the inputs of the timeline."""
-    from analysis.metrics import _CYCLE_COLUMNS
-    from analysis.switches import AFK_KINDS, FOCUS_KINDS
+    from flowtrial.analysis.metrics import CYCLE_COLUMNS
+    from flowtrial.analysis.switches import AFK_KINDS, FOCUS_KINDS
 
     lo, hi = day_bounds_ns(day)
-    cols = [getattr(Cycle, c) for c in _CYCLE_COLUMNS]
+    cols = [getattr(Cycle, c) for c in CYCLE_COLUMNS]
     kinds = [*FOCUS_KINDS, *AFK_KINDS, *DECISIONS]
     margin = 3600 * NS
     with database(url).engine.connect() as conn:
         cyc = _frame(conn.execute(select(*cols).where(
             Cycle.participant_id == participant, wall_request() >= lo, wall_request() < hi)
-            .order_by(Cycle.t_request_ns)), list(_CYCLE_COLUMNS))
+            .order_by(Cycle.t_request_ns)), list(CYCLE_COLUMNS))
         ev = _frame(conn.execute(select(
             Event.participant_id, Event.cycle_id, Event.kind, Event.ts_ns, Event.source,
             Event.payload_json).where(

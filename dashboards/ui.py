@@ -13,8 +13,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboards import data, filters
-from dashboards.filters import Filters
+from . import data, filters
+from .filters import Filters
 
 DB_ENV = "FLOWTRIAL_DASHBOARD_DB"
 

@@ -7,7 +7,7 @@ Sources: a running ``aw-server`` (read through the ``aw-client`` library, REST A
 ``currentwindow`` (aw-watcher-window, ``{app, title}``)
     Every window event becomes one focus event at its start: ``focus_in`` (payload
     ``{"app"}``) when the app is one of the participant's working apps, else ``focus_out``
-    (payload ``{"app", "category"}``, see :mod:`instrumentation.app_categories`). The window
+    (payload ``{"app", "category"}``, see :mod:`flowtrial.study.app_categories`). The window
     title is added (``title``) only when the study keeps content (``capture.content =
     "full"``).
 ``web.tab.current`` (browser watchers, ``{url, title, …}``)
@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy import bindparam, text
 
-from instrumentation.app_categories import (
+from flowtrial.study.app_categories import (
     category_for_app,
     category_for_url,
     host_is_working,
@@ -50,10 +50,10 @@ from instrumentation.app_categories import (
     normalize_app,
     working_set,
 )
-from study.errors import FlowtrialError
-from study.participants import require_participant
-from study.schema import Event
-from study.storage import Database, WriteBatch, utcnow, write_rows
+from flowtrial.study.errors import FlowtrialError
+from flowtrial.study.participants import require_participant
+from flowtrial.study.schema import Event
+from flowtrial.study.storage import Database, WriteBatch, utcnow, write_rows
 
 __all__ = [
     "AFK", "EDITOR", "WEB", "WINDOW", "ActivityWatchError", "AwBucket", "BucketReport",

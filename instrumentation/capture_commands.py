@@ -41,9 +41,10 @@ def import_activitywatch(
     from rich.console import Console
     from rich.table import Table
 
-    from instrumentation.activitywatch import import_activitywatch as run
-    from study.errors import FlowtrialError
-    from study.storage import open_db
+    from flowtrial.study.errors import FlowtrialError
+    from flowtrial.study.storage import open_db
+
+    from .activitywatch import import_activitywatch as run
 
     if (server is None) == (export is None):
         raise _fail("give exactly one of --server URL or --export FILE.json")
@@ -81,9 +82,10 @@ def persistence(
     from rich.table import Table
     from sqlalchemy import text
 
-    from instrumentation.persistence import compute_persistence
-    from study.errors import FlowtrialError
-    from study.storage import open_db
+    from flowtrial.study.errors import FlowtrialError
+    from flowtrial.study.storage import open_db
+
+    from .persistence import compute_persistence
 
     if not 0.0 < threshold <= 1.0:
         raise _fail(f"--threshold {threshold:g}: must be in (0, 1]")

@@ -28,7 +28,7 @@ Linking to a cycle: first by id — Continue's ``completionId`` equal to a cycle
 upstream response id the proxy recorded for that participant; else by time and text — the
 nearest earlier cycle of the participant (within ``lookback_s``, default 30 min) whose
 answer fingerprint contains at least half of the payload's completion text
-(:func:`instrumentation.fingerprints.similarity`); else the event is kept unlinked.
+(:func:`flowtrial.instrumentation.fingerprints.similarity`); else the event is kept unlinked.
 With ``level: noCode`` Continue sends no code, so only the id link is possible. No code from
 the payload is stored: the event keeps the Continue event name, completion id, model, how it
 was linked and the similarity. The event time is when the proxy received the post (Continue
@@ -53,12 +53,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
-from instrumentation.fingerprints import fingerprint, similarity
-from instrumentation.request_body import BodyTooLarge, read_body
-from study.config import StudyConfig
-from study.participants import participant_by_key
-from study.schema import Event
-from study.storage import Database, RecordWriter, WriteBatch, utcnow, write_rows
+from flowtrial.study.config import StudyConfig
+from flowtrial.study.participants import participant_by_key
+from flowtrial.study.schema import Event
+from flowtrial.study.storage import Database, RecordWriter, WriteBatch, utcnow, write_rows
+
+from .fingerprints import fingerprint, similarity
+from .request_body import BodyTooLarge, read_body
 
 __all__ = [
     "CONTINUE_PATH", "ContinueDecision", "KeyAuthenticator", "continue_routes",

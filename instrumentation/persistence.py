@@ -10,7 +10,7 @@ each completion and each interval ``I`` of ``capture.persistence_intervals_s``:
   window_s]`` (``window_s`` defaults to 120 s: a prompt that early after the checkpoint still
   shows the document as it was then);
 - **score**: the highest share of the completion's winnowed k-gram hashes
-  (:mod:`instrumentation.fingerprints`) found in one of those prompts — 1.0 kept verbatim
+  (:mod:`flowtrial.instrumentation.fingerprints`) found in one of those prompts — 1.0 kept verbatim
   (re-indentation does not matter), about the kept share when the participant kept part of
   it or edited it, 0.0 gone. Hashes that were already in the completion's *own* prompt are
   left out (a completion that repeats code the participant already had proves nothing),
@@ -37,9 +37,10 @@ from dataclasses import dataclass
 
 from sqlalchemy import text
 
-from instrumentation.fingerprints import fingerprint
-from study.schema import Persistence
-from study.storage import Database, WriteBatch, write_rows
+from flowtrial.study.schema import Persistence
+from flowtrial.study.storage import Database, WriteBatch, write_rows
+
+from .fingerprints import fingerprint
 
 __all__ = ["DEFAULT_THRESHOLD", "DEFAULT_WINDOW_S", "compute_persistence"]
 

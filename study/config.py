@@ -23,8 +23,8 @@ from pydantic import (
     model_validator,
 )
 
-from study.errors import FlowtrialError
-from study.questionnaire import QuestionnaireSection
+from .errors import FlowtrialError
+from .questionnaire import QuestionnaireSection
 
 Design = Literal["parallel", "crossover", "per_prompt"]
 Unit = Literal["participant", "task", "session", "prompt"]

@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from study.schema import TABLES
-from study.storage import Database
+from .schema import TABLES
+from .storage import Database
 
 # Columns that hold what people wrote or read, and secrets: never in a de-identified export.
 CONTENT_COLUMNS = {"prompt_text", "content_text", "prompt_fingerprint", "content_fingerprint",

@@ -17,8 +17,8 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, Engine, text
 
-import study.migrations
-from study.schema import SCHEMA_VERSION
+from . import migrations
+from .schema import SCHEMA_VERSION
 
 __all__ = ["current_revision", "head_revision", "stamp_head", "upgrade"]
 
@@ -35,7 +35,7 @@ def head_revision() -> str:
 
 def _config(conn: Connection) -> Config:
     cfg = Config()
-    cfg.set_main_option("script_location", str(Path(study.migrations.__file__).parent))
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
     cfg.attributes["connection"] = conn
     return cfg
 
@@ -73,25 +73,3 @@ def upgrade(engine: Engine) -> None:
         if str(got) != str(SCHEMA_VERSION):  # pragma: no cover - a migration forgot to bump it
             raise RuntimeError(
                 f"migration left schema_version at {got}, expected {SCHEMA_VERSION}")
-
-
-def migrate_database(db: str) -> tuple[int, int]:
-    """Bring the study database at ``db`` (path or URL) to this flowtrial's schema; returns
-    (version before, version after). Opening a database does this too; the command lets
-    an operator do it once, before starting several proxies."""
-    from study.storage import StorageError, _read_version, create_db_engine, database_url
-
-    url = database_url(db)
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
-        raise StorageError(f"{db}: no such database: nothing to migrate")
-    engine = create_db_engine(url)
-    try:
-        before = _read_version(engine)
-        if before is None:
-            raise StorageError(f"{db}: not a flowtrial database (no schema version)")
-        from study.storage import open_db
-
-        open_db(url).dispose()  # refuses newer versions, upgrades older ones
-        return before, SCHEMA_VERSION
-    finally:
-        engine.dispose()

@@ -8,12 +8,12 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from study import keys
-from study.config import StudyConfig
-from study.errors import FlowtrialError
-from study.randomization import crossover_arms, parallel_arm
-from study.schema import Assignment, Participant
-from study.storage import Database, StorageError, utcnow
+from . import keys
+from .config import StudyConfig
+from .errors import FlowtrialError
+from .randomization import crossover_arms, parallel_arm
+from .schema import Assignment, Participant
+from .storage import Database, StorageError, utcnow
 
 PER_PROMPT_ARM = "per_prompt"
 

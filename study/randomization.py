@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from study.config import ArmConfig, PerPromptSection, Range
+from .config import ArmConfig, PerPromptSection, Range
 
 SRM_ALPHA = 0.001
 

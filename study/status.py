@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import func, select
 
-from study.participants import PER_PROMPT_ARM
-from study.randomization import SRMResult, srm_check
-from study.schema import Assignment, Cycle, Event, Participant, Task
-from study.storage import Database
+from .participants import PER_PROMPT_ARM
+from .randomization import SRMResult, srm_check
+from .schema import Assignment, Cycle, Event, Participant, Task
+from .storage import Database
 
 
 @dataclass

@@ -26,9 +26,10 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 from sqlmodel import Session, SQLModel
 
-from study.config import StudyConfig, parse_study
-from study.errors import FlowtrialError
-from study.schema import SCHEMA_VERSION, TABLES, Arm, Meta, Study
+from .config import StudyConfig, parse_study
+from .errors import FlowtrialError
+from .migrate import stamp_head, upgrade
+from .schema import SCHEMA_VERSION, TABLES, Arm, Meta, Study
 
 
 class StorageError(FlowtrialError):
@@ -162,8 +163,6 @@ def open_db(db: str | Path, *, must_exist: bool = True) -> Database:
             f"{SCHEMA_VERSION}: upgrade flowtrial (pip install -U flowtrial) to open it"
         )
     if version is not None and version < SCHEMA_VERSION:
-        from study.migrate import upgrade
-
         upgrade(engine)
     return Database(url=url, engine=engine)
 
@@ -178,8 +177,6 @@ def init_db(db: str | Path, config: StudyConfig, config_toml: str | None = None)
         Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
     database = open_db(db, must_exist=False)
     if _read_version(database.engine) is None:
-        from study.migrate import stamp_head
-
         with database.engine.begin() as conn:
             SQLModel.metadata.create_all(conn, tables=[t.__table__ for t in TABLES])
             conn.execute(Meta.__table__.insert().values(  # type: ignore[attr-defined]
@@ -401,3 +398,21 @@ def write_rows(database: Database, batches: Iterable[WriteBatch]) -> None:
     with database.engine.begin() as conn:
         for b in batches:
             insert_batch(conn, b)
+
+
+def migrate_database(db: str) -> tuple[int, int]:
+    """Bring the study database at ``db`` (path or URL) to this flowtrial's schema; returns
+    (version before, version after). Opening a database does this too; the command lets
+    an operator do it once, before starting several proxies."""
+    url = database_url(db)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise StorageError(f"{db}: no such database: nothing to migrate")
+    engine = create_db_engine(url)
+    try:
+        before = _read_version(engine)
+        if before is None:
+            raise StorageError(f"{db}: not a flowtrial database (no schema version)")
+        open_db(url).dispose()  # refuses newer versions, upgrades older ones
+        return before, SCHEMA_VERSION
+    finally:
+        engine.dispose()

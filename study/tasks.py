@@ -11,8 +11,8 @@ from collections.abc import Iterable
 
 from sqlalchemy import and_, select, update
 
-from study.schema import Cycle, Task
-from study.storage import Database, StorageError, utcnow
+from .schema import Cycle, Task
+from .storage import Database, StorageError, utcnow
 
 
 def add_task(

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from study.cli import app
+from flowtrial.cli import app
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

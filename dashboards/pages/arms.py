@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboards import compute, data, ui
+from flowtrial.dashboards import compute, data, ui
 
 ctx = ui.context()
 st.title("Arms")
@@ -47,7 +47,7 @@ def decision_section() -> None:
 
 
 def task_section() -> None:
-    from analysis.report import task_effect_section
+    from flowtrial.analysis.report import task_effect_section
 
     tasks = data.task_times(ctx.url, ctx.fresh, ctx.scale, ctx.filters)
     st.subheader("Task time")
@@ -77,7 +77,7 @@ def task_section() -> None:
 
 
 def switch_section(table: pd.DataFrame) -> None:
-    from analysis.report_sections import wilson
+    from flowtrial.analysis.report_sections import wilson
 
     cyc = compute.filter_cycles(table, ctx.filters, compute.task_names(ctx.url, ctx.fresh))
     cyc = cyc[cyc["status"].astype(str) == "ok"]

@@ -7,7 +7,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboards import data, ui
+from flowtrial.dashboards import data, ui
 
 MAX_VIOLATION_RATE = 0.05  # analysis.checks.manipulation_check's default
 

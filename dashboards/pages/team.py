@@ -6,7 +6,7 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
-from dashboards import data, ui
+from flowtrial.dashboards import data, ui
 
 ctx = ui.context()
 st.title("Team view")

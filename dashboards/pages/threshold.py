@@ -1,5 +1,5 @@
 """Flow threshold: P(switch) vs wait with the fitted hinge and smooth curves, CI band, ψ in
-seconds and tokens/s, and per-participant curves (``analysis.threshold`` via the report's
+seconds and tokens/s, and per-participant curves (``flowtrial.analysis.threshold`` via the report's
 ``threshold_section``)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboards import compute, ui
+from flowtrial.dashboards import compute, ui
 
 WAITS = {"idle_wait_s": "idle wait (the report's primary measure)",
          "total_wait_s": "total wait (request → last token)",
@@ -32,7 +32,7 @@ def curves(cyc: pd.DataFrame, res: object) -> pd.DataFrame:
 
 
 def show(table: pd.DataFrame) -> None:
-    from analysis.report_sections import analysable, binned_rate
+    from flowtrial.analysis.report_sections import analysable, binned_rate
 
     cyc = analysable(compute.filter_cycles(table, ctx.filters,
                                            compute.task_names(ctx.url, ctx.fresh)), wait_col)

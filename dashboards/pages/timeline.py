@@ -2,7 +2,7 @@
 time focus was away (switches) and the resumption lag shaded.
 
 Only that participant-day is read (indexed range queries), and the cycle numbers come from
-``analysis.metrics.cycle_table_from_frames`` on it, so they are the report's."""
+``flowtrial.analysis.metrics.cycle_table_from_frames`` on it, so they are the report's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboards import data, ui
+from flowtrial.dashboards import data, ui
 
 PHASE_COLORS = {"wait": "#f28e2b", "review": "#4e79a7", "resumption lag": "#e15759",
                 "away (switch)": "#9d9d9d"}
@@ -20,8 +20,12 @@ PHASE_COLORS = {"wait": "#f28e2b", "review": "#4e79a7", "resumption lag": "#e157
 def build(url: str, fresh: tuple[int, ...], participant: str, day: str
           ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per-cycle table, drawable segments) for one participant-day."""
-    from analysis.metrics import _working_overrides, cycle_table_from_frames, frames_from_tables
-    from analysis.switches import AFK_KINDS, FOCUS_KINDS, afk_intervals, away_episodes
+    from flowtrial.analysis.metrics import (
+        cycle_table_from_frames,
+        frames_from_tables,
+        working_overrides,
+    )
+    from flowtrial.analysis.switches import AFK_KINDS, FOCUS_KINDS, afk_intervals, away_episodes
 
     config = data.database(url).config()
     tables = data.participant_day_tables(url, fresh, participant, day)
@@ -54,7 +58,7 @@ def build(url: str, fresh: tuple[int, ...], participant: str, day: str
         afk = ev[ev["kind"].isin(AFK_KINDS)].assign(
             ts_ns=lambda d: pd.to_numeric(d["ts_ns"]).astype(np.int64))
         ep = away_episodes(focus, afk_intervals(afk), frames.working_apps,
-                           _working_overrides(frames.participants))
+                           working_overrides(frames.participants))
         lo, hi = data.day_bounds_ns(day)
         ep = ep[(ep["end"] > lo) & (ep["start"] < hi)]
         if len(ep):

@@ -4,6 +4,6 @@
 HTTP and WebSocket; `commands.mock_model` is the `flowtrial mock-model` CLI command.
 """
 
-from instrumentation.mock_model.model import CYCLE_ID_HEADER, MODEL_IDS, MockModel, MockReply
+from .model import CYCLE_ID_HEADER, MODEL_IDS, MockModel, MockReply
 
 __all__ = ["CYCLE_ID_HEADER", "MODEL_IDS", "MockModel", "MockReply"]

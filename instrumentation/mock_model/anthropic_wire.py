@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from instrumentation.mock_model.generation import Job
-from instrumentation.mock_model.openai_wire import sse_event
+from .generation import Job
+from .openai_wire import sse_event
 
 __all__ = ["anthropic_error", "messages_body", "messages_stream"]
 

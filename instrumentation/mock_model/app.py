@@ -10,8 +10,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from instrumentation.mock_model.model import MockModel
-from instrumentation.mock_model.openai_wire import dumps, ws_error
+from .model import MockModel
+from .openai_wire import dumps, ws_error
 
 __all__ = ["create_mock_app"]
 

@@ -34,8 +34,8 @@ def mock_model(
 
     import uvicorn
 
-    from instrumentation.mock_model.app import create_mock_app
-    from instrumentation.mock_model.model import MockModel
+    from .app import create_mock_app
+    from .model import MockModel
 
     # Bind first so a busy port is one clear line (and --port 0 can print the real port).
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

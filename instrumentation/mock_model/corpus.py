@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Literal
 
-from instrumentation.tokens import count_tokens
+from ..tokens import count_tokens
 
 __all__ = ["Answer", "Corpus", "guess_language", "load_corpus"]
 
@@ -144,7 +144,7 @@ def parse_corpus_text(text: str, source: str = "<corpus>") -> list[Answer]:
 def load_corpus() -> Corpus:
     """Load every `answers/*.toml` shipped in the package (once per process)."""
     answers: list[Answer] = []
-    folder = resources.files("instrumentation.mock_model.answers")
+    folder = resources.files("flowtrial.instrumentation.mock_model.answers")
     for item in sorted(folder.iterdir(), key=lambda p: p.name):
         if item.name.endswith(".toml"):
             answers.extend(parse_corpus_text(item.read_text(encoding="utf-8"), item.name))

@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
-from instrumentation.mock_model.corpus import Corpus, guess_language
-from instrumentation.mock_model.inbound import Turn
-from instrumentation.mock_model.structured import json_answer
-from instrumentation.tokens import split_tokens
+from ..tokens import split_tokens
+from .corpus import Corpus, guess_language
+from .inbound import Turn
+from .structured import json_answer
 
 __all__ = ["Generation", "Job", "Schedule", "generate"]
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from instrumentation.tokens import count_tokens
+from ..tokens import count_tokens
 
 __all__ = ["Protocol", "RequestError", "Turn", "decode_body", "parse_turn"]
 

@@ -11,21 +11,21 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from instrumentation.mock_model.anthropic_wire import (
+from .anthropic_wire import (
     anthropic_error,
     messages_body,
     messages_stream,
 )
-from instrumentation.mock_model.corpus import load_corpus
-from instrumentation.mock_model.generation import Job, Schedule, generate
-from instrumentation.mock_model.inbound import (
+from .corpus import load_corpus
+from .generation import Job, Schedule, generate
+from .inbound import (
     Protocol,
     RequestError,
     Turn,
     decode_body,
     parse_turn,
 )
-from instrumentation.mock_model.openai_wire import (
+from .openai_wire import (
     chat_body,
     chat_stream,
     completions_body,

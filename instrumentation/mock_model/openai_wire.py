@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from instrumentation.mock_model.generation import Job
+from .generation import Job
 
 __all__ = [
     "chat_body",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from study.questionnaire import (
+from flowtrial.study.questionnaire import (
     Instrument,
     QuestionnaireItem,
     QuestionnaireSection,
@@ -25,7 +25,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The routes (Starlette, Jinja2) load on first use only.
     if name in ("COOKIE", "PREFIX", "participant_routes"):
-        from instrumentation.participant_page import routes
+        from . import routes
 
         return getattr(routes, name)
     raise AttributeError(name)

@@ -20,13 +20,14 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from instrumentation.participant_page import store
-from instrumentation.participant_page.session import Session, SessionSigner, new_secret
-from study.config import StudyConfig
-from study.participants import PER_PROMPT_ARM, participant_by_key
-from study.questionnaire import instruments_for
-from study.schema import Participant
-from study.storage import Database
+from flowtrial.study.config import StudyConfig
+from flowtrial.study.participants import PER_PROMPT_ARM, participant_by_key
+from flowtrial.study.questionnaire import instruments_for
+from flowtrial.study.schema import Participant
+from flowtrial.study.storage import Database
+
+from . import store
+from .session import Session, SessionSigner, new_secret
 
 __all__ = ["COOKIE", "PREFIX", "participant_routes"]
 

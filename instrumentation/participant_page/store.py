@@ -8,7 +8,7 @@ changes nothing the second time. Events are ``task_start``/``task_end`` (payload
 questionnaire (payload ``{"page": "forecast" | "questionnaire", "task_id"}``), all with
 source ``page`` and UTC epoch ns times.
 
-The arm revealed is the one the proxy will use (``instrumentation.proxy.arms``):
+The arm revealed is the one the proxy will use (``flowtrial.instrumentation.proxy.arms``):
 ``parallel`` — the participant's period-0 assignment; ``crossover`` — the assignment of the
 task's period, where a task without a period gets the participant's next unused one (tasks in
 the order they are revealed walk through the Williams sequence); ``per_prompt`` — none, the
@@ -27,14 +27,14 @@ from sqlalchemy import and_, func, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 
-from study.config import StudyConfig
-from study.errors import FlowtrialError
-from study.participants import PER_PROMPT_ARM, assignments_for
-from study.questionnaire import Instrument
-from study.schema import Event, QuestionnaireAnswer, Task
-from study.storage import Database, insert_batch, utcnow
-from study.storage import WriteBatch as _WriteBatch
-from study.tasks import add_task
+from flowtrial.study.config import StudyConfig
+from flowtrial.study.errors import FlowtrialError
+from flowtrial.study.participants import PER_PROMPT_ARM, assignments_for
+from flowtrial.study.questionnaire import Instrument
+from flowtrial.study.schema import Event, QuestionnaireAnswer, Task
+from flowtrial.study.storage import Database, insert_batch, utcnow
+from flowtrial.study.storage import WriteBatch as _WriteBatch
+from flowtrial.study.tasks import add_task
 
 __all__ = ["PageError", "Reveal", "TaskView"]
 

@@ -8,8 +8,9 @@ import sys
 import typer
 import typer.core
 
-from instrumentation.proxy.commands import proxy
-from study.errors import FlowtrialError
+from flowtrial.study.errors import FlowtrialError
+
+from .commands import proxy
 
 
 def main() -> None:

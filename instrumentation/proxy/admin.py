@@ -1,7 +1,7 @@
 """Read-only admin endpoints for the researcher while a study runs.
 
 ``GET /flowtrial/v1/admin/status``: cycles per arm and status, manipulation violations per
-arm, participants seen, the study's enrollment and SRM check (:mod:`study.status`), the
+arm, participants seen, the study's enrollment and SRM check (:mod:`flowtrial.study.status`), the
 proxy's own counters (writer queue, record failures) and the database gate's state.
 ``GET /flowtrial/v1/admin/participants``: per participant its id, arm(s), cycles and when it
 was last seen — never keys, key ids or hashes.
@@ -29,9 +29,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from study.config import StudyConfig
-from study.status import study_status
-from study.storage import Database
+from flowtrial.study.config import StudyConfig
+from flowtrial.study.status import study_status
+from flowtrial.study.storage import Database
 
 __all__ = ["ADMIN_PREFIX", "MIN_TOKEN_CHARS", "admin_routes", "check_admin"]
 

@@ -2,12 +2,12 @@
 
 Routes: one per protocol adapter (``POST /v1/chat/completions``, ``/v1/completions``,
 ``/v1/responses``, ``/v1/messages``), the Responses WebSocket mode on ``ws://…/v1/responses``
-(:mod:`instrumentation.proxy.websocket`), ``POST /v1/messages/count_tokens`` (authenticated,
-passed to the Anthropic upstream, not a cycle: no answer to shape), ``GET /v1/models``
-(authenticated, arm-neutral), ``POST /flowtrial/v1/events`` (authenticated),
+(:mod:`flowtrial.instrumentation.proxy.websocket`), ``POST /v1/messages/count_tokens``
+(authenticated, passed to the Anthropic upstream, not a cycle: no answer to shape), ``GET
+/v1/models`` (authenticated, arm-neutral), ``POST /flowtrial/v1/events`` (authenticated),
 ``GET /flowtrial/v1/health`` and ``GET``/``HEAD /`` (open; Claude Code probes ``HEAD /``),
 ``GET /flowtrial/v1/openapi.json`` (open) and ``GET /flowtrial/v1/admin/…`` (admin token,
-:mod:`instrumentation.proxy.admin`).
+:mod:`flowtrial.instrumentation.proxy.admin`).
 Unknown paths get 404 and every error comes back in the protocol's own error shape (OpenAI's
 by default, Anthropic's on the Messages paths).
 """
@@ -30,33 +30,34 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from instrumentation.continue_data import continue_routes
-from instrumentation.participant_page import participant_routes
-from instrumentation.proxy.admin import admin_routes
-from instrumentation.proxy.events_api import EventsRejected, accept_events
-from instrumentation.proxy.health import RETRY_AFTER_S, UNAVAILABLE_MESSAGE
-from instrumentation.proxy.openapi import openapi_routes
-from instrumentation.proxy.protocols import (
+from flowtrial.study.config import StudyConfig
+from flowtrial.study.storage import Database, RecordWriter
+
+from ..continue_data import continue_routes
+from ..participant_page import participant_routes
+from ..request_body import BodyTooLarge, read_body
+from .admin import admin_routes
+from .events_api import EventsRejected, accept_events
+from .health import RETRY_AFTER_S, UNAVAILABLE_MESSAGE
+from .openapi import openapi_routes
+from .protocols import (
     ADAPTERS,
     MessagesAdapter,
     ProtocolAdapter,
     openai_error,
 )
-from instrumentation.proxy.quiet_gc import QuietCollector
-from instrumentation.proxy.relay import Exchange
-from instrumentation.proxy.releases import give_way
-from instrumentation.proxy.state import ProxyState, close_writer, make_writer
-from instrumentation.proxy.upstream import (
+from .quiet_gc import QuietCollector
+from .relay import Exchange
+from .releases import give_way
+from .state import ProxyState, close_writer, make_writer
+from .upstream import (
     CYCLE_HEADER,
     Upstream,
     UpstreamError,
     UpstreamRouter,
     forwardable_request_headers,
 )
-from instrumentation.proxy.websocket import serve_responses_socket
-from instrumentation.request_body import BodyTooLarge, read_body
-from study.config import StudyConfig
-from study.storage import Database, RecordWriter
+from .websocket import serve_responses_socket
 
 __all__ = ["GRACE_S", "ProxyApp", "create_proxy_app"]
 
@@ -210,7 +211,7 @@ async def root(request: Request) -> Response:
 
 
 async def events(request: Request) -> Response:
-    """``POST /flowtrial/v1/events``: see :mod:`instrumentation.proxy.events_api`."""
+    """``POST /flowtrial/v1/events``: see :mod:`flowtrial.instrumentation.proxy.events_api`."""
     st = _state(request)
     st.requests += 1
     if not st.recorder.gate.ok:

@@ -5,7 +5,7 @@ call so nothing touches the database between an upstream chunk and the client.
 - ``crossover``: the arm of the period of the participant's currently started task (latest
   ``status = "started"`` row of ``tasks``), else period 0.
 - ``per_prompt``: ``per_prompt_draw`` with the participant's next request index
-  (:mod:`instrumentation.proxy.draw_indices`: claimed in blocks, never repeated across
+  (:mod:`flowtrial.instrumentation.proxy.draw_indices`: claimed in blocks, never repeated across
   processes); the draw is recorded in ``draw_json``.
 
 An arm without latency settings is unshaped pass-through (team mode).
@@ -20,12 +20,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, text
 
-from instrumentation.proxy.draw_indices import DrawIndices
-from instrumentation.proxy.shaping import Target
-from study.config import StudyConfig
-from study.participants import PER_PROMPT_ARM, assignments_for
-from study.randomization import per_prompt_draw
-from study.storage import Database, create_db_engine
+from flowtrial.study.config import StudyConfig
+from flowtrial.study.participants import PER_PROMPT_ARM, assignments_for
+from flowtrial.study.randomization import per_prompt_draw
+from flowtrial.study.storage import Database, create_db_engine
+
+from .draw_indices import DrawIndices
+from .shaping import Target
 
 __all__ = ["ArmResolver", "Resolution", "read_engine"]
 

@@ -12,8 +12,8 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from study.participants import participant_by_key
-from study.storage import Database
+from flowtrial.study.participants import participant_by_key
+from flowtrial.study.storage import Database
 
 __all__ = ["Authenticator", "ParticipantInfo", "key_from_headers"]
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from study.errors import FlowtrialError
+from flowtrial.study.errors import FlowtrialError
 
 
 class ProxyCommandError(FlowtrialError):
@@ -48,18 +48,19 @@ def proxy(
     from rich.live import Live
     from rich.table import Table
 
-    from instrumentation.proxy.app import GRACE_S, create_proxy_app
-    from instrumentation.proxy.server import (
+    from flowtrial.study.config import load_study
+    from flowtrial.study.storage import init_db
+
+    from .app import GRACE_S, create_proxy_app
+    from .server import (
         SWITCH_INTERVAL_S,
         base_url_of,
         bind_socket,
         make_server,
     )
-    from instrumentation.proxy.state import close_writer, make_writer
-    from instrumentation.proxy.upstream import missing_key_vars
-    from instrumentation.proxy.workers import MAX_WORKERS, run_workers
-    from study.config import load_study
-    from study.storage import init_db
+    from .state import close_writer, make_writer
+    from .upstream import missing_key_vars
+    from .workers import MAX_WORKERS, run_workers
 
     config = load_study(study)
     if port is not None and not 0 <= port <= 65535:

@@ -5,9 +5,9 @@ resolution (the only database reads, all before the upstream call), the pacer, a
 of a stream of classified upstream events to the client on the pacer's schedule. What a
 transport adds is a *sink*: :meth:`CycleRun._emit` (output frames, in order),
 :meth:`CycleRun._emit_keepalive` and :meth:`CycleRun._emit_last` (the final frame, sent only
-once the row is durable). HTTP + SSE (:class:`~instrumentation.proxy.relay.Exchange`) writes
-body chunks; the Responses WebSocket mode
-(:class:`~instrumentation.proxy.websocket.SocketTurn`) sends one text frame per event.
+once the row is durable). HTTP + SSE (:class:`~flowtrial.instrumentation.proxy.relay.Exchange`)
+writes body chunks; the Responses WebSocket mode
+(:class:`~flowtrial.instrumentation.proxy.websocket.SocketTurn`) sends one text frame per event.
 
 Shaping rules (DESIGN.md §3): answer text is released on the schedule (split into token-sized
 whole events when there is a pace to keep; the TTFT floor holds the first text token).
@@ -25,8 +25,8 @@ ends the stream (an Anthropic ``error``, a Responses WebSocket turn's ``error``)
 event: it too goes out only once the row is durable.
 
 Upstream-derived error text (error events, ``UpstreamError`` messages) has the study's
-upstream keys and the participant's key redacted (:mod:`~instrumentation.proxy.scrub`) before
-it is recorded or relayed.
+upstream keys and the participant's key redacted (:mod:`~flowtrial.instrumentation.proxy.scrub`)
+before it is recorded or relayed.
 """
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from instrumentation.proxy.auth import ParticipantInfo
-from instrumentation.proxy.protocols.base import Classified, Kind, ProtocolAdapter, RequestInfo
-from instrumentation.proxy.recorder import CycleRecord
-from instrumentation.proxy.scrub import Scrubber
-from instrumentation.proxy.shaping import RELEASE_SPIN_NS, Pacer, sleep_until
-from instrumentation.proxy.sources import Direct
-from instrumentation.proxy.state import ProxyState, new_cycle_id
-from instrumentation.proxy.upstream import UpstreamError
-from instrumentation.tokens import count_tokens, split_tokens
+from ..tokens import count_tokens, split_tokens
+from .auth import ParticipantInfo
+from .protocols.base import Classified, Kind, ProtocolAdapter, RequestInfo
+from .recorder import CycleRecord
+from .scrub import Scrubber
+from .shaping import RELEASE_SPIN_NS, Pacer, sleep_until
+from .sources import Direct
+from .state import ProxyState, new_cycle_id
+from .upstream import UpstreamError
 
 __all__ = ["CycleRun"]
 

@@ -27,9 +27,10 @@ from pydantic import (
 )
 from sqlalchemy import bindparam, text
 
-from instrumentation.proxy.state import ProxyState
-from study.schema import Event
-from study.storage import WriteBatch, utcnow
+from flowtrial.study.schema import Event
+from flowtrial.study.storage import WriteBatch, utcnow
+
+from .state import ProxyState
 
 __all__ = ["ClientEvent", "EventBatch", "EventsRejected", "accept_events", "parse_batch"]
 

@@ -9,7 +9,7 @@ mean traffic the study cannot account for.
 Cycles whose rows could not be written — streams that were in flight — are **held** in memory
 (at most ``max_held``; beyond that the oldest are dropped and counted). Their clients were
 told: the final event was replaced by the protocol's error (see
-:mod:`instrumentation.proxy.recorder`), so nothing looked complete that is not recorded.
+:mod:`flowtrial.instrumentation.proxy.recorder`), so nothing looked complete that is not recorded.
 
 While tripped, a background task **probes** the database every ``probe_interval_s``: the probe
 is a real commit of the oldest held row through the record writer (same thread, connection
@@ -27,7 +27,7 @@ import logging
 import time
 from typing import Any
 
-from study.storage import RecordWriter, WriteBatch
+from flowtrial.study.storage import RecordWriter, WriteBatch
 
 __all__ = ["RETRY_AFTER_S", "UNAVAILABLE_MESSAGE", "DatabaseGate", "DatabaseUnavailable",
            "is_database_failure"]

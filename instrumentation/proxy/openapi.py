@@ -2,9 +2,9 @@
 
 Served at ``GET /flowtrial/v1/openapi.json`` (open, like health: it holds no data). It covers
 the event API (request body from the pydantic models it validates with,
-:mod:`instrumentation.proxy.events_api`), Continue's data destination, health, and the admin
-endpoints (:mod:`instrumentation.proxy.admin`). The model-protocol routes (``/v1/...``) are
-the OpenAI and Anthropic APIs' own and are described by them, not here.
+:mod:`flowtrial.instrumentation.proxy.events_api`), Continue's data destination, health, and the
+admin endpoints (:mod:`flowtrial.instrumentation.proxy.admin`). The model-protocol routes
+(``/v1/...``) are the OpenAI and Anthropic APIs' own and are described by them, not here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from instrumentation.proxy.events_api import _MAX_TS, _MIN_TS, EventBatch
+from .events_api import _MAX_TS, _MIN_TS, EventBatch
 
 __all__ = ["OPENAPI_PATH", "openapi_routes", "openapi_schema"]
 

@@ -7,7 +7,7 @@ for 2–7 ms; landing just before a first token's release it shows up as a TTFT 
 (benchmarks/bench_proxy_shaping_protocols.py).
 
 The shaper announces when its precise releases are due
-(:mod:`~instrumentation.proxy.releases`), so the proxy takes the older generations off the
+(:mod:`~flowtrial.instrumentation.proxy.releases`), so the proxy takes the older generations off the
 automatic schedule and runs them from a task at moments when no release is due within a
 guard larger than a collection lasts. Young collections (generation 0) stay automatic: they
 are cheap. A collection that has waited ``max_defer`` times its usual cadence runs anyway,
@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 
-from instrumentation.proxy.releases import soonest_release
+from .releases import soonest_release
 
 __all__ = ["QuietCollector"]
 

@@ -3,9 +3,9 @@
 :class:`CycleRecord` collects what the relay observes (timeline, targets, tokens, content);
 :meth:`Recorder.record` submits it as a ``cycles`` row (built, fingerprints included, in the
 writer thread rather than on the event loop) to the shared
-:class:`~study.storage.RecordWriter` (group commit: concurrent streams share one transaction)
-and returns once the row is committed — or raises, in which case the relay must not send the
-final event ("nothing the client saw complete is lost").
+:class:`~flowtrial.study.storage.RecordWriter` (group commit: concurrent streams share one
+transaction) and returns once the row is committed — or raises, in which case the relay must not
+send the final event ("nothing the client saw complete is lost").
 
 Definitions (ms from the monotonic timeline, see DESIGN.md §2):
 experienced_ttft_ms = t_first_sent − t_request; generation_wait_ms = t_last_sent − t_request;
@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from instrumentation.fingerprints import fingerprint_json
-from instrumentation.proxy.health import DatabaseGate, DatabaseUnavailable, is_database_failure
-from instrumentation.proxy.protocols.base import ProtocolAdapter
-from instrumentation.proxy.shaping import VIOLATION_TOLERANCE_MS, Target
-from study.schema import Cycle
-from study.storage import RecordWriter, WriteBatch
+from flowtrial.study.schema import Cycle
+from flowtrial.study.storage import RecordWriter, WriteBatch
+
+from ..fingerprints import fingerprint_json
+from .health import DatabaseGate, DatabaseUnavailable, is_database_failure
+from .protocols.base import ProtocolAdapter
+from .shaping import VIOLATION_TOLERANCE_MS, Target
 
 __all__ = ["CycleRecord", "Recorder"]
 

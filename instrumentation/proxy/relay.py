@@ -5,10 +5,11 @@ authenticated and its body read (t_request). It resolves the arm (the only datab
 all before the upstream call), calls the upstream, relays the answer through the shaper and
 records the cycle:
 
-- streams (the shaped relay itself is :class:`~instrumentation.proxy.cycle.CycleRun`, shared
+- streams (the shaped relay itself is :class:`~flowtrial.instrumentation.proxy.cycle.CycleRun`,
+shared
   with the WebSocket mode; this class is its HTTP sink): headers and pre-content events (role
   chunk, ``response.created``, ``message_start``) go out as they arrive; text events are
-  released on the :class:`~instrumentation.proxy.shaping.Pacer`'s schedule, split into
+  released on the :class:`~flowtrial.instrumentation.proxy.shaping.Pacer`'s schedule, split into
   token-sized whole events when there is a pace to keep; tool-call deltas go out as they
   arrive; keep-alives (``: keep-alive`` comments, Anthropic ``ping`` events) fill injected
   waits longer than ``proxy.keepalive_s``; the final event (``[DONE]``,
@@ -38,20 +39,20 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from instrumentation.proxy.arms import NoAssignmentError
-from instrumentation.proxy.auth import ParticipantInfo, key_from_headers
-from instrumentation.proxy.cycle import CycleRun
-from instrumentation.proxy.protocols.base import ProtocolAdapter, RequestInfo, SSEParser
-from instrumentation.proxy.shaping import RELEASE_SPIN_NS, sleep_until
-from instrumentation.proxy.sources import Direct, Prefetch
-from instrumentation.proxy.state import ProxyState
-from instrumentation.proxy.upstream import (
+from ..tokens import count_tokens
+from .arms import NoAssignmentError
+from .auth import ParticipantInfo, key_from_headers
+from .cycle import CycleRun
+from .protocols.base import ProtocolAdapter, RequestInfo, SSEParser
+from .shaping import RELEASE_SPIN_NS, sleep_until
+from .sources import Direct, Prefetch
+from .state import ProxyState
+from .upstream import (
     CYCLE_HEADER,
     UpstreamError,
     UpstreamReply,
     forwardable_request_headers,
 )
-from instrumentation.tokens import count_tokens
 
 __all__ = ["Exchange"]
 

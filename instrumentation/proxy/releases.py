@@ -4,7 +4,7 @@ A precise release is a moment the study measures: a first output token leaving a
 t_request + ttft, a held answer leaving whole. The shaper announces each one while it waits
 for it (:func:`precise_release`); two parts of the proxy plan around the announcements:
 
-- the quiet garbage collector (:mod:`~instrumentation.proxy.quiet_gc`) runs the older
+- the quiet garbage collector (:mod:`~flowtrial.instrumentation.proxy.quiet_gc`) runs the older
   generations only when no release is due within a collection's length;
 - other work that can wait a fraction of a millisecond **gives way** (:func:`give_way`): a
   paced later token that falls due, the next slice of a prefetched upstream chunk, a new

@@ -18,7 +18,7 @@ import os
 import re
 from collections.abc import Iterable
 
-from study.config import StudyConfig
+from flowtrial.study.config import StudyConfig
 
 __all__ = ["MIN_SECRET_CHARS", "REDACTED", "Scrubber", "upstream_key_values"]
 

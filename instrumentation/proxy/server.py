@@ -25,12 +25,13 @@ from typing import Any
 
 import uvicorn
 
-from instrumentation.proxy.app import create_proxy_app
-from instrumentation.proxy.state import ProxyState, close_writer, make_writer
-from instrumentation.proxy.upstream import Upstream, UpstreamRouter
-from study.config import StudyConfig
-from study.errors import FlowtrialError
-from study.storage import Database, RecordWriter, init_db
+from flowtrial.study.config import StudyConfig
+from flowtrial.study.errors import FlowtrialError
+from flowtrial.study.storage import Database, RecordWriter, init_db
+
+from .app import create_proxy_app
+from .state import ProxyState, close_writer, make_writer
+from .upstream import Upstream, UpstreamRouter
 
 __all__ = ["ProxyHandle", "ProxyStartError", "bind_socket", "make_server", "serve_proxy"]
 

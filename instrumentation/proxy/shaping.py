@@ -46,8 +46,9 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from instrumentation.proxy.releases import give_way, precise_release
-from study.config import ArmConfig, PerPromptSection
+from flowtrial.study.config import ArmConfig, PerPromptSection
+
+from .releases import give_way, precise_release
 
 __all__ = ["RELEASE_SPIN_NS", "Pacer", "Target", "VIOLATION_TOLERANCE_MS", "sleep_until"]
 
@@ -174,7 +175,8 @@ async def sleep_until(deadline_ns: int, spin_ns: int = 0) -> None:
     spent yielding to the event loop (other tasks keep running) rather than in a coarse
     timer, and the deadline is announced (:func:`precise_release`), so no older-generation
     collection lands on it and other waits give way to it. Without, the wait ends by giving
-    way to any precise release due within :data:`~instrumentation.proxy.releases.GIVE_WAY_NS`.
+    way to any precise release due within
+    :data:`~flowtrial.instrumentation.proxy.releases.GIVE_WAY_NS`.
     """
     if spin_ns:
         with precise_release(deadline_ns):

@@ -16,15 +16,15 @@ from collections.abc import AsyncIterator, Iterator
 from itertools import islice
 from typing import Any
 
-from instrumentation.proxy.protocols.base import (
+from .protocols.base import (
     Classified,
     JsonFrames,
     ProtocolAdapter,
     SSEParser,
 )
-from instrumentation.proxy.recorder import CycleRecord
-from instrumentation.proxy.releases import give_way
-from instrumentation.proxy.upstream import UpstreamError
+from .recorder import CycleRecord
+from .releases import give_way
+from .upstream import UpstreamError
 
 __all__ = ["Direct", "Prefetch"]
 

@@ -8,13 +8,14 @@ import secrets
 import socket
 import time
 
-from instrumentation.proxy.arms import ArmResolver
-from instrumentation.proxy.auth import Authenticator
-from instrumentation.proxy.quiet_gc import QuietCollector
-from instrumentation.proxy.recorder import Recorder
-from instrumentation.proxy.upstream import UpstreamRouter
-from study.config import StudyConfig
-from study.storage import Database, RecordWriter, create_db_engine
+from flowtrial.study.config import StudyConfig
+from flowtrial.study.storage import Database, RecordWriter, create_db_engine
+
+from .arms import ArmResolver
+from .auth import Authenticator
+from .quiet_gc import QuietCollector
+from .recorder import Recorder
+from .upstream import UpstreamRouter
 
 __all__ = ["ProxyState", "close_writer", "make_writer", "new_cycle_id"]
 

@@ -1,7 +1,7 @@
 """Where requests go: the in-process simulated model, or a real API over HTTP.
 
-:class:`MockUpstream` calls :class:`~instrumentation.mock_model.MockModel` directly (no HTTP,
-no sockets) when ``upstream.kind = "mock"``. :class:`HttpUpstream` streams from a real base
+:class:`MockUpstream` calls :class:`~flowtrial.instrumentation.mock_model.MockModel` directly (no
+HTTP, no sockets) when ``upstream.kind = "mock"``. :class:`HttpUpstream` streams from a real base
 URL with httpx; its API key is read from the environment variable *named* in the study at
 each request — it is never stored, logged, recorded or echoed: an error reply (4xx/5xx) that
 quotes it gets it redacted here already, so even the answers relayed outside a cycle
@@ -32,10 +32,11 @@ from typing import Any
 
 import httpx
 
-from instrumentation.proxy.http1 import LeanTransport
-from instrumentation.proxy.scrub import Scrubber
-from study.config import StudyConfig
-from study.errors import FlowtrialError
+from flowtrial.study.config import StudyConfig
+from flowtrial.study.errors import FlowtrialError
+
+from .http1 import LeanTransport
+from .scrub import Scrubber
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -182,7 +183,7 @@ class MockUpstream(Upstream):
     def __init__(self, model: Any = None, *, tokens_per_second: float = 2000.0,
                  ttft_ms: float = 20.0, seed: int = 0) -> None:
         if model is None:
-            from instrumentation.mock_model import MockModel
+            from ..mock_model import MockModel
 
             model = MockModel(tokens_per_second=tokens_per_second, ttft_ms=ttft_ms, seed=seed)
         self.model = model
@@ -206,8 +207,8 @@ class MockUpstream(Upstream):
 
 class HttpUpstream(Upstream):
     """A real OpenAI- or Anthropic-compatible API, streamed with httpx (over the lean
-    HTTP/1.1 transport of :mod:`instrumentation.proxy.http1` unless ``transport`` is given,
-    e.g. ``httpx.AsyncHTTPTransport()`` for httpx's own)."""
+    HTTP/1.1 transport of :mod:`flowtrial.instrumentation.proxy.http1` unless ``transport`` is
+    given, e.g. ``httpx.AsyncHTTPTransport()`` for httpx's own)."""
 
     def __init__(self, base_url: str, api_key_env: str | None, *, family: str = "openai",
                  timeout_s: float = 600.0, connect_timeout_s: float = 10.0,

@@ -10,8 +10,8 @@ Responses request body without ``stream``), one turn at a time, later turns chai
 Each generating turn is a cycle (``transport = "websocket"``, ``turn`` = 1, 2, … on the
 connection, ``connection_id`` shared by the connection's cycles), shaped and recorded exactly
 as the SSE mode: the same adapter (:class:`ResponsesSocketAdapter`) and the same relay
-(:class:`~instrumentation.proxy.cycle.CycleRun`); the turn's ``response.completed`` is sent
-only once its row is durable.
+(:class:`~flowtrial.instrumentation.proxy.cycle.CycleRun`); the turn's ``response.completed`` is
+sent only once its row is durable.
 
 Warm-ups (``generate: false``: no output, only ``response.created`` … ``response.completed``)
 are passed through unshaped and **not recorded**: they produce nothing a participant waits
@@ -43,17 +43,17 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from instrumentation.proxy.arms import NoAssignmentError
-from instrumentation.proxy.auth import ParticipantInfo, key_from_headers
-from instrumentation.proxy.cycle import CycleRun
-from instrumentation.proxy.health import UNAVAILABLE_MESSAGE
-from instrumentation.proxy.protocols.base import JsonFrames, openai_error
-from instrumentation.proxy.protocols.responses import ResponsesSocketAdapter, ws_error
-from instrumentation.proxy.releases import give_way
-from instrumentation.proxy.scrub import Scrubber
-from instrumentation.proxy.sources import Direct, Prefetch
-from instrumentation.proxy.state import ProxyState
-from instrumentation.proxy.upstream import (
+from .arms import NoAssignmentError
+from .auth import ParticipantInfo, key_from_headers
+from .cycle import CycleRun
+from .health import UNAVAILABLE_MESSAGE
+from .protocols.base import JsonFrames, openai_error
+from .protocols.responses import ResponsesSocketAdapter, ws_error
+from .releases import give_way
+from .scrub import Scrubber
+from .sources import Direct, Prefetch
+from .state import ProxyState
+from .upstream import (
     CYCLE_HEADER,
     UpstreamError,
     UpstreamSocket,

@@ -10,7 +10,7 @@ upstream connections) on that socket: the kernel hands each new connection to on
   group commit and the database gate work per worker.
 - Per-prompt draws: each worker claims its own blocks of request indices from the database,
   so two workers serving one participant never repeat a draw
-  (:class:`~instrumentation.proxy.arms.ArmResolver`).
+  (:class:`~flowtrial.instrumentation.proxy.arms.ArmResolver`).
 - Participant-page sessions are signed with one secret made here and shared by the workers,
   so a login holds whichever worker serves the next request.
 - The supervisor (this process) restarts a worker that dies (a crash, kill -9) and, on
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-from study.config import StudyConfig
+from flowtrial.study.config import StudyConfig
 
 __all__ = ["MAX_WORKERS", "run_workers"]
 
@@ -44,10 +44,11 @@ MIN_UPTIME_S = 2.0
 def _worker_main(db: str, config: StudyConfig, sock: socket.socket, k: int,
                  instance: str | None, page_secret: bytes, grace_s: float) -> int:
     """Run one worker until it is told to stop (in the forked child)."""
-    from instrumentation.proxy.app import create_proxy_app
-    from instrumentation.proxy.server import SWITCH_INTERVAL_S, make_server
-    from instrumentation.proxy.state import close_writer, make_writer
-    from study.storage import open_db
+    from flowtrial.study.storage import open_db
+
+    from .app import create_proxy_app
+    from .server import SWITCH_INTERVAL_S, make_server
+    from .state import close_writer, make_writer
 
     os.setpgid(0, 0)  # out of the terminal's process group: signals come via the supervisor
     # Fresh database handles: connections must never be shared across a fork.

@@ -1,1 +1,1 @@
-"""Alembic migrations of the study database schema (see ``study.migrate``)."""
+"""Alembic migrations of the study database schema (see ``flowtrial.study.migrate``)."""

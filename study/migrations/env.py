@@ -1,12 +1,13 @@
-"""Alembic environment: always run programmatically by ``study.migrate`` on a connection it
-passes in (there is no alembic.ini; the database is the one the user named with ``--db``)."""
+"""Alembic environment: always run programmatically by ``flowtrial.study.migrate`` on a connection
+it passes in (there is no alembic.ini; the database is the one the user named with ``--db``)."""
 
 from __future__ import annotations
 
+# Alembic loads this file by path, not as part of the package: imports are absolute.
 from alembic import context
 from sqlalchemy import text
 
-from study.schema import metadata
+from flowtrial.study.schema import metadata
 
 config = context.config
 connection = config.attributes["connection"]

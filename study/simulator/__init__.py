@@ -1,22 +1,30 @@
 """Simulated participants with known ground truth (DESIGN.md §7).
 
-One behaviour model (:mod:`study.simulator.model`, parameters in
-:mod:`study.simulator.params`) drives two modes: **virtual** (no HTTP; numpy writes the
+One behaviour model (:mod:`flowtrial.study.simulator.model`, parameters in
+:mod:`flowtrial.study.simulator.params`) drives two modes: **virtual** (no HTTP; numpy writes the
 study tables directly, fast enough for power analysis) and **live** (concurrent clients using
 the official ``openai`` SDK against the real proxy, posting focus and decision events to its
 event API).
 """
 
-from study.simulator.params import SimParams, switch_probability
-from study.simulator.records import SimulationResult
-from study.simulator.virtual import simulate_virtual, simulate_virtual_frames
-from study.timeline import idle_wait_s
+from __future__ import annotations
 
-__all__ = [
-    "SimParams",
-    "SimulationResult",
-    "idle_wait_s",
-    "simulate_virtual",
-    "simulate_virtual_frames",
-    "switch_probability",
-]
+import importlib
+from typing import Any
+
+# Loaded on first use: `flowtrial simulate --help` must not import pandas.
+_EXPORTS = {
+    "SimParams": ".params",
+    "switch_probability": ".params",
+    "SimulationResult": ".records",
+    "simulate_virtual": ".virtual",
+    "simulate_virtual_frames": ".virtual",
+    "idle_wait_s": "..timeline",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)

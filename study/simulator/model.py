@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from study.simulator.params import SimParams, switch_probability
+from .params import SimParams, switch_probability
 
 __all__ = [
     "Behaviour",

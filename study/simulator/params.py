@@ -6,7 +6,7 @@ them); a study with ``time_scale`` > 1 compresses them when they are acted out o
 
 The truth models give P(context switch during a wait) as a function of the **idle wait** w
 (DESIGN.md §2: TTFT plus the time by which delivery lags behind the reader, computed by the
-one shared function :func:`study.timeline.idle_wait_s` from the experienced TTFT, the
+one shared function :func:`flowtrial.study.timeline.idle_wait_s` from the experienced TTFT, the
 number of tokens and the achieved tokens/s, at the participant's own reading speed) and the
 person's threshold ψᵢ:
 

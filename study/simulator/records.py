@@ -12,15 +12,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from sqlalchemy import func, select
 
-from study.config import StudyConfig
-from study.participants import enroll
-from study.schema import Participant, Task
-from study.simulator.model import Population
-from study.simulator.params import SimParams, detection_share
-from study.storage import Database
+from ..config import StudyConfig
+from ..participants import enroll
+from ..schema import Participant, Task
+from ..storage import Database
+from .model import Population
+from .params import SimParams
 
 ProgressFn = Callable[[int, int], None]  # (done, total)
 
@@ -39,8 +40,11 @@ def ground_truth_rows(config: StudyConfig, params: SimParams, pop: Population, s
                       *, mode: str = "virtual", **extra: Any) -> list[dict[str, Any]]:
     """Rows for the ``ground_truth`` table: one population row, one per participant."""
     switch_min = config.capture.switch_min_away_s
+    from scipy.stats import norm
+
     # Share of switches long enough to count under the study's switch definition.
-    counted = detection_share(params, switch_min)
+    counted = float(norm.sf((np.log(switch_min) - np.log(params.time_away.median))
+                            / max(params.time_away.logsd, 1e-9)))
     population = {
         **params.truth_summary(),
         "params": params.model_dump(mode="json"),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from study.storage import Database
+from ..storage import Database
 
 DEFAULT_BANDS_S: tuple[float, ...] = (0.0, 2.0, 5.0, 10.0, 20.0, float("inf"))
 

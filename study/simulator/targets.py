@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from study.config import StudyConfig
-from study.participants import PER_PROMPT_ARM
-from study.randomization import crossover_arms, parallel_arm, per_prompt_draw
-from study.simulator.params import SimParams
+from ..config import StudyConfig
+from ..participants import PER_PROMPT_ARM
+from ..randomization import crossover_arms, parallel_arm, per_prompt_draw
+from .params import SimParams
 
 
 @dataclass

@@ -20,9 +20,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from study.config import StudyConfig
-from study.schema import Cycle, DrawCounter, Event, GroundTruth, Task
-from study.simulator.model import (
+from ..config import StudyConfig
+from ..schema import Cycle, DrawCounter, Event, GroundTruth, Task
+from ..storage import Database, WriteBatch, write_rows
+from ..timeline import idle_wait_s
+from .model import (
     Behaviour,
     Population,
     cycle_timeline,
@@ -33,8 +35,8 @@ from study.simulator.model import (
     rng_streams,
     task_forecasts,
 )
-from study.simulator.params import SimParams
-from study.simulator.records import (
+from .params import SimParams
+from .records import (
     ProgressFn,
     SimulationResult,
     enroll_simulated,
@@ -45,9 +47,7 @@ from study.simulator.records import (
     next_participant_index,
     participant_ids,
 )
-from study.simulator.targets import Targets, experienced_latency, study_targets
-from study.storage import Database, WriteBatch, write_rows
-from study.timeline import idle_wait_s
+from .targets import Targets, experienced_latency, study_targets
 
 # 2026-01-05T09:00:00Z: a Monday morning; virtual studies start here.
 VIRTUAL_EPOCH_NS = 1_767_603_600 * 10**9

@@ -75,8 +75,8 @@ class AgentServer:
 @contextmanager
 def _serve_mock() -> Iterator[AgentServer]:
     """The built-in simulated model, fast, behind a request log."""
-    from instrumentation.mock_model import MockModel
-    from instrumentation.mock_model.app import create_mock_app
+    from flowtrial.instrumentation.mock_model import MockModel
+    from flowtrial.instrumentation.mock_model.app import create_mock_app
     from tests.instrumentation.servers import run_asgi_server
 
     log = RequestLog(create_mock_app(MockModel(tokens_per_second=math.inf, ttft_ms=5)))
@@ -86,9 +86,9 @@ def _serve_mock() -> Iterator[AgentServer]:
 
 def _study_db(folder: Path) -> tuple[Path, Path, str]:
     """PROXY_STUDY written to ``folder``, its database, and an enrolled participant's key."""
-    from study.config import load_study
-    from study.participants import enroll
-    from study.storage import init_db
+    from flowtrial.study.config import load_study
+    from flowtrial.study.participants import enroll
+    from flowtrial.study.storage import init_db
 
     study = folder / "study.toml"
     study.write_text(PROXY_STUDY, encoding="utf-8")
@@ -118,9 +118,9 @@ def _query(db: Path) -> Callable[[str], list[Any]]:
 def _serve_proxy() -> Iterator[AgentServer]:
     """The flowtrial proxy (shaping on: PROXY_STUDY) over the simulated model, in-process
     behind a request log so the generic agent tests can check the traffic too."""
-    from instrumentation.proxy.app import create_proxy_app
-    from study.config import load_study
-    from study.storage import open_db
+    from flowtrial.instrumentation.proxy.app import create_proxy_app
+    from flowtrial.study.config import load_study
+    from flowtrial.study.storage import open_db
     from tests.instrumentation.servers import run_asgi_server
 
     with tempfile.TemporaryDirectory(prefix="flowtrial-agents-") as tmp:
@@ -141,7 +141,7 @@ def flowtrial_proxy(folder: Path) -> Iterator[tuple[str, str, Callable[[str], li
     study, db, key = _study_db(folder)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "study.cli", "proxy", "--study", str(study), "--db", str(db),
+        [sys.executable, "-m", "flowtrial.cli", "proxy", "--study", str(study), "--db", str(db),
          "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         cwd=ROOT, start_new_session=True)
     assert proc.stdout is not None

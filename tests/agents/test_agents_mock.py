@@ -114,8 +114,8 @@ def test_codex_falls_back_to_sse_when_websocket_is_refused(
         codex_home: Callable[..., Path], outbound_trap: OutboundTrap) -> None:
     """A server without the WebSocket mode (e.g. the proxy before it gains one) still works
     with `supports_websockets = true`: Codex retries the handshake, then uses SSE."""
-    from instrumentation.mock_model import MockModel
-    from instrumentation.mock_model.app import create_mock_app
+    from flowtrial.instrumentation.mock_model import MockModel
+    from flowtrial.instrumentation.mock_model.app import create_mock_app
     from tests.instrumentation.servers import run_asgi_server
 
     inner = create_mock_app(MockModel(tokens_per_second=math.inf, ttft_ms=5))

@@ -1,4 +1,4 @@
-"""CLI functions `analysis.commands.effect` / `threshold`, on a tiny typer app."""
+"""CLI functions `flowtrial.analysis.commands.effect` / `threshold`, on a tiny typer app."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from analysis.commands import effect, threshold
-from analysis.effects import estimate_effect
-from analysis.threshold import simulate_switch_data
+from flowtrial.analysis.commands import effect, threshold
+from flowtrial.analysis.effects import estimate_effect
+from flowtrial.analysis.threshold import simulate_switch_data
 from tests.analysis.test_effects import TIME, make_metr_like
 
 app = typer.Typer()

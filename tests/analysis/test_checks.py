@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import AnalysisInputError
-from analysis.checks import carryover_check, manipulation_check, missing_data, srm_check
+from flowtrial.analysis import AnalysisInputError
+from flowtrial.analysis.checks import carryover_check, manipulation_check, missing_data, srm_check
 
 
 def test_srm_balanced_is_ok_and_skewed_is_flagged() -> None:

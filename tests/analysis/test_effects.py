@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import statsmodels.formula.api as smf
 
-from analysis import AnalysisInputError
-from analysis.effects import estimate_effect
+from flowtrial.analysis import AnalysisInputError
+from flowtrial.analysis.effects import estimate_effect
 
 Z = 1.959963984540054
 TIME = "initial_implementation_time+post_review_implementation_time"

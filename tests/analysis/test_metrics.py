@@ -11,17 +11,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.metrics import (
+from flowtrial.analysis.metrics import (
     cycle_table,
     cycle_table_from_frames,
     frames_from_tables,
     task_table,
 )
-from study.config import parse_study
-from study.participants import enroll
-from study.schema import Cycle, Event, Persistence, Task
-from study.storage import Database, WriteBatch, init_db, write_rows
-from study.timeline import idle_wait_s
+from flowtrial.study.config import parse_study
+from flowtrial.study.participants import enroll
+from flowtrial.study.schema import Cycle, Event, Persistence, Task
+from flowtrial.study.storage import Database, WriteBatch, init_db, write_rows
+from flowtrial.study.timeline import idle_wait_s
 
 NS = 1_000_000_000
 T0 = 1_763_700_000 * NS
@@ -190,8 +190,7 @@ def test_error_cycle_has_no_wait(table: pd.DataFrame) -> None:
 
 
 def test_documented_columns_present(table: pd.DataFrame) -> None:
-    import analysis.metrics as m
-
+    import flowtrial.analysis.metrics as m
     for col in ["participant_id", "arm", "period", "task_id", "protocol", "status",
                 "started_at", "request_at", "first_sent_at", "last_sent_at", "target_ttft_s",
                 "target_tps", "experienced_ttft_s", "total_wait_s", "idle_wait_s",
@@ -264,8 +263,8 @@ def test_metrics_recover_simulator_truth(time_scale: float) -> None:
     least 10 s, with their time away, and the experienced TTFT is the simulated one."""
     import tomllib
 
-    from study.config import example_study_text
-    from study.simulator import SimParams, simulate_virtual_frames
+    from flowtrial.study.config import example_study_text
+    from flowtrial.study.simulator import SimParams, simulate_virtual_frames
 
     data = tomllib.loads(example_study_text())
     data["study"]["time_scale"] = time_scale

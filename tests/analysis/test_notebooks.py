@@ -12,9 +12,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from study.config import example_study_text, parse_study
-from study.simulator import SimParams, simulate_virtual
-from study.storage import init_db
+from flowtrial.study.config import example_study_text, parse_study
+from flowtrial.study.simulator import SimParams, simulate_virtual
+from flowtrial.study.storage import init_db
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "analysis" / "notebooks"

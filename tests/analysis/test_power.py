@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from analysis.power import (
+from flowtrial.analysis.power import (
     GRID_COLUMNS,
     _seed,
     design_tasks,
@@ -19,8 +19,8 @@ from analysis.power import (
     power_replicates,
     summarize,
 )
-from analysis.report_commands import power
-from study.config import example_study_text, parse_study
+from flowtrial.analysis.report_commands import power
+from flowtrial.study.config import example_study_text, parse_study
 
 
 def config_for(design: str = "per_prompt"):  # noqa: ANN201

@@ -10,11 +10,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from analysis.report import run_analysis
-from analysis.report_commands import analyze
-from study.config import example_study_text, parse_study
-from study.simulator import SimParams, simulate_virtual
-from study.storage import init_db
+from flowtrial.analysis.report import run_analysis
+from flowtrial.analysis.report_commands import analyze
+from flowtrial.study.config import example_study_text, parse_study
+from flowtrial.study.simulator import SimParams, simulate_virtual
+from flowtrial.study.storage import init_db
 
 THRESHOLD_KEYS = {"psi_s", "ci_s", "p_exists", "tokens_per_second_at_median_length",
                   "model_choice"}
@@ -99,9 +99,9 @@ def test_html_report_embeds_figures_and_time_scale_note(per_prompt: tuple[dict, 
 
 
 def test_parallel_study_estimates_task_effect(tmp_path: Path) -> None:
-    from analysis.metrics import read_frames, task_table_from_frames
-    from analysis.report import checks_section, task_effect_section
-    from study.storage import open_db
+    from flowtrial.analysis.metrics import read_frames, task_table_from_frames
+    from flowtrial.analysis.report import checks_section, task_effect_section
+    from flowtrial.study.storage import open_db
 
     db = open_db(make_study(tmp_path / "par.db", design="parallel", n=10, prompts=5,
                             time_scale=1.0))
@@ -112,7 +112,7 @@ def test_parallel_study_estimates_task_effect(tmp_path: Path) -> None:
     assert e["forecast"] == "forecast_slow_s"
     assert e["n"] == 40 and -1 < e["estimate"] < 5
     assert e["ci"]["cluster"][0] < e["estimate"] < e["ci"]["cluster"][1]
-    from analysis.metrics import cycle_table_from_frames
+    from flowtrial.analysis.metrics import cycle_table_from_frames
 
     checks = checks_section(db.config(), frames, cycle_table_from_frames(frames), tasks)
     assert checks["srm"]["observed"] == {"fast": 5, "slow": 5}

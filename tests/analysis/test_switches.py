@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.switches import classify_switches, normalize_app
+from flowtrial.analysis.switches import classify_switches, normalize_app
 
 NS = 1_000_000_000
 T0 = 1_763_700_000 * NS

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import statsmodels.api as sm
 
-from analysis import AnalysisInputError
-from analysis.threshold import (
+from flowtrial.analysis import AnalysisInputError
+from flowtrial.analysis.threshold import (
     _newton,
     fit_threshold,
     population_onset_psi,
@@ -171,8 +171,8 @@ def test_population_onset_psi() -> None:
 def test_pseudo_true_psi_is_the_pooled_estimand() -> None:
     """Without heterogeneity ψ* is ψ; with varying personal thresholds it lies below the
     median, where the pooled fit on a large sample lands too."""
-    from analysis.threshold import pseudo_true_psi
-    from study.simulator.params import SimParams, expected_switch_probability
+    from flowtrial.analysis.threshold import pseudo_true_psi
+    from flowtrial.study.simulator.params import SimParams, expected_switch_probability
 
     rng = np.random.default_rng(3)
     w = np.exp(rng.uniform(np.log(0.2), np.log(60), 20000))
@@ -185,7 +185,7 @@ def test_pseudo_true_psi_is_the_pooled_estimand() -> None:
     psi_i = varied.threshold_s * np.exp(varied.threshold_logsd * rng.standard_normal(200))
     pid = np.repeat(np.arange(200), 100)
     waits = np.exp(rng.uniform(np.log(0.2), np.log(60), pid.size))
-    from study.simulator.params import switch_probability
+    from flowtrial.study.simulator.params import switch_probability
 
     y = rng.random(pid.size) < switch_probability(waits, psi_i[pid], varied)
     df = pd.DataFrame({"participant_id": pid, "wait_s": waits, "switched": y})

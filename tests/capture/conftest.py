@@ -19,11 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
-from instrumentation.fingerprints import fingerprint_json
-from study.config import StudyConfig, parse_study
-from study.participants import enroll
-from study.schema import Cycle
-from study.storage import Database, WriteBatch, init_db, write_rows
+from flowtrial.instrumentation.fingerprints import fingerprint_json
+from flowtrial.study.config import StudyConfig, parse_study
+from flowtrial.study.participants import enroll
+from flowtrial.study.schema import Cycle
+from flowtrial.study.storage import Database, WriteBatch, init_db, write_rows
 
 NS = 1_000_000_000
 # A fixed morning in the past: every window of every test has long closed.

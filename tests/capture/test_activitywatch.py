@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from instrumentation.activitywatch import (
+from flowtrial.instrumentation.activitywatch import (
     AFK,
     EDITOR,
     WEB,
@@ -19,7 +19,7 @@ from instrumentation.activitywatch import (
     ActivityWatchError,
     import_activitywatch,
 )
-from instrumentation.capture_commands import import_activitywatch as import_command
+from flowtrial.instrumentation.capture_commands import import_activitywatch as import_command
 from tests.capture.conftest import NS, T0, T0_NS, AwServer, aw_bucket, write_export
 
 # Capture writes and reads the study database: run on SQLite and PostgreSQL.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from instrumentation.app_categories import (
+from flowtrial.instrumentation.participant_page.session import SessionSigner
+from flowtrial.study.app_categories import (
     CATEGORIES,
     category_for_app,
     category_for_url,
@@ -12,8 +13,7 @@ from instrumentation.app_categories import (
     normalize_app,
     working_set,
 )
-from instrumentation.participant_page.session import SessionSigner
-from study.config import DEFAULT_WORKING_APPS
+from flowtrial.study.config import DEFAULT_WORKING_APPS
 
 
 @pytest.mark.parametrize(("app", "category"), [
@@ -66,7 +66,7 @@ def test_questionnaire_config_shape() -> None:
 
     from pydantic import ValidationError
 
-    from instrumentation.participant_page import QuestionnaireSection, instruments_for
+    from flowtrial.instrumentation.participant_page import QuestionnaireSection, instruments_for
 
     assert [i.name for i in instruments_for(SimpleNamespace())] == ["flow_short_scale",
                                                                     "nasa_tlx"]

@@ -10,7 +10,11 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from instrumentation.continue_data import CONTINUE_PATH, continue_routes, map_continue_event
+from flowtrial.instrumentation.continue_data import (
+    CONTINUE_PATH,
+    continue_routes,
+    map_continue_event,
+)
 from tests.instrumentation.servers import run_asgi_server
 
 # Capture writes and reads the study database: run on SQLite and PostgreSQL.

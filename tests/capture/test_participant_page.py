@@ -12,8 +12,8 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from instrumentation.participant_page import COOKIE, PREFIX, participant_routes
-from study.participants import assignments_for
+from flowtrial.instrumentation.participant_page import COOKIE, PREFIX, participant_routes
+from flowtrial.study.participants import assignments_for
 from tests.instrumentation.servers import run_asgi_server
 
 # Capture writes and reads the study database: run on SQLite and PostgreSQL.

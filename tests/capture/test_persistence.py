@@ -9,9 +9,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from analysis.metrics import cycle_table
-from instrumentation.capture_commands import persistence as persistence_command
-from instrumentation.persistence import compute_persistence
+from flowtrial.analysis.metrics import cycle_table
+from flowtrial.instrumentation.capture_commands import persistence as persistence_command
+from flowtrial.instrumentation.persistence import compute_persistence
 from tests.capture.conftest import NS, T0_NS
 
 COMPLETION = '''

@@ -12,9 +12,9 @@ import openai
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from instrumentation.continue_data import CONTINUE_PATH, continue_routes
-from instrumentation.participant_page import COOKIE, PREFIX, participant_routes
-from instrumentation.proxy import create_proxy_app
+from flowtrial.instrumentation.continue_data import CONTINUE_PATH, continue_routes
+from flowtrial.instrumentation.participant_page import COOKIE, PREFIX, participant_routes
+from flowtrial.instrumentation.proxy import create_proxy_app
 from tests.capture.test_continue_data import autocomplete
 from tests.instrumentation.servers import run_asgi_server
 

@@ -1,4 +1,4 @@
-"""Imported focus timelines, classified by ``analysis.switches`` through ``cycle_table``.
+"""Imported focus timelines, classified by ``flowtrial.analysis.switches`` through ``cycle_table``.
 
 Hand-built ActivityWatch timelines (export files) and client events around cycles with known
 waits: the switch at 2/10/30 s, where focus went, time away, resumption lag, AFK overlap and
@@ -14,10 +14,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from analysis.metrics import cycle_table
-from instrumentation.activitywatch import AFK, WINDOW, import_activitywatch
-from study.schema import Event
-from study.storage import WriteBatch, utcnow, write_rows
+from flowtrial.analysis.metrics import cycle_table
+from flowtrial.instrumentation.activitywatch import AFK, WINDOW, import_activitywatch
+from flowtrial.study.schema import Event
+from flowtrial.study.storage import WriteBatch, utcnow, write_rows
 from tests.capture.conftest import NS, T0_NS, aw_bucket, write_export
 
 H = 3600.0  # scenarios an hour apart: no scenario's events are near another's wait

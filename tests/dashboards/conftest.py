@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from study.config import example_study_text, parse_study
+from flowtrial.study.config import example_study_text, parse_study
 
 os.environ["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"  # never phone home
 APP = Path(__file__).resolve().parents[2] / "dashboards" / "app.py"
@@ -24,8 +24,8 @@ def parallel_text() -> str:
 @pytest.fixture(scope="session")
 def small_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A parallel two-arm study: 6 participants × 2 tasks × 10 prompts = 120 cycles."""
-    from study.simulator import SimParams, simulate_virtual
-    from study.storage import init_db
+    from flowtrial.study.simulator import SimParams, simulate_virtual
+    from flowtrial.study.storage import init_db
 
     path = tmp_path_factory.mktemp("dash") / "small.db"
     text = parallel_text()
@@ -39,8 +39,8 @@ def small_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def empty_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A brand-new study: 3 enrolled participants, no cycles."""
-    from study.simulator.records import enroll_simulated
-    from study.storage import init_db
+    from flowtrial.study.simulator.records import enroll_simulated
+    from flowtrial.study.storage import init_db
 
     path = tmp_path_factory.mktemp("dash") / "empty.db"
     text = parallel_text()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboards.commands import streamlit_command
+from flowtrial.dashboards.commands import streamlit_command
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from dashboards.commands import dashboard, streamlit_command
+from flowtrial.dashboards.commands import dashboard, streamlit_command
 
 
 def cli() -> typer.Typer:

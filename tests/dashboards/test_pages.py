@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import func, select
 from streamlit.testing.v1 import AppTest
 
-from study.schema import Cycle
-from study.storage import open_db
+from flowtrial.study.schema import Cycle
+from flowtrial.study.storage import open_db
 from tests.dashboards.conftest import APP, PAGES
 
 

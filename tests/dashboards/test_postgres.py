@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dashboards import data
-from dashboards.filters import Filters
-from study.config import parse_study
-from study.storage import database_url
+from flowtrial.dashboards import data
+from flowtrial.dashboards.filters import Filters
+from flowtrial.study.config import parse_study
+from flowtrial.study.storage import database_url
 from tests.dashboards.conftest import APP, PAGES, parallel_text
 from tests.pg_server import PgServer
 
@@ -21,8 +21,8 @@ from tests.pg_server import PgServer
 @pytest.fixture(scope="module")
 def pg_small_study(pg_server: PgServer) -> str:
     """The ``small_study`` fixture's study, simulated with the same seed into PostgreSQL."""
-    from study.simulator import SimParams, simulate_virtual
-    from study.storage import init_db
+    from flowtrial.study.simulator import SimParams, simulate_virtual
+    from flowtrial.study.storage import init_db
 
     url = pg_server.new_database()
     text = parallel_text()

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from study.config import StudyConfig, parse_study
-from study.participants import enroll
-from study.storage import Database, init_db
+from flowtrial.study.config import StudyConfig, parse_study
+from flowtrial.study.participants import enroll
+from flowtrial.study.storage import Database, init_db
 
 
 @dataclass

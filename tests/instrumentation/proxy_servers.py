@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from instrumentation.proxy.upstream import Upstream, UpstreamError, UpstreamReply
+from flowtrial.instrumentation.proxy.upstream import Upstream, UpstreamError, UpstreamReply
 
 SSE = "text/event-stream; charset=utf-8"
 

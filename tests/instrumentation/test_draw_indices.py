@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from instrumentation.proxy.arms import read_engine
-from instrumentation.proxy.draw_indices import INDEX_BLOCK, DrawIndices
-from study.config import StudyConfig, parse_study
-from study.participants import enroll
-from study.storage import Database, init_db, open_db
+from flowtrial.instrumentation.proxy.arms import read_engine
+from flowtrial.instrumentation.proxy.draw_indices import INDEX_BLOCK, DrawIndices
+from flowtrial.study.config import StudyConfig, parse_study
+from flowtrial.study.participants import enroll
+from flowtrial.study.storage import Database, init_db, open_db
 
 pytestmark = pytest.mark.both_backends
 
@@ -146,8 +146,8 @@ def test_virtual_simulation_leaves_counters_past_its_draws(
         new_db: Callable[[str], str | Path], backend: str) -> None:
     """A virtual per-prompt simulation drew indices 0 … k-1 for its participants; a proxy
     serving one of them later continues past those."""
-    from study.simulator.params import SimParams
-    from study.simulator.virtual import simulate_virtual
+    from flowtrial.study.simulator.params import SimParams
+    from flowtrial.study.simulator.virtual import simulate_virtual
 
     config = make_config()
     where = new_db("sim.db")

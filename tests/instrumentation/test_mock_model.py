@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from instrumentation.mock_model import MockModel
-from instrumentation.mock_model.corpus import load_corpus
-from instrumentation.tokens import count_tokens
+from flowtrial.instrumentation.mock_model import MockModel
+from flowtrial.instrumentation.mock_model.corpus import load_corpus
+from flowtrial.instrumentation.tokens import count_tokens
 
 pytestmark = pytest.mark.anyio
 
@@ -394,7 +394,7 @@ def test_schedule_never_releases_a_token_early_under_uvloop() -> None:
 
     import uvloop
 
-    from instrumentation.mock_model.generation import Schedule
+    from flowtrial.instrumentation.mock_model.generation import Schedule
 
     async def main() -> list[float]:
         early = []

@@ -11,9 +11,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from instrumentation.mock_model import MockModel
-from instrumentation.mock_model.corpus import load_corpus
-from instrumentation.mock_model.structured import json_answer
+from flowtrial.instrumentation.mock_model import MockModel
+from flowtrial.instrumentation.mock_model.corpus import load_corpus
+from flowtrial.instrumentation.mock_model.structured import json_answer
 
 pytestmark = pytest.mark.anyio
 

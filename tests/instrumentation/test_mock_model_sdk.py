@@ -15,10 +15,10 @@ import typer
 from typer.testing import CliRunner
 from websockets.sync.client import connect
 
-from instrumentation.mock_model import MockModel
-from instrumentation.mock_model.app import create_mock_app
-from instrumentation.mock_model.commands import mock_model
-from instrumentation.tokens import count_tokens
+from flowtrial.instrumentation.mock_model import MockModel
+from flowtrial.instrumentation.mock_model.app import create_mock_app
+from flowtrial.instrumentation.mock_model.commands import mock_model
+from flowtrial.instrumentation.tokens import count_tokens
 from tests.instrumentation.servers import run_asgi_server
 
 KEY = "sk-not-needed"

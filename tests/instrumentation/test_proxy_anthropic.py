@@ -13,8 +13,8 @@ import anthropic
 import httpx
 import pytest
 
-from instrumentation.proxy import create_proxy_app, serve_proxy
-from instrumentation.proxy.upstream import UpstreamError, UpstreamRouter
+from flowtrial.instrumentation.proxy import create_proxy_app, serve_proxy
+from flowtrial.instrumentation.proxy.upstream import UpstreamError, UpstreamRouter
 from tests.instrumentation.proxy_servers import ScriptedUpstream, on_time, sse
 from tests.instrumentation.servers import run_asgi_server
 
@@ -243,8 +243,8 @@ def test_router_sends_messages_to_the_anthropic_side_with_its_key(make_study, mo
     """[upstream.openai] and [upstream.anthropic] side by side: Messages and count_tokens go
     to the Anthropic base URL with x-api-key from the named variable, anthropic-version and
     -beta passed through; chat goes to the OpenAI side."""
-    from instrumentation.mock_model import MockModel
-    from instrumentation.mock_model.app import create_mock_app
+    from flowtrial.instrumentation.mock_model import MockModel
+    from flowtrial.instrumentation.mock_model.app import create_mock_app
 
     seen: list[tuple[str, str, dict[str, str]]] = []
 

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from instrumentation.proxy import serve_proxy
+from flowtrial.instrumentation.proxy import serve_proxy
 
 # Recording and reading back are storage paths: run them on SQLite and PostgreSQL.
 pytestmark = pytest.mark.both_backends
@@ -113,7 +113,7 @@ def test_more_than_1000_events_is_422(served) -> None:
     before = count(s, "events")
     compact = json.dumps({"events": [{"kind": "accept"}] * 1001}, separators=(",", ":"))
     assert len(compact) > 4096  # over this module's body limit, so parse it directly
-    from instrumentation.proxy.events_api import EventsRejected, parse_batch
+    from flowtrial.instrumentation.proxy.events_api import EventsRejected, parse_batch
 
     with pytest.raises(EventsRejected) as exc:
         parse_batch(compact.encode())
@@ -176,8 +176,7 @@ def test_malformed_json_unknown_path_and_health(served) -> None:
 def test_key_is_verified_once_then_cached(served, monkeypatch) -> None:
     s, px, http = served
     calls = []
-    import instrumentation.proxy.auth as auth_mod
-
+    import flowtrial.instrumentation.proxy.auth as auth_mod
     real = auth_mod.participant_by_key
     monkeypatch.setattr(auth_mod, "participant_by_key",
                         lambda db, key: calls.append(key) or real(db, key))

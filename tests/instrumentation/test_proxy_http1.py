@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from instrumentation.proxy.http1 import LeanTransport
+from flowtrial.instrumentation.proxy.http1 import LeanTransport
 from tests.instrumentation.proxy_servers import closed_port, silent_server
 from tests.instrumentation.servers import run_asgi_server
 
@@ -184,7 +184,7 @@ def test_lean_upstream_request_line_headers_and_compressed_answer(tmp_path, monk
     and a compressed answer decoded for the client."""
     import json
 
-    from instrumentation.proxy.upstream import HttpUpstream
+    from flowtrial.instrumentation.proxy.upstream import HttpUpstream
 
     app = Starlette(routes=[Route("/base/v1/chat/completions", _capture_chat,
                                  methods=["POST"])])

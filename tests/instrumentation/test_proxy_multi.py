@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 from sqlalchemy import text
 
-from instrumentation.proxy.draw_indices import INDEX_BLOCK
-from study.config import load_study
-from study.participants import enroll
-from study.storage import init_db, open_db
+from flowtrial.instrumentation.proxy.draw_indices import INDEX_BLOCK
+from flowtrial.study.config import load_study
+from flowtrial.study.participants import enroll
+from flowtrial.study.storage import init_db, open_db
 from tests.instrumentation.test_proxy_process import start_proxy, wait_healthy
 from tests.pg_server import PgServer
 
@@ -176,7 +176,7 @@ def test_two_proxies_never_repeat_a_per_prompt_draw(tmp_path: Path, pg_server: P
     """A load balancer without sticky sessions: each participant's prompts alternate between
     two proxies, which claim blocks of request indices from the database, so no index (and
     no draw) repeats, and every recorded draw is the one its index seeds."""
-    from study.randomization import per_prompt_draw
+    from flowtrial.study.randomization import per_prompt_draw
 
     study, url, keys = setup(tmp_path, pg_server, PER_PROMPT)
     config = load_study(study)

@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from instrumentation.proxy.__main__ import main
-from study.config import load_study
-from study.participants import enroll
-from study.storage import init_db
+from flowtrial.instrumentation.proxy.__main__ import main
+from flowtrial.study.config import load_study
+from flowtrial.study.participants import enroll
+from flowtrial.study.storage import init_db
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = """
@@ -53,8 +53,9 @@ def start_proxy(study: Path, db: Path | str, *extra: str) -> tuple[subprocess.Po
     """`flowtrial proxy` as a process on a free port (``extra``: more CLI options)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "instrumentation.proxy", "--study", str(study), "--db", str(db),
-         "--port", "0", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [sys.executable, "-m", "flowtrial.instrumentation.proxy", "--study", str(study),
+         "--db", str(db), "--port", "0", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         cwd=ROOT)
     assert proc.stdout is not None
     deadline = time.monotonic() + 60

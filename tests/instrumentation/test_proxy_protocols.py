@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from instrumentation.proxy import create_proxy_app, serve_proxy
-from instrumentation.proxy.upstream import MockUpstream
+from flowtrial.instrumentation.proxy import create_proxy_app, serve_proxy
+from flowtrial.instrumentation.proxy.upstream import MockUpstream
 from tests.instrumentation.proxy_servers import ScriptedUpstream, chat_stream, sse
 from tests.instrumentation.servers import run_asgi_server
 

@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
-from instrumentation.proxy import create_proxy_app, serve_proxy
-from study.schema import Cycle
-from study.storage import RecordWriter, StorageError, WriteBatch
+from flowtrial.instrumentation.proxy import create_proxy_app, serve_proxy
+from flowtrial.study.schema import Cycle
+from flowtrial.study.storage import RecordWriter, StorageError, WriteBatch
 from tests.instrumentation.proxy_servers import closed_port, silent_server
 from tests.instrumentation.servers import run_asgi_server
 

@@ -11,11 +11,11 @@ import httpx
 import openai
 import pytest
 
-from instrumentation.proxy import create_proxy_app, serve_proxy
-from instrumentation.proxy.draw_indices import INDEX_BLOCK
-from instrumentation.proxy.shaping import Pacer, Target
-from study.schema import Task
-from study.storage import utcnow
+from flowtrial.instrumentation.proxy import create_proxy_app, serve_proxy
+from flowtrial.instrumentation.proxy.draw_indices import INDEX_BLOCK
+from flowtrial.instrumentation.proxy.shaping import Pacer, Target
+from flowtrial.study.schema import Task
+from flowtrial.study.storage import utcnow
 from tests.instrumentation.proxy_servers import ScriptedUpstream, chat_stream
 from tests.instrumentation.servers import run_asgi_server
 
@@ -89,7 +89,7 @@ def test_rechunks_into_token_pieces_below_200_tps(make_study) -> None:
                     "upstream": {"mock": {"tokens_per_second": 100000, "ttft_ms": 1}}})
     with serve_proxy(s.db, s.config) as px:
         g = stream_chat(px.base_url, s.key, 30)
-    from instrumentation.tokens import split_tokens
+    from flowtrial.instrumentation.tokens import split_tokens
 
     text = "".join(g["contents"])
     assert g["contents"] == split_tokens(text)  # one token per event
@@ -189,7 +189,7 @@ def test_per_prompt_draws_continue_across_restarts(make_study) -> None:
                     "per_prompt": {"ttft_ms": {"min": 20, "max": 60},
                                    "tokens_per_second": {"min": 2000, "max": 4000}},
                     "arms": [], "upstream": FAST_MOCK})
-    from study.randomization import per_prompt_draw
+    from flowtrial.study.randomization import per_prompt_draw
 
     ids = []
     for _ in range(2):  # two proxy lifetimes on the same database
@@ -275,7 +275,7 @@ def test_release_spin_is_never_early_and_lets_other_tasks_run() -> None:
 
     import uvloop
 
-    from instrumentation.proxy.shaping import RELEASE_SPIN_NS, sleep_until
+    from flowtrial.instrumentation.proxy.shaping import RELEASE_SPIN_NS, sleep_until
 
     async def main() -> tuple[list[int], int]:
         ticks = 0

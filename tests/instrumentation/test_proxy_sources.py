@@ -9,12 +9,15 @@ from datetime import UTC, datetime
 
 import pytest
 
-from instrumentation.proxy.protocols.base import SSEEvent, SSEParser
-from instrumentation.proxy.protocols.chat import ChatAdapter
-from instrumentation.proxy.protocols.responses import ResponsesAdapter, ResponsesSocketAdapter
-from instrumentation.proxy.recorder import CycleRecord
-from instrumentation.proxy.sources import Direct, Prefetch
-from instrumentation.tokens import split_tokens
+from flowtrial.instrumentation.proxy.protocols.base import SSEEvent, SSEParser
+from flowtrial.instrumentation.proxy.protocols.chat import ChatAdapter
+from flowtrial.instrumentation.proxy.protocols.responses import (
+    ResponsesAdapter,
+    ResponsesSocketAdapter,
+)
+from flowtrial.instrumentation.proxy.recorder import CycleRecord
+from flowtrial.instrumentation.proxy.sources import Direct, Prefetch
+from flowtrial.instrumentation.tokens import split_tokens
 
 
 def _record() -> CycleRecord:

@@ -15,7 +15,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import connect
 
-from instrumentation.proxy import create_proxy_app, serve_proxy
+from flowtrial.instrumentation.proxy import create_proxy_app, serve_proxy
 from tests.instrumentation.proxy_servers import closed_port, on_time
 from tests.instrumentation.servers import run_asgi_server
 
@@ -177,8 +177,8 @@ def test_real_upstream_over_websocket(make_study, monkeypatch) -> None:
     """[upstream.openai] pointing at the simulated model served by uvicorn: the proxy opens
     one upstream WebSocket per client connection (with the upstream key) and shapes as with
     the mock; an unreachable upstream is an error event on a socket that stays open."""
-    from instrumentation.mock_model import MockModel
-    from instrumentation.mock_model.app import create_mock_app
+    from flowtrial.instrumentation.mock_model import MockModel
+    from flowtrial.instrumentation.mock_model.app import create_mock_app
 
     handshakes: list[dict[str, str]] = []
     inner = create_mock_app(MockModel(tokens_per_second=20000, ttft_ms=2))

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import httpx
 
-from instrumentation.proxy.draw_indices import INDEX_BLOCK
-from study.config import load_study
-from study.participants import enroll
+from flowtrial.instrumentation.proxy.draw_indices import INDEX_BLOCK
+from flowtrial.study.config import load_study
+from flowtrial.study.participants import enroll
 from tests.instrumentation.test_proxy_process import setup_study, start_proxy, wait_healthy
 
 PER_PROMPT = """
@@ -62,7 +62,7 @@ def _chat(url: str, key: str, i: int) -> str:
 
 def test_workers_share_port_database_draws_and_sessions(tmp_path: Path) -> None:
     study, db, key1 = setup_study(tmp_path, PER_PROMPT)
-    from study.storage import open_db
+    from flowtrial.study.storage import open_db
 
     database = open_db(db)
     key2 = enroll(database, load_study(study), "p02")[1]

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from instrumentation.proxy import serve_proxy
-from instrumentation.proxy.quiet_gc import QuietCollector
-from instrumentation.proxy.releases import precise_release, soonest_release
+from flowtrial.instrumentation.proxy import serve_proxy
+from flowtrial.instrumentation.proxy.quiet_gc import QuietCollector
+from flowtrial.instrumentation.proxy.releases import precise_release, soonest_release
 
 pytestmark = pytest.mark.usefixtures("fine_gil_switching")
 

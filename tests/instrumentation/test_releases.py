@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 
-from instrumentation.proxy.releases import (
+from flowtrial.instrumentation.proxy.releases import (
     GIVE_WAY_NS,
     STALE_NS,
     give_way,
     precise_release,
     soonest_release,
 )
-from instrumentation.proxy.shaping import RELEASE_SPIN_NS, sleep_until
+from flowtrial.instrumentation.proxy.shaping import RELEASE_SPIN_NS, sleep_until
 
 _now = time.monotonic_ns
 

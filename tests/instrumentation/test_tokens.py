@@ -9,7 +9,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrumentation.tokens import count_tokens, split_tokens
+from flowtrial.instrumentation.tokens import count_tokens, split_tokens
 
 # Text that stresses the whitespace / punctuation / digit rules, plus arbitrary Unicode.
 _code_alphabet = st.sampled_from(

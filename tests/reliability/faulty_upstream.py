@@ -48,7 +48,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from instrumentation.mock_model import MockModel
+from flowtrial.instrumentation.mock_model import MockModel
 
 __all__ = ["FaultyUpstream", "faulty_upstream"]
 

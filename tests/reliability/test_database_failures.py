@@ -30,10 +30,10 @@ import pytest
 from sqlalchemy import event
 from websockets.asyncio.client import connect
 
-from instrumentation.proxy import serve_proxy
-from instrumentation.proxy.health import DatabaseGate
-from study.schema import Cycle
-from study.storage import WriteBatch
+from flowtrial.instrumentation.proxy import serve_proxy
+from flowtrial.instrumentation.proxy.health import DatabaseGate
+from flowtrial.study.schema import Cycle
+from flowtrial.study.storage import WriteBatch
 from tests.instrumentation.conftest import StudySetup, build_study
 
 pytestmark = pytest.mark.usefixtures("fine_gil_switching")

@@ -28,8 +28,8 @@ import openai
 import pytest
 from websockets.asyncio.client import connect
 
-from instrumentation.proxy import serve_proxy
-from study.participants import assignments_for
+from flowtrial.instrumentation.proxy import serve_proxy
+from flowtrial.study.participants import assignments_for
 from tests.instrumentation.conftest import StudySetup, build_study
 from tests.instrumentation.proxy_servers import closed_port
 from tests.reliability.faulty_upstream import FaultyUpstream, faulty_upstream

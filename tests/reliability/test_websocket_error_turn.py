@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import event
 from websockets.asyncio.client import connect
 
-from instrumentation.proxy import serve_proxy
+from flowtrial.instrumentation.proxy import serve_proxy
 from tests.instrumentation.conftest import StudySetup
 from tests.reliability.faulty_upstream import FaultyUpstream, faulty_upstream
 

@@ -13,11 +13,11 @@ from typing import Any
 from sqlalchemy import text
 from starlette.testclient import TestClient
 
-from instrumentation.participant_page import PREFIX
-from instrumentation.proxy.app import create_proxy_app
-from study.config import StudyConfig, parse_study
-from study.participants import enroll
-from study.storage import Database, init_db
+from flowtrial.instrumentation.participant_page import PREFIX
+from flowtrial.instrumentation.proxy.app import create_proxy_app
+from flowtrial.study.config import StudyConfig, parse_study
+from flowtrial.study.participants import enroll
+from flowtrial.study.storage import Database, init_db
 from tests.instrumentation.conftest import _merge
 
 # The in-process simulated model, as fast as it goes: fuzzing wants many requests.

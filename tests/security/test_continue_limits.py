@@ -17,7 +17,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from instrumentation.continue_data import CONTINUE_PATH, continue_routes
+from flowtrial.instrumentation.continue_data import CONTINUE_PATH, continue_routes
 from tests.capture.conftest import build
 from tests.capture.test_continue_data import ANSWER, autocomplete
 from tests.instrumentation.servers import run_asgi_server

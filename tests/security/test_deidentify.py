@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from instrumentation.continue_data import CONTINUE_PATH
-from study.cli import app as cli
-from study.export import CONTENT_COLUMNS, DROP_COLUMNS, SECRET_COLUMNS, export_tables
-from study.schema import TABLES, Event, GroundTruth, Persistence, QuestionnaireAnswer
-from study.storage import WriteBatch, utcnow, write_rows
-from study.tasks import add_task
+from flowtrial.cli import app as cli
+from flowtrial.instrumentation.continue_data import CONTINUE_PATH
+from flowtrial.study.export import CONTENT_COLUMNS, DROP_COLUMNS, SECRET_COLUMNS, export_tables
+from flowtrial.study.schema import TABLES, Event, GroundTruth, Persistence, QuestionnaireAnswer
+from flowtrial.study.storage import WriteBatch, utcnow, write_rows
+from flowtrial.study.tasks import add_task
 from tests.security.conftest import Study, bearer, make_study, proxy_client
 
 PIDS = ("alice-smith-1987", "bob.jones")

@@ -30,9 +30,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from instrumentation.continue_data import CONTINUE_PATH
-from instrumentation.participant_page import PREFIX
-from study.tasks import add_task
+from flowtrial.instrumentation.continue_data import CONTINUE_PATH
+from flowtrial.instrumentation.participant_page import PREFIX
+from flowtrial.study.tasks import add_task
 from tests.security.conftest import Study, bearer, login, make_study, proxy_client
 
 LIMIT = 64 * 1024

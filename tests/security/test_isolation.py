@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from instrumentation.continue_data import CONTINUE_PATH
-from instrumentation.participant_page import COOKIE, PREFIX
-from instrumentation.proxy.openapi import OPENAPI_PATH
-from study.participants import participant_by_key
-from study.tasks import add_task
+from flowtrial.instrumentation.continue_data import CONTINUE_PATH
+from flowtrial.instrumentation.participant_page import COOKIE, PREFIX
+from flowtrial.instrumentation.proxy.openapi import OPENAPI_PATH
+from flowtrial.study.participants import participant_by_key
+from flowtrial.study.tasks import add_task
 from tests.security.conftest import Study, bearer, login, make_study, proxy_client
 
 CHAT = {"model": "flowtrial-sim-1", "messages": [{"role": "user", "content": "def add(a, b):"}],
@@ -268,7 +268,7 @@ def test_admin_status_and_participants_report_without_key_material(served: Any) 
 def test_participant_keys_are_stored_as_salted_hashes(tmp_path: Path) -> None:
     import hashlib
 
-    from study.keys import split_key
+    from flowtrial.study.keys import split_key
 
     study = make_study(tmp_path, participants=("p1", "p2", "p3"))
     try:

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from instrumentation.proxy.app import create_proxy_app
-from instrumentation.proxy.openapi import OPENAPI_PATH
+from flowtrial.instrumentation.proxy.app import create_proxy_app
+from flowtrial.instrumentation.proxy.openapi import OPENAPI_PATH
 from tests.security.conftest import Study, bearer, make_study
 
 ADMIN_ENV = "FT_SCHEMA_ADMIN_TOKEN"

@@ -35,14 +35,14 @@ import pytest
 from typer.testing import CliRunner
 from websockets.sync.client import connect as ws_connect
 
-from instrumentation.mock_model import MockModel
-from instrumentation.mock_model.app import create_mock_app
-from instrumentation.participant_page import PREFIX
-from study.cli import app as cli
-from study.config import load_study
-from study.keys import split_key
-from study.participants import enroll
-from study.storage import init_db
+from flowtrial.cli import app as cli
+from flowtrial.instrumentation.mock_model import MockModel
+from flowtrial.instrumentation.mock_model.app import create_mock_app
+from flowtrial.instrumentation.participant_page import PREFIX
+from flowtrial.study.config import load_study
+from flowtrial.study.keys import split_key
+from flowtrial.study.participants import enroll
+from flowtrial.study.storage import init_db
 from tests.instrumentation.servers import run_asgi_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +112,7 @@ class Proxy:
 
     def __init__(self, study: Path, db: Path, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "study.cli", "proxy", "--study", str(study), "--db", str(db),
+            [sys.executable, "-m", "flowtrial.cli", "proxy", "--study", str(study), "--db", str(db),
              "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=env, cwd=ROOT, start_new_session=True)
         self.out: list[str] = []

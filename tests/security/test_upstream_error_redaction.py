@@ -23,9 +23,9 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from instrumentation.proxy import serve_proxy
-from instrumentation.proxy.scrub import REDACTED, Scrubber
-from study.config import parse_study
+from flowtrial.instrumentation.proxy import serve_proxy
+from flowtrial.instrumentation.proxy.scrub import REDACTED, Scrubber
+from flowtrial.study.config import parse_study
 from tests.instrumentation.conftest import StudySetup, build_study
 from tests.reliability.faulty_upstream import FaultyUpstream, faulty_upstream
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from study.config import StudyConfig, example_study_text, parse_study
+from flowtrial.study.config import StudyConfig, example_study_text, parse_study
 
 
 def make_config(**study: object) -> StudyConfig:

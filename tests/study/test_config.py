@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from study.config import ConfigError, example_study_text, load_study, parse_study
+from flowtrial.study.config import ConfigError, example_study_text, load_study, parse_study
 
 
 def base() -> dict:

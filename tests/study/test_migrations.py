@@ -15,11 +15,11 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 from typer.testing import CliRunner
 
-from study.cli import app
-from study.migrate import _config, current_revision, head_revision
-from study.participants import participant_by_key
-from study.schema import SCHEMA_VERSION, metadata
-from study.storage import database_url, init_db, open_db
+from flowtrial.cli import app
+from flowtrial.study.migrate import _config, current_revision, head_revision
+from flowtrial.study.participants import participant_by_key
+from flowtrial.study.schema import SCHEMA_VERSION, metadata
+from flowtrial.study.storage import database_url, init_db, open_db
 
 from .conftest import make_config
 

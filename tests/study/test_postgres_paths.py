@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from study.cli import app
+from flowtrial.cli import app
 from tests.pg_server import PgServer
 
 runner = CliRunner()

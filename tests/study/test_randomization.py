@@ -9,8 +9,8 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from study.config import ArmConfig, PerPromptSection, Range
-from study.randomization import (
+from flowtrial.study.config import ArmConfig, PerPromptSection, Range
+from flowtrial.study.randomization import (
     crossover_arms,
     parallel_arm,
     per_prompt_draw,

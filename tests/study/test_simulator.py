@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from study.config import StudyConfig, example_study_text, parse_study
-from study.randomization import per_prompt_draw
-from study.simulator import SimParams, simulate_virtual, simulate_virtual_frames
-from study.simulator.summary import study_glance
-from study.storage import init_db
-from study.timeline import idle_wait_s
+from flowtrial.study.config import StudyConfig, example_study_text, parse_study
+from flowtrial.study.randomization import per_prompt_draw
+from flowtrial.study.simulator import SimParams, simulate_virtual, simulate_virtual_frames
+from flowtrial.study.simulator.summary import study_glance
+from flowtrial.study.storage import init_db
+from flowtrial.study.timeline import idle_wait_s
 
 
 def wide_config(**study: object) -> StudyConfig:

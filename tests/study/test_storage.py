@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, text
 
-from study import keys
-from study.participants import EnrollmentError, enroll, participant_by_key
-from study.schema import SCHEMA_VERSION, Cycle, Event, Meta
-from study.storage import RecordWriter, StorageError, WriteBatch, init_db, open_db
+from flowtrial.study import keys
+from flowtrial.study.participants import EnrollmentError, enroll, participant_by_key
+from flowtrial.study.schema import SCHEMA_VERSION, Cycle, Event, Meta
+from flowtrial.study.storage import RecordWriter, StorageError, WriteBatch, init_db, open_db
 
 from .conftest import make_config
 
@@ -164,8 +164,8 @@ def test_group_commit_merges_rows_but_keeps_tables_in_order(
     """Rows of many items share one INSERT per table and column set; a parent queued before
     its children (participant, then its assignment) is still inserted first."""
     where = new_db("s.db")
-    from study.schema import Assignment, Participant
-    from study.storage import _merge
+    from flowtrial.study.schema import Assignment, Participant
+    from flowtrial.study.storage import _merge
 
     now = datetime.now(UTC)
     part = {"id": "p9", "key_id": "k9", "key_salt": "s", "key_hash": "h", "enrolled_index": 9,
@@ -192,7 +192,7 @@ def test_group_commit_merges_rows_but_keeps_tables_in_order(
 @pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
 def test_proxy_writer_thread_runs_nicer_than_the_event_loop(tmp_path: Path) -> None:
     """The proxy's writer yields the CPU to the event loop (and still writes)."""
-    from instrumentation.proxy.state import WRITER_NICE, close_writer, make_writer
+    from flowtrial.instrumentation.proxy.state import WRITER_NICE, close_writer, make_writer
 
     cfg = make_config()
     db = init_db(tmp_path / "s.db", cfg)

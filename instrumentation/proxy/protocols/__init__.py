@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from instrumentation.proxy.protocols.base import (
+from .base import (
     BodyInfo,
     Classified,
     JsonFrames,
@@ -13,10 +13,10 @@ from instrumentation.proxy.protocols.base import (
     SSEParser,
     openai_error,
 )
-from instrumentation.proxy.protocols.chat import ChatAdapter
-from instrumentation.proxy.protocols.completions import CompletionsAdapter
-from instrumentation.proxy.protocols.messages import MessagesAdapter
-from instrumentation.proxy.protocols.responses import ResponsesAdapter, ResponsesSocketAdapter
+from .chat import ChatAdapter
+from .completions import CompletionsAdapter
+from .messages import MessagesAdapter
+from .responses import ResponsesAdapter, ResponsesSocketAdapter
 
 __all__ = [
     "ADAPTERS",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from instrumentation.proxy.protocols.base import (
+from .base import (
     BodyInfo,
     Classified,
     Kind,

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from instrumentation.proxy.protocols.base import (
+from .base import (
     BodyInfo,
     Classified,
     Kind,

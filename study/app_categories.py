@@ -14,7 +14,7 @@ other       everything else
 ==========  =======================================================================
 
 App names are compared after :func:`normalize_app` (lower case, ``.exe``/``.app`` dropped),
-the same normalization ``analysis.switches`` applies, so ActivityWatch's ``Code.exe``
+the same normalization ``flowtrial.analysis.switches`` applies, so ActivityWatch's ``Code.exe``
 (Windows), ``Code`` (macOS) and ``code`` (Linux WM_CLASS) are one app. For browsers the host
 of the active tab refines the category (``mail.google.com`` → mail).
 """

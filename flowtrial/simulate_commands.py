@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from study.errors import FlowtrialError
+from flowtrial.study.errors import FlowtrialError
 
 MODES = ("virtual", "live")
 TRUTHS = ("hinge", "smooth", "flat")
@@ -74,16 +74,16 @@ def simulate(
     if not threshold_sd >= 0:
         raise _fail(f"--threshold-sd {threshold_sd:g}: must be >= 0")
     with _user_errors():
-        from study.config import load_study
-        from study.simulator.live import simulate_live
-        from study.simulator.params import SimParams
-        from study.simulator.summary import study_glance
-        from study.simulator.virtual import new_seed, simulate_virtual
-        from study.storage import init_db
+        from flowtrial.live_simulation import simulate_live
+        from flowtrial.study.config import load_study
+        from flowtrial.study.simulator.params import SimParams
+        from flowtrial.study.simulator.summary import study_glance
+        from flowtrial.study.simulator.virtual import new_seed, simulate_virtual
+        from flowtrial.study.storage import init_db
 
         config = load_study(study)
         if mode == "live":
-            from study.simulator.live import compression_warnings
+            from flowtrial.live_simulation import compression_warnings
 
             for w in compression_warnings(config):
                 typer.echo(f"warning: {w}", err=True)
@@ -125,7 +125,7 @@ def demo(
     analysis, report."""
     from rich.console import Console
 
-    from study.demo import run_demo
+    from flowtrial.demo import run_demo
 
     if participants < 1:
         raise _fail(f"--participants {participants}: need at least 1")

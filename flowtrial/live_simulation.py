@@ -27,11 +27,11 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import func, select
 
-from study.config import StudyConfig
-from study.errors import FlowtrialError
-from study.participants import PER_PROMPT_ARM, assignments_for
-from study.schema import Cycle, Event, GroundTruth
-from study.simulator.model import (
+from flowtrial.study.config import StudyConfig
+from flowtrial.study.errors import FlowtrialError
+from flowtrial.study.participants import PER_PROMPT_ARM, assignments_for
+from flowtrial.study.schema import Cycle, Event, GroundTruth
+from flowtrial.study.simulator.model import (
     Behaviour,
     Population,
     cycle_timeline,
@@ -42,19 +42,19 @@ from study.simulator.model import (
     rng_streams,
     task_forecasts,
 )
-from study.simulator.params import SimParams
-from study.simulator.records import (
+from flowtrial.study.simulator.params import SimParams
+from flowtrial.study.simulator.records import (
     ProgressFn,
     SimulationResult,
     enroll_simulated,
     ground_truth_rows,
     new_seed,
 )
-from study.simulator.timing import TimerProbe
-from study.simulator.virtual import CHARS_PER_TOKEN, WORKING_CATEGORY
-from study.storage import Database, WriteBatch, write_rows
-from study.tasks import add_task, end_task, link_cycles_to_tasks
-from study.timeline import idle_wait_s
+from flowtrial.study.simulator.timing import TimerProbe
+from flowtrial.study.simulator.virtual import CHARS_PER_TOKEN, WORKING_CATEGORY
+from flowtrial.study.storage import Database, WriteBatch, write_rows
+from flowtrial.study.tasks import add_task, end_task, link_cycles_to_tasks
+from flowtrial.study.timeline import idle_wait_s
 
 CYCLE_ID_HEADER = "x-flowtrial-cycle-id"
 EVENTS_PATH = "/flowtrial/v1/events"
@@ -155,10 +155,10 @@ def compression_warnings(config: StudyConfig) -> list[str]:
 
 def _require_proxy() -> Any:
     try:
-        from instrumentation.proxy.server import serve_proxy
+        from flowtrial.instrumentation.proxy.server import serve_proxy
     except ImportError as exc:
         raise LiveSimulationError(
-            f"live mode needs the flowtrial proxy (instrumentation.proxy.server): {exc}; "
+            f"live mode needs the flowtrial proxy (flowtrial.instrumentation.proxy.server): {exc}; "
             "use --mode virtual"
         ) from None
     return serve_proxy
@@ -252,7 +252,7 @@ def _warm_sdk() -> None:
     first parse otherwise costs tens of ms that would count as waiting)."""
     from openai.types.chat import ChatCompletionChunk
 
-    from instrumentation.tokens import count_tokens
+    from flowtrial.instrumentation.tokens import count_tokens
 
     ChatCompletionChunk.model_validate({
         "id": "warm", "object": "chat.completion.chunk", "created": 0, "model": LIVE_MODEL,
@@ -402,7 +402,7 @@ async def _cycle(run: _Run, client: Any, hooks: _Hooks, http: Any, i: int, k: in
     """One prompt -> wait -> review -> decision cycle, then own coding."""
     import openai
 
-    from instrumentation.tokens import count_tokens
+    from flowtrial.instrumentation.tokens import count_tokens
 
     beh, pop, params, scale = run.beh, run.pop, run.params, run.scale
     pid = run.ids[i]

@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from study.config import StudyConfig, example_study_text, parse_study
-from study.simulator import SimParams, simulate_virtual_frames
-from study.simulator.live import simulate_live
-from study.storage import init_db
+from flowtrial.live_simulation import simulate_live
+from flowtrial.study.config import StudyConfig, example_study_text, parse_study
+from flowtrial.study.simulator import SimParams, simulate_virtual_frames
+from flowtrial.study.storage import init_db
 
-pytest.importorskip("instrumentation.proxy.server")
+pytest.importorskip("flowtrial.instrumentation.proxy.server")
 
 SCALE = 150.0
 N, TASKS, PROMPTS, SEED = 6, 2, 6, 2024

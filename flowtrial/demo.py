@@ -4,7 +4,7 @@ It writes a per-prompt study (TTFT drawn log-uniform over 1-40 s, spanning the 8
 threshold, with ``time_scale`` compressing everything so it runs in minutes), starts the
 proxy with the built-in simulated model in-process on a free loopback port, lets simulated
 participants work through it with the official ``openai`` SDK (live mode: the whole
-product path), runs the analysis when ``analysis.report.run_analysis`` is available, and
+product path), runs the analysis when ``flowtrial.analysis.report.run_analysis`` is available, and
 summarises. No API key and no network beyond 127.0.0.1.
 
 The demo directory holds ``study.toml``, ``flowtrial.db``, ``report/`` and a marker file;
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from study.errors import FlowtrialError
+from flowtrial.study.errors import FlowtrialError
 
 MARKER = ".flowtrial-demo"
 DEMO_TIME_SCALE = 75.0
@@ -170,10 +170,10 @@ def _prepare_dir(path: Path, say: Callable[[str], None]) -> bool:
 
 def _run_analysis(db_path: Path, out_dir: Path) -> tuple[Path | None, str | None, Any]:
     try:
-        from analysis.report import run_analysis
+        from flowtrial.analysis.report import run_analysis
     except ImportError as exc:
-        return None, f"Analysis skipped: analysis.report.run_analysis is not available ({exc}).", \
-            None
+        return None, (f"Analysis skipped: the analysis extra is not installed ({exc}): "
+                      "pip install 'flowtrial[analysis]'."), None
     try:
         results = run_analysis(db_path, out_dir)
     except Exception as exc:  # noqa: BLE001 - the demo's data stays useful without a report
@@ -187,8 +187,8 @@ def _run_analysis(db_path: Path, out_dir: Path) -> tuple[Path | None, str | None
 def _simulate(database: Any, config: Any, participants: int, tasks: int, prompts: int,
               seed: int, base_url: str, total: int | None, console: Any) -> Any:
     """The live simulation against the running proxy, with a progress bar when ``total``."""
-    from study.simulator.live import simulate_live
-    from study.simulator.params import SimParams
+    from flowtrial.live_simulation import simulate_live
+    from flowtrial.study.simulator.params import SimParams
 
     args = (database, config, SimParams(), participants, tasks, prompts, seed)
     if total is None:
@@ -211,7 +211,7 @@ def proxy_process(study_path: Path, db_path: Path, log_path: Path) -> Iterator[s
     """
     log = log_path.open("w", encoding="utf-8")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "instrumentation.proxy", "--study", str(study_path),
+        [sys.executable, "-m", "flowtrial.instrumentation.proxy", "--study", str(study_path),
          "--db", str(db_path), "--port", "0"],
         stdout=log, stderr=subprocess.STDOUT, text=True,
     )
@@ -266,9 +266,9 @@ def run_demo(
     """Run the demo end to end in ``dir`` (replacing an earlier demo there)."""
     from rich.console import Console
 
-    from study.config import load_study
-    from study.simulator.summary import study_glance
-    from study.storage import init_db
+    from flowtrial.study.config import load_study
+    from flowtrial.study.simulator.summary import study_glance
+    from flowtrial.study.storage import init_db
 
     if participants < 1:
         raise FlowtrialError(f"--participants {participants}: need at least 1 participant")

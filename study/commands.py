@@ -1,7 +1,7 @@
-"""The `flowtrial` command line: a thin layer over the library.
+"""The study's own commands: init, enroll, status, export, migrate.
 
-Every command reports bad input as one line per problem on stderr and exits with code 2,
-having written nothing.
+Kept light at import time: each command imports what it needs inside its body, so that
+``flowtrial CMD --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -11,36 +11,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
-from typer.core import TyperGroup
 
-from study.config import example_study_text, load_study
-from study.errors import FlowtrialError
+from .errors import FlowtrialError
 
-
-class _Group(TyperGroup):
-    """Turns user errors raised anywhere below a command into one-line messages, exit 2."""
-
-    def invoke(self, ctx: click.Context) -> object:
-        try:
-            return super().invoke(ctx)
-        except FlowtrialError as exc:
-            raise fail(str(exc)) from None
-
-
-app = typer.Typer(
-    cls=_Group,
-    name="flowtrial",
-    help="Latency-controlled trials of AI coding assistants.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
 console = Console()
-err_console = Console(stderr=True)
 
 StudyOpt = Annotated[Path, typer.Option("--study", help="The study file (study.toml).")]
 DbOpt = Annotated[
@@ -48,14 +25,6 @@ DbOpt = Annotated[
 ]
 
 
-def fail(message: str) -> typer.Exit:
-    """Print a one-line problem to stderr and return the exit to raise (code 2)."""
-    for line in message.splitlines():
-        err_console.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)
-    return typer.Exit(2)
-
-
-@app.command()
 def init(
     path: Annotated[Path, typer.Argument(help="Where to write the example study file.")] = Path(
         "study.toml"
@@ -64,12 +33,14 @@ def init(
 ) -> None:
     """Write a commented example study file to edit."""
     if path.exists() and not force:
-        raise fail(f"{path} already exists: pass --force to overwrite it, or choose another path")
+        raise FlowtrialError(
+            f"{path} already exists: pass --force to overwrite it, or choose another path")
+    from .config import example_study_text
+
     path.write_text(example_study_text(), encoding="utf-8")
     console.print(f"Wrote {path}. Edit it, then enroll participants with `flowtrial enroll`.")
 
 
-@app.command()
 def enroll(
     study: StudyOpt,
     db: DbOpt,
@@ -79,8 +50,9 @@ def enroll(
     ] = None,
 ) -> None:
     """Enroll a participant: assigns arms and prints their API key once (only a hash is kept)."""
-    from study.participants import enroll as do_enroll
-    from study.storage import init_db
+    from .config import load_study
+    from .participants import enroll as do_enroll
+    from .storage import init_db
 
     config = load_study(study)
     consent = None
@@ -89,7 +61,7 @@ def enroll(
             consent = datetime.fromisoformat(consent_at)
         except ValueError:
             msg = f"--consent-at {consent_at!r} is not an ISO time like 2026-11-21T10:00"
-            raise fail(msg) from None
+            raise FlowtrialError(msg) from None
     database = init_db(db, config, study.read_text(encoding="utf-8"))
     p, key, assignments = do_enroll(database, config, participant, consent_at=consent)
     arms = ", ".join(f"period {a.period}: {a.arm}" for a in assignments) or "per-prompt draws"
@@ -99,14 +71,13 @@ def enroll(
     print(key)
 
 
-@app.command()
 def status(
     db: DbOpt,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
     """Show enrollment, assignments and cycles per arm, and the sample-ratio-mismatch check."""
-    from study.status import study_status
-    from study.storage import open_db
+    from .status import study_status
+    from .storage import open_db
 
     st = study_status(open_db(db))
     if as_json:
@@ -136,7 +107,6 @@ def status(
         )
 
 
-@app.command()
 def export(
     db: DbOpt,
     out: Annotated[Path, typer.Option("--out", help="Directory for the exported files.")] = Path(
@@ -149,11 +119,11 @@ def export(
     ] = False,
 ) -> None:
     """Export every table as CSV or Parquet (keys and their hashes are never exported)."""
-    from study.export import export_tables
-    from study.storage import open_db
+    from .export import export_tables
+    from .storage import open_db
 
     if fmt not in ("csv", "parquet"):
-        raise fail(f"--format {fmt!r} is not supported: use csv or parquet")
+        raise FlowtrialError(f"--format {fmt!r} is not supported: use csv or parquet")
     database = open_db(db)
     counts = export_tables(database, out, fmt, deidentify)  # type: ignore[arg-type]
     t = Table(title=f"Exported to {out}")
@@ -164,12 +134,10 @@ def export(
     console.print(t)
 
 
-@app.command()
 def migrate(db: DbOpt) -> None:
     """Upgrade a study database made by an older flowtrial to this version's schema (opening
     it does this too; run it once before starting several proxies on one database)."""
-    from study.migrate import migrate_database
-    from study.storage import database_url, display_url
+    from .storage import database_url, display_url, migrate_database
 
     before, after = migrate_database(db)
     where = display_url(database_url(db))
@@ -177,38 +145,3 @@ def migrate(db: DbOpt) -> None:
         console.print(f"{where}: already at schema version {after}; nothing to do.")
     else:
         console.print(f"{where}: upgraded from schema version {before} to {after}.")
-
-
-def _register_package_commands() -> None:
-    """Commands that live with their own package (kept thin; heavy imports happen inside)."""
-    from analysis.commands import effect, threshold
-    from analysis.report_commands import analyze, power
-    from dashboards.commands import dashboard
-    from instrumentation.capture_commands import import_activitywatch, persistence
-    from instrumentation.mock_model.commands import mock_model
-    from instrumentation.proxy.commands import proxy
-    from study.simulator.commands import demo, simulate
-
-    app.command("demo")(demo)
-    app.command("simulate")(simulate)
-    app.command("proxy")(proxy)
-    app.command("mock-model")(mock_model)
-    app.command("analyze")(analyze)
-    app.command("power")(power)
-    app.command("effect")(effect)
-    app.command("threshold")(threshold)
-    app.command("dashboard")(dashboard)
-    app.command("import-activitywatch")(import_activitywatch)
-    app.command("persistence")(persistence)
-
-
-_register_package_commands()
-
-
-def main() -> None:
-    """Console-script entry point."""
-    app()
-
-
-if __name__ == "__main__":
-    main()

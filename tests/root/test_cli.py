@@ -9,8 +9,8 @@ import pandas as pd
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from study.cli import app
-from study.storage import open_db
+from flowtrial.cli import app
+from flowtrial.study.storage import open_db
 
 runner = CliRunner()
 

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from study.demo import MARKER, run_demo
-from study.errors import FlowtrialError
+from flowtrial.demo import MARKER, run_demo
+from flowtrial.study.errors import FlowtrialError
 
-pytest.importorskip("instrumentation.proxy.server")
+pytest.importorskip("flowtrial.instrumentation.proxy.server")
 
 
 def test_demo_end_to_end_and_rerun(tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_demo_end_to_end_and_rerun(tmp_path: Path) -> None:
     rates = [b["rate"] for b in result.switch_bands if b["cycles"]]
     assert sum(b["cycles"] for b in result.switch_bands) == len(cyc)
     assert np.nanmax(rates[-2:]) > rates[0]  # long waits switch more than short ones
-    if importlib.util.find_spec("analysis.report") is not None:
+    if importlib.util.find_spec("flowtrial.analysis.report") is not None:
         assert result.report_path is not None and result.report_path.exists(), \
             result.analysis_note
         assert (target / "report" / "results.json").exists()

@@ -11,9 +11,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from study.config import example_study_text
-from study.simulator.commands import demo, simulate
-from study.storage import open_db
+from flowtrial.simulate_commands import demo, simulate
+from flowtrial.study.config import example_study_text
+from flowtrial.study.storage import open_db
 
 runner = CliRunner()
 
@@ -69,7 +69,7 @@ def test_simulate_missing_study_file(tmp_path: Path) -> None:
 
 
 def test_simulate_live_through_the_proxy(tmp_path: Path) -> None:
-    pytest.importorskip("instrumentation.proxy.server")
+    pytest.importorskip("flowtrial.instrumentation.proxy.server")
     text = example_study_text().replace("time_scale = 1 ", "time_scale = 200 ")
     assert tomllib.loads(text)["study"]["time_scale"] == 200
     study = tmp_path / "study.toml"

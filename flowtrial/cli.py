@@ -1,0 +1,220 @@
+"""The `flowtrial` command line: a thin layer over the packages, loaded lazily.
+
+Each command lives with its package (``<package>/commands.py`` or similar) and is imported
+only when it runs or its own ``--help`` is asked for; the listing of ``flowtrial --help``
+comes from :data:`COMMANDS`, so it imports no command module at all (pandas, SQLAlchemy and
+Starlette stay unloaded; ``tests/root/test_cli_startup.py`` checks it).
+
+Every command reports bad input as one line per problem on stderr and exits with code 2,
+having written nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import click
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from .study.errors import FlowtrialError
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """Where a command lives and what the listing says of it (the first paragraph of its
+    docstring; a test keeps the two equal)."""
+
+    target: str  # "module:function"
+    summary: str
+    panel: str
+
+
+_STUDY, _RUN, _ANALYSE, _CAPTURE = "Set up a study", "Run it", "Analyse", "Capture"
+
+#: Every command, in the order ``flowtrial --help`` lists them.
+COMMANDS: dict[str, CommandSpec] = {
+    "demo": CommandSpec(
+        "flowtrial.simulate_commands:demo",
+        "Run a whole latency trial offline in about a minute: proxy, simulated participants, "
+        "analysis, report.",
+        _STUDY),
+    "init": CommandSpec(
+        "flowtrial.study.commands:init",
+        "Write a commented example study file to edit.",
+        _STUDY),
+    "enroll": CommandSpec(
+        "flowtrial.study.commands:enroll",
+        "Enroll a participant: assigns arms and prints their API key once (only a hash is "
+        "kept).",
+        _STUDY),
+    "status": CommandSpec(
+        "flowtrial.study.commands:status",
+        "Show enrollment, assignments and cycles per arm, and the sample-ratio-mismatch "
+        "check.",
+        _STUDY),
+    "migrate": CommandSpec(
+        "flowtrial.study.commands:migrate",
+        "Upgrade a study database made by an older flowtrial to this version's schema "
+        "(opening it does this too; run it once before starting several proxies on one "
+        "database).",
+        _STUDY),
+    "proxy": CommandSpec(
+        "flowtrial.instrumentation.proxy.commands:proxy",
+        "Run the latency-shaping proxy: point participants' assistants at the URL it prints.",
+        _RUN),
+    "mock-model": CommandSpec(
+        "flowtrial.instrumentation.mock_model.commands:mock_model",
+        "Serve the built-in simulated model: OpenAI (chat, completions, responses incl. "
+        "WebSocket mode) and Anthropic Messages wire formats, offline, with no API key.",
+        _RUN),
+    "simulate": CommandSpec(
+        "flowtrial.simulate_commands:simulate",
+        "Add simulated participants with known ground truth to a study database.",
+        _RUN),
+    "import-activitywatch": CommandSpec(
+        "flowtrial.instrumentation.capture_commands:import_activitywatch",
+        "Import a participant's ActivityWatch window, AFK, editor and browser data as focus "
+        "events (idempotent: importing the same data twice adds nothing).",
+        _CAPTURE),
+    "persistence": CommandSpec(
+        "flowtrial.instrumentation.capture_commands:persistence",
+        "Check whether each completion's text persists in the participant's later prompts at "
+        "the study's persistence intervals (passive acceptance); adds only rows not yet "
+        "decided.",
+        _CAPTURE),
+    "analyze": CommandSpec(
+        "flowtrial.analysis.report_commands:analyze",
+        "Run the preregistered analysis: checks, task-time effect, flow threshold, secondary "
+        "outcomes; write results.json and a self-contained report.html.",
+        _ANALYSE),
+    "effect": CommandSpec(
+        "flowtrial.analysis.commands:effect",
+        "Estimate the task-time effect (METR-style): OLS of log time on arm + log forecast.",
+        _ANALYSE),
+    "threshold": CommandSpec(
+        "flowtrial.analysis.commands:threshold",
+        "Estimate the flow threshold ψ: hinge logistic of P(switch) on log wait (DESIGN "
+        "§6.3).",
+        _ANALYSE),
+    "power": CommandSpec(
+        "flowtrial.analysis.report_commands:power",
+        "Power analysis by simulation: power to detect the flow threshold, CI coverage of the "
+        "true ψ and power of the task-time effect, per participants × prompts cell.",
+        _ANALYSE),
+    "dashboard": CommandSpec(
+        "flowtrial.dashboards.commands:dashboard",
+        "Open the study dashboard (Streamlit): overview, flow timeline, arms, flow threshold "
+        "and team view, read live from the study database.",
+        _ANALYSE),
+    "export": CommandSpec(
+        "flowtrial.study.commands:export",
+        "Export every table as CSV or Parquet (keys and their hashes are never exported).",
+        _ANALYSE),
+}
+
+#: Third-party packages that come with an extra: a command that needs one that is missing
+#: says which extra to install instead of printing a traceback.
+EXTRA_OF_MODULE = {
+    "starlette": "proxy", "uvicorn": "proxy", "httptools": "proxy", "websockets": "proxy",
+    "httpx": "proxy", "jinja2": "analysis", "statsmodels": "analysis",
+    "matplotlib": "analysis", "threadpoolctl": "analysis", "streamlit": "dashboard",
+    "altair": "dashboard", "psycopg": "postgres", "openai": "demo", "pyarrow": "parquet",
+    "aw_client": "activitywatch",
+}
+
+err_console = Console(stderr=True)
+
+
+def fail(message: str) -> typer.Exit:
+    """Print a one-line problem to stderr and return the exit to raise (code 2)."""
+    for line in message.splitlines():
+        err_console.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def missing_extra_message(exc: ModuleNotFoundError) -> str | None:
+    """The one-line advice for a missing optional dependency, or None if it is not one."""
+    top = (exc.name or "").split(".")[0]
+    extra = EXTRA_OF_MODULE.get(top)
+    if extra is None:
+        return None
+    return (f"this command needs {top}, which comes with the [{extra}] extra: "
+            f"pip install 'flowtrial[{extra}]'")
+
+
+def load_command(name: str) -> click.Command:
+    """Import the command's module and build its click command (with typer, as usual)."""
+    module_name, attr = COMMANDS[name].target.split(":")
+    function = getattr(importlib.import_module(module_name), attr)
+    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    single.command(name)(function)
+    return typer.main.get_command(single)
+
+
+class LazyGroup(TyperGroup):
+    """A typer group whose commands load on demand (click's documented lazy-group pattern).
+
+    Listing the commands for ``--help`` uses the summaries in :data:`COMMANDS`; running a
+    command or asking for its help imports it. User errors anywhere below become one-line
+    messages with exit code 2.
+    """
+
+    _listing = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        spec = COMMANDS.get(cmd_name)
+        if spec is None:
+            return None
+        if self._listing:
+            stub = click.Command(cmd_name, help=spec.summary or None)
+            stub.rich_help_panel = spec.panel  # type: ignore[attr-defined]
+            return stub
+        return load_command(cmd_name)
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except FlowtrialError as exc:
+            raise fail(str(exc)) from None
+        except ModuleNotFoundError as exc:
+            advice = missing_extra_message(exc)
+            if advice is None:
+                raise
+            raise fail(advice) from None
+
+
+app = typer.Typer(
+    cls=LazyGroup,
+    name="flowtrial",
+    help="Latency-controlled trials of AI coding assistants.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Latency-controlled trials of AI coding assistants."""
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
