@@ -110,8 +110,8 @@ def _start(data: CycleData) -> np.ndarray:
 def _job(kind: str, data: CycleData, detection: float, nodes: tuple[int, int],
          best: Fit, arg: Any) -> Any:
     """One independent refit (runs on a worker process)."""
-    model = RandomBreakpointModel(data, nodes, detection=detection,
-                                  kind="hinge" if kind in ("end", "tau0", "check") else kind)
+    kinds = {"end": "hinge", "check": "hinge", "tau0": "hinge_tau0"}
+    model = RandomBreakpointModel(data, nodes, detection=detection, kind=kinds.get(kind, kind))
     if kind == "end":
         k, side, guess, crit, lower = arg
         return profile_endpoint(model, best, k, side, guess, crit, lower_bound=lower)[0]
@@ -119,8 +119,8 @@ def _job(kind: str, data: CycleData, detection: float, nodes: tuple[int, int],
         return maximize(model, best.theta, fixed={4: 0.0})
     if kind == "check":
         return maximize(model, best.theta)
-    start = best.theta.copy()
-    start[2] = 0.0 if kind == "flat" else 0.5
+    p = float(np.clip(data.y.mean(), 1e-3, 1 - 1e-3))
+    start = np.array([math.log(p / (1 - p)), 0.3, 0.0 if kind == "flat" else 0.5, 0.0, 0.0])
     return maximize(model, start)
 
 

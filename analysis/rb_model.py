@@ -34,11 +34,17 @@ _BOUNDS = [(-15.0, 15.0), (0.0, 5.0), (-20.0, 40.0), (None, None), (0.0, 3.0)]
 
 
 def gh_nodes(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Probabilists' Gauss–Hermite nodes and log weights for E[f(Z)], Z ~ N(0, 1)."""
+    """Probabilists' Gauss–Hermite nodes and log weights for E[f(Z)], Z ~ N(0, 1).
+
+    Nodes with weight below 1e-9 are dropped (24 nodes keep 19): a person's posterior would
+    need a likelihood ratio of ~1e7 between the tail and the centre for them to matter, and
+    every node costs a pass over the cycles."""
     if n <= 1:
         return np.zeros(1), np.zeros(1)
     x, w = np.polynomial.hermite_e.hermegauss(n)
-    return x, np.log(w / w.sum())
+    w = w / w.sum()
+    keep = w >= 1e-9
+    return x[keep], np.log(w[keep])
 
 
 @dataclass
@@ -84,7 +90,10 @@ class RandomBreakpointModel:
         self.d = data
         self.kind = kind
         self.detection = float(detection)
+        # "hinge_tau0": everyone shares the breakpoint, so z drops out (one node).
         nz, nv = nodes if kind == "hinge" else (1, nodes[1])
+        if kind == "hinge_tau0":
+            kind = self.kind = "hinge"
         self.z, lwz = gh_nodes(nz)
         self.v, lwv = gh_nodes(nv)
         self.log_w = (lwz[:, None] + lwv[None, :]).ravel()  # (Q,) with Q = nz·nv
@@ -98,7 +107,7 @@ class RandomBreakpointModel:
         # identified, and e^c would overflow under a flat truth).
         self.bounds = list(_BOUNDS)
         self.bounds[3] = (float(data.x.min()), float(data.x.max()))
-        q = nz * nv
+        q = self.z.size * self.v.size
         self._buf = [np.empty((n, q)) for _ in range(3)]
         self.n_evals = 0
 
@@ -180,6 +189,11 @@ def maximize(model: RandomBreakpointModel, start: np.ndarray, fixed: dict[int, f
     free = [k for k in range(5) if k not in fixed]
     if model.kind != "hinge":  # c and τ do not enter; b is absent from the flat model
         free = [k for k in free if k not in (3, 4) and not (model.kind == "flat" and k == 2)]
+    for k in (1, 4):
+        # At σ_u = 0 or τ = 0 the gradient in them is exactly 0 (symmetric nodes): a start
+        # there would never leave the boundary even when the maximum lies inside.
+        if k in free:
+            theta[k] = max(theta[k], 0.05)
     evals0 = model.n_evals
 
     def fun(tf: np.ndarray) -> tuple[float, np.ndarray]:
@@ -188,12 +202,24 @@ def maximize(model: RandomBreakpointModel, start: np.ndarray, fixed: dict[int, f
         f, g = model.nll(t)
         return f, g[free]
 
-    res = minimize(fun, theta[free], jac=True, method="L-BFGS-B",
-                   bounds=[bounds[k] for k in free],
-                   options={"maxiter": 500, "ftol": 1e-11, "gtol": 1e-6})
-    theta[free] = res.x
-    return Fit(theta=theta, loglik=-float(res.fun), converged=bool(res.success),
-               n_evals=model.n_evals - evals0)
+    def run(t0: np.ndarray) -> tuple[np.ndarray, float, bool]:
+        res = minimize(fun, t0, jac=True, method="L-BFGS-B",
+                       bounds=[bounds[k] for k in free],
+                       options={"maxiter": 500, "ftol": 1e-11, "gtol": 1e-6})
+        return res.x, -float(res.fun), bool(res.success)
+
+    x, ll, ok = run(theta[free])
+    for j, k in enumerate(free):
+        # A line search can overshoot onto σ_u = 0 or τ = 0 and stay there (zero gradient):
+        # restart from inside and keep the better maximum.
+        if k in (1, 4) and x[j] < 1e-6:
+            t0 = x.copy()
+            t0[j] = 0.3
+            x2, ll2, ok2 = run(t0)
+            if ll2 > ll + 1e-9:
+                x, ll, ok = x2, ll2, ok2
+    theta[free] = x
+    return Fit(theta=theta, loglik=ll, converged=ok, n_evals=model.n_evals - evals0)
 
 
 def hessian(model: RandomBreakpointModel, theta: np.ndarray, free: list[int]) -> np.ndarray:
