@@ -24,7 +24,8 @@ experienced_ttft_s     t_first_sent − t_request as the participant saw it
 total_wait_s           t_last_sent − t_request (the generation wait)
 idle_wait_s            wait with nothing new to read: ``flowtrial.study.timeline.idle_wait_s`` of
                        (experienced TTFT, tokens_completion, achieved tokens/s) at the
-                       population default reading speed, 5.3 tokens/s (Brysbaert 2019)
+                       study's reading speed, ``[analysis] reading_tps`` (default 5.3
+                       tokens/s, Brysbaert 2019)
 achieved_tps           content tokens after the first over t_last_sent − t_first_sent (real)
 delivery               stream / all_at_once (the targeted delivery)
 violation              the upstream was slower than the target (manipulation violation)
@@ -105,6 +106,7 @@ class StudyFrames:
     switch_sensitivity_s: list[float] = field(default_factory=lambda: list(DEFAULT_SENSITIVITY_S))
     working_apps: list[str] = field(default_factory=list)
     extra: dict[str, pd.DataFrame] = field(default_factory=dict)
+    reading_tps: float = DEFAULT_READING_TPS  # the study's [analysis] reading_tps
 
 
 def _empty(columns: list[str]) -> pd.DataFrame:
@@ -153,6 +155,7 @@ def read_frames(database: Any) -> StudyFrames:
         switch_sensitivity_s=[float(x) for x in config.capture.switch_sensitivity_s],
         working_apps=list(config.capture.working_apps),
         extra={"assignments": assignments},
+        reading_tps=float(config.analysis.reading_tps),
     )
 
 
@@ -181,6 +184,7 @@ def frames_from_tables(tables: Mapping[str, pd.DataFrame], config: Any,
         switch_sensitivity_s=[float(x) for x in config.capture.switch_sensitivity_s],
         working_apps=list(config.capture.working_apps),
         extra={"assignments": get("assignments", ["participant_id", "period", "arm"])},
+        reading_tps=float(config.analysis.reading_tps),
     )
 
 
@@ -240,10 +244,12 @@ def working_overrides(participants: pd.DataFrame) -> dict[str, list[str]]:
 
 
 def cycle_table_from_frames(
-    frames: StudyFrames, reading_tps: float = DEFAULT_READING_TPS
+    frames: StudyFrames, reading_tps: float | None = None
 ) -> pd.DataFrame:
-    """The per-cycle table (see the module docstring) from in-memory tables."""
+    """The per-cycle table (see the module docstring) from in-memory tables. ``reading_tps``
+    overrides the study's reading speed (``frames.reading_tps``) in the idle wait."""
     scale = frames.time_scale
+    reading_tps = frames.reading_tps if reading_tps is None else float(reading_tps)
     c = frames.cycles
     if "id" in c.columns:
         c = c.rename(columns={"id": "cycle_id"})
@@ -371,7 +377,7 @@ def cycle_table_from_frames(
     return out
 
 
-def cycle_table(database: Any, reading_tps: float = DEFAULT_READING_TPS) -> pd.DataFrame:
+def cycle_table(database: Any, reading_tps: float | None = None) -> pd.DataFrame:
     """One row per cycle with real-second timings, switches, decisions and persistence
     (columns in the module docstring). ``database`` is a ``flowtrial.study.storage.Database``."""
     return cycle_table_from_frames(read_frames(database), reading_tps)

@@ -146,12 +146,6 @@ def fit_personal_threshold(
     model = RandomBreakpointModel(data, nodes, detection=detection_share)
     start = _start(data)
     best = maximize(model, start)
-    # A second start with a small spread: the likelihood in τ can have a shoulder near 0.
-    alt_start = best.theta.copy()
-    alt_start[4] = 0.05 if best.theta[4] > 0.15 else 0.5
-    alt = maximize(model, alt_start)
-    if alt.loglik > best.loglik + 1e-6:
-        best = alt
     se = wald_se(model, best.theta)
     crit = float(chi2.ppf(level, 1))
     z = math.sqrt(crit)

@@ -7,8 +7,12 @@ runs, in this order:
    missing data per arm;
 2. **task-time effect** — METR-style ``estimate_effect`` (fast arm = treatment, log
    ``forecast_slow_s`` as the forecast), when tasks span two arms;
-3. **flow threshold** — ``fit_threshold`` on idle wait (sensitivity rows: total wait,
-   experienced TTFT, and the switch definition at the other sensitivity thresholds);
+3. **flow threshold** — the headline is the median personal threshold and the spread τ
+   between people (``fit_personal_threshold``, random-breakpoint model, on idle wait at the
+   study's ``[analysis] reading_tps``); the pooled onset ψ* (``fit_threshold``) is a
+   secondary row and carries the existence test; sensitivity rows (pooled ψ*, estimate and
+   CI): total wait, experienced TTFT, reading ×0.7 / ×1.4, and the switch definition at the
+   other sensitivity thresholds;
 4. **secondary outcomes** — resumption lag, cycles per hour, acceptance, persistence,
    review time, by arm and by wait band;
 5. **ground truth** (simulated studies) — true ψ against the estimate.
@@ -43,6 +47,7 @@ from .report_sections import (
     ground_truth,
     jsonable,
     order_arms,
+    personal_section,
     secondary_outcomes,
     threshold_section,
 )
@@ -267,17 +272,36 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
     results["task_effect"] = task_effect_section(config, tasks, median_tokens or 300.0)
     say("task-time effect done")
 
+    reading = float(frames.reading_tps)
+    results["study"]["reading_tps"] = reading
+    cycles = _with_reading_sensitivity(cycles, reading)
     jobs = [(PRIMARY_WAIT, switch_col)] + [(w, switch_col) for w in SENSITIVITY_WAITS]
+    jobs += [(reading_column(r), switch_col) for r in reading_alternatives(reading)]
     for m in sorted({2.0, 30.0, *frames.switch_sensitivity_s} - {frames.switch_min_away_s}):
         if switch_column(m) in cycles.columns:
             jobs.append((PRIMARY_WAIT, switch_column(m)))
     fits = _fit_thresholds(cycles, jobs, n_boot=n_boot, seed=seed, median_tokens=median_tokens,
-                           workers=workers, while_fitting=while_fitting)
+                           reading_tps=reading, workers=workers, while_fitting=while_fitting)
     thr, res = fits[0]
-    results["threshold"] = thr
     sens = [_sens_row(row) for row, _ in fits[1:]]
-    say(f"flow threshold and {len(sens)} sensitivity fits done")
+    say(f"pooled onset ψ* and {len(sens)} sensitivity fits done")
+    # The headline: the median personal threshold and the spread between people.
+    shortest = min({2.0, *frames.switch_sensitivity_s})
+    personal = personal_section(
+        cycles, PRIMARY_WAIT, switch_col, thr, median_tokens=median_tokens,
+        reading_tps=reading, all_switch_col=switch_column(shortest)
+        if shortest < frames.switch_min_away_s else None, workers=workers,
+        progress=lambda done, total: say(f"personal threshold: {done}/{total} refits"))
+    thr = {**thr, "pooled_found": thr.get("found"), "pooled_reason": thr.get("reason"),
+           "personal": personal, "found": bool(personal.get("found")),
+           "reason": personal.get("reason")}
+    results["threshold"] = thr
     results["threshold_sensitivity"] = sens
+    results["threshold_sensitivity_note"] = (
+        f"{len(sens)} sensitivity analyses of the pooled onset ψ*, each with its own 95 % CI "
+        f"and existence test at 0.05: about {0.05 * len(sens):.2g} of them would reject by "
+        f"chance under no effect (Bonferroni level {0.05 / max(len(sens), 1):.2g}); they "
+        "describe robustness and confirm nothing on their own.")
     results["secondary"] = secondary_outcomes(cycles, PRIMARY_WAIT, switch_col)
     if truth is not None:
         waits = cycles.loc[cycles["status"] == "ok", PRIMARY_WAIT]
@@ -287,8 +311,34 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
     return results, res
 
 
+def reading_alternatives(reading_tps: float) -> list[float]:
+    """Reading speeds of the sensitivity rows: a slow and a fast reader (×0.7, ×1.4)."""
+    return [round(reading_tps * 0.7, 2), round(reading_tps * 1.4, 2)]
+
+
+def reading_column(reading_tps: float) -> str:
+    """Column of the idle wait at another reading speed, e.g. ``idle_wait_at_3.71tps_s``."""
+    return f"idle_wait_at_{reading_tps:g}tps_s"
+
+
+def _with_reading_sensitivity(cycles: pd.DataFrame, reading_tps: float) -> pd.DataFrame:
+    """Add the idle wait at the sensitivity reading speeds (`reading_alternatives`)."""
+    from flowtrial.study.timeline import idle_wait_s
+
+    out = cycles.copy()
+    ok = np.isfinite(out[PRIMARY_WAIT].to_numpy(float))
+    tok = np.nan_to_num(pd.to_numeric(out["tokens_completion"], errors="coerce")
+                        .to_numpy(float))
+    for r in reading_alternatives(reading_tps):
+        w = idle_wait_s(out["experienced_ttft_s"].to_numpy(float), tok,
+                        out["achieved_tps"].to_numpy(float), r)
+        out[reading_column(r)] = np.where(ok, w, np.nan)
+    return out
+
+
 def _fit_thresholds(cycles: pd.DataFrame, jobs: list[tuple[str, str]], *, n_boot: int,
                     seed: int, median_tokens: float | None, workers: int | None,
+                    reading_tps: float = 5.3,
                     while_fitting: Callable[[], None] | None = None,
                     ) -> list[tuple[dict[str, Any], Any]]:
     """``threshold_section`` for each (wait, switch) job, on worker processes
@@ -296,19 +346,19 @@ def _fit_thresholds(cycles: pd.DataFrame, jobs: list[tuple[str, str]], *, n_boot
     workers."""
     cols = sorted({"participant_id", "status", *(c for job in jobs for c in job)})
     narrow = cycles[cols]
-    return run_jobs(_fit_job, [(narrow, w, sw, n_boot, seed, median_tokens) for w, sw in jobs],
-                    workers, while_waiting=while_fitting)
+    return run_jobs(_fit_job, [(narrow, w, sw, n_boot, seed, median_tokens, reading_tps)
+                               for w, sw in jobs], workers, while_waiting=while_fitting)
 
 
 def _fit_job(cycles: pd.DataFrame, wait: str, switch: str, n_boot: int, seed: int,
-             median_tokens: float | None) -> tuple[dict[str, Any], Any]:
+             median_tokens: float | None, reading_tps: float) -> tuple[dict[str, Any], Any]:
     return threshold_section(cycles, wait, switch, n_boot=n_boot, seed=seed,
-                             median_tokens=median_tokens)
+                             median_tokens=median_tokens, reading_tps=reading_tps)
 
 
 def _sens_row(row: dict[str, Any]) -> dict[str, Any]:
     keys = ["wait_measure", "wait_measure_label", "switch_measure", "n_cycles", "psi_s", "ci_s",
-            "p_exists", "model_choice", "found", "reason",
+            "p_exists", "lr_stat", "model_choice", "found", "reason",
             "tokens_per_second_at_median_length"]
     return {k: row.get(k) for k in keys}
 

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from flowtrial.study.timeline import DEFAULT_READING_TPS
+from flowtrial.study.timeline import DEFAULT_READING_TPS, tokens_per_second_for_idle_wait
 
 WAIT_MEASURES = {
-    "idle_wait_s": "idle wait (TTFT + delivery lag behind reading at 5.3 tokens/s)",
+    "idle_wait_s": "idle wait (TTFT + delivery lag behind reading)",
     "total_wait_s": "total wait (t_last_sent − t_request)",
     "experienced_ttft_s": "experienced time to first token",
 }
@@ -123,8 +123,10 @@ def threshold_section(
     n_boot: int,
     seed: int,
     median_tokens: float | None,
+    reading_tps: float = DEFAULT_READING_TPS,
 ) -> tuple[dict[str, Any], Any]:
-    """fit_threshold on (participant, wait, switched); returns (JSON dict, result or None)."""
+    """fit_threshold (the pooled onset ψ*) on (participant, wait, switched); returns (JSON
+    dict, result or None)."""
     from . import AnalysisInputError
     from .threshold import fit_threshold
 
@@ -145,22 +147,103 @@ def threshold_section(
     n = max(10, int(n_boot))
     tokens = median_tokens if median_tokens is not None and median_tokens > 1 else None
     try:
-        res = fit_threshold(frame, n_boot=n, n_null=n, seed=seed, median_response_tokens=tokens)
+        res = fit_threshold(frame, n_boot=n, n_null=n, seed=seed, median_response_tokens=tokens,
+                            reading_tps=reading_tps)
     except AnalysisInputError as exc:
         return {**base, **empty, "reason": f"Threshold not estimated: {exc}"}, None
     d = res.to_dict()
     d.pop("profile_loglik", None)
     d.pop("grid_s", None)
     out = {**base, **d}
+    out["reading_tps"] = reading_tps
     out["tokens_per_second_definition"] = (
-        "pace at which an answer of the median length streams for ψ seconds after the first "
-        "token (TTFT 0)"
+        f"pace at which an answer of the median length, read at {reading_tps:g} tokens/s, "
+        "leaves ψ seconds of idle wait (TTFT 0): N / (ψ + N / reading speed)"
     )
-    if tokens is not None and res.psi_s > 0:
-        # Pace at which delivery lags behind a 5.3 tokens/s reader by ψ: the idle-wait view.
-        out["tokens_per_second_idle_at_median_length"] = tokens / (
-            res.psi_s + tokens / DEFAULT_READING_TPS)
     return out, res
+
+
+def personal_section(
+    cycles: pd.DataFrame,
+    wait_col: str,
+    switch_col: str,
+    pooled: dict[str, Any],
+    *,
+    median_tokens: float | None,
+    reading_tps: float = DEFAULT_READING_TPS,
+    all_switch_col: str | None = None,
+    workers: int | None = None,
+    progress: Any = None,
+    alpha: float = 0.05,
+    max_ci_decades: float = 1.0,
+) -> dict[str, Any]:
+    """The headline: median personal threshold e^c (95 % profile CI) and spread τ (CI, test
+    of τ = 0) from the random-breakpoint model, with the verdict. The share of switches the
+    rule counts is estimated as switches counted / switches under ``all_switch_col`` (the
+    most inclusive rule), or taken as 1 without it. ``pooled`` is the ψ* section (its
+    existence test is the test of "switching depends on the wait")."""
+    from . import AnalysisInputError
+    from .personal_threshold import estimate_detection_share, fit_personal_threshold
+
+    df = analysable(cycles, wait_col)
+    detection = 1.0
+    if all_switch_col and all_switch_col in df.columns:
+        detection = estimate_detection_share(df[switch_col].astype(bool),
+                                             df[all_switch_col].astype(bool))
+    frame = pd.DataFrame({"participant_id": df["participant_id"].to_numpy(),
+                          "wait_s": df[wait_col].to_numpy(float),
+                          "switched": df[switch_col].to_numpy(dtype=bool).astype(int)})
+    base: dict[str, Any] = {"detection_share": detection,
+                            "detection_share_source": all_switch_col or "assumed 1"}
+    try:
+        res = fit_personal_threshold(frame, detection_share=detection, workers=workers,
+                                     progress=progress)
+    except AnalysisInputError as exc:
+        return {**base, "median_psi_s": None, "ci_s": None, "found": False,
+                "reason": f"Personal threshold not estimated: {exc}"}
+    out = {**base, **res.to_dict(), "psi_p10_p90_s": res.psi_quantiles_s()}
+    found, reason = personal_verdict(out, pooled, frame["wait_s"].to_numpy(float), alpha=alpha,
+                                     max_ci_decades=max_ci_decades)
+    out["found"], out["reason"] = found, reason
+    if median_tokens is not None and median_tokens > 1:
+        out["tokens_per_second_at_median_length"] = tokens_per_second_for_idle_wait(
+            res.median_psi_s, median_tokens, reading_tps)
+        lo, hi = (tokens_per_second_for_idle_wait(v, median_tokens, reading_tps)
+                  for v in reversed(res.ci_s))
+        out["tokens_per_second_ci"] = [lo, hi]
+    return out
+
+
+def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: np.ndarray,
+                     *, alpha: float = 0.05, max_ci_decades: float = 1.0
+                     ) -> tuple[bool, str | None]:
+    """Is a personal threshold reported? Switching must depend on the wait (the pooled
+    existence test), rise above the breakpoint (b > 0), the random-breakpoint hinge must beat
+    the random-intercept smooth logistic on AIC and BIC, and the CI of e^c must span at most
+    ``max_ci_decades`` and stay inside the observed waits. Returns (found, reason)."""
+    p = pooled.get("p_exists")
+    ci = personal["ci_s"]
+    aic, bic = personal["aic"], personal["bic"]
+    if p is None or p >= alpha:
+        return False, ("No threshold: no evidence that switching depends on the wait "
+                       f"(p_exists = {_num(p)} >= {alpha:g})")
+    if personal["slope_b"] <= 0:
+        return False, "No threshold: switching does not rise above the breakpoint (slope <= 0)"
+    if not (aic["hinge"] < aic["smooth"] and bic["hinge"] < bic["smooth"]):
+        return False, ("No threshold: a smooth logistic dose-response (with random intercepts) "
+                       "fits as well or better (AIC/BIC)")
+    if math.log10(ci[1] / ci[0]) > max_ci_decades:
+        return False, (f"No threshold: the 95 % CI of the median personal threshold "
+                       f"({ci[0]:.3g}–{ci[1]:.3g} s) spans more than {max_ci_decades:g} decade")
+    lo, hi = float(np.min(waits_s)), float(np.max(waits_s))
+    if ci[0] <= lo * (1 + 1e-6) or ci[1] >= hi * (1 - 1e-6):
+        return False, (f"No threshold: the 95 % CI of the median personal threshold "
+                       f"({ci[0]:.3g}–{ci[1]:.3g} s) reaches the edge of the observed waits")
+    return True, None
+
+
+def _num(x: Any) -> str:
+    return "—" if x is None else f"{float(x):.3g}"
 
 
 # ------------------------------------------------------------------------ secondary
@@ -284,7 +367,9 @@ def estimand_psi(truth: dict[str, Any], waits_s: Any) -> float | None:
     """ψ*: the pooled hinge's estimand for this study's waits and the simulator's truth.
 
     With thresholds varying between people the pooled model estimates where the
-    population-averaged curve starts rising, which lies below the median person's ψ.
+    population-averaged curve starts rising, which lies below the median person's ψ. The
+    curve is that of *counted* switches: the true probability times the share of switches
+    long enough for the switch rule (without it ψ* comes out ~3.5 % too high).
     """
     from flowtrial.study.simulator.params import expected_switch_probability
 
@@ -295,27 +380,34 @@ def estimand_psi(truth: dict[str, Any], waits_s: Any) -> float | None:
     if not truth.get("has_threshold") or w.size < 2:
         return None
     params = truth_params(truth)
-    return pseudo_true_psi(w, expected_switch_probability(w, params))
+    counted = truth.get("share_of_switches_counted") or 1.0
+    return pseudo_true_psi(w, counted * expected_switch_probability(w, params))
 
 
 def compare_truth(
     truth: dict[str, Any], threshold: dict[str, Any], waits_s: Any = None
 ) -> dict[str, Any]:
-    """True ψ against the estimate: error, CI coverage, and whether the verdict is right.
-
-    Coverage is scored against ψ* (the estimand of the pooled model, see `estimand_psi`);
-    the median individual threshold is reported beside it.
+    """True values against the estimates: the median personal threshold and τ (headline)
+    and, secondary, the pooled ψ̂ against its estimand ψ*; and whether the verdict is right.
     """
     psi_median = truth.get("threshold_s")
+    tau_true = truth.get("threshold_logsd")
+    personal = threshold.get("personal") or {}
+    est, ci = personal.get("median_psi_s"), personal.get("ci_s")
+    tau, tau_ci = personal.get("tau"), personal.get("tau_ci")
     psi_star = estimand_psi(truth, waits_s) if waits_s is not None else None
-    est, ci = threshold.get("psi_s"), threshold.get("ci_s")
+    pooled, pooled_ci = threshold.get("psi_s"), threshold.get("ci_s")
     out: dict[str, Any] = {"truth_model": truth["truth_model"], "true_psi_s": psi_median,
-                           "estimand_psi_s": psi_star, "estimated_psi_s": est, "ci_s": ci,
-                           "found": bool(threshold.get("found"))}
-    target = psi_star or psi_median
-    if truth["has_threshold"] and target and est:
-        out["log_ratio"] = math.log(est / target)
-        out["ci_covers_truth"] = bool(ci and ci[0] <= target <= ci[1])
-        out["ci_covers_median"] = bool(ci and ci[0] <= psi_median <= ci[1]) if psi_median else None
+                           "estimated_psi_s": est, "ci_s": ci, "true_tau": tau_true,
+                           "estimated_tau": tau, "tau_ci": tau_ci,
+                           "estimand_psi_s": psi_star, "pooled_psi_s": pooled,
+                           "pooled_ci_s": pooled_ci, "found": bool(threshold.get("found"))}
+    if truth["has_threshold"] and psi_median and est:
+        out["log_ratio"] = math.log(est / psi_median)
+        out["ci_covers_truth"] = bool(ci and ci[0] <= psi_median <= ci[1])
+        if tau_true is not None and tau_ci:
+            out["tau_ci_covers_truth"] = bool(tau_ci[0] <= tau_true <= tau_ci[1])
+    if truth["has_threshold"] and psi_star and pooled_ci:
+        out["pooled_ci_covers_estimand"] = bool(pooled_ci[0] <= psi_star <= pooled_ci[1])
     out["verdict_correct"] = out["found"] == bool(truth["has_threshold"])
     return out

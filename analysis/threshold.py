@@ -51,6 +51,8 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
+from flowtrial.study.timeline import DEFAULT_READING_TPS, tokens_per_second_for_idle_wait
+
 from . import AnalysisInputError
 
 ModelName = Literal["flat", "smooth", "hinge"]
@@ -455,14 +457,16 @@ def fit_threshold(
     max_ci_decades: float = 1.0,
     ttft_s: float = 0.0,
     max_bins: int = 256,
+    reading_tps: float = DEFAULT_READING_TPS,
 ) -> ThresholdResult:
     """Fit the hinge-logistic flow threshold to cycles (`participant_id`, `wait_s` > 0,
     `switched` 0/1), with a participant-cluster bootstrap CI (`n_boot`), a parametric-bootstrap
     existence test (`n_null`) and AIC/BIC comparison with smooth and flat models.
 
-    `median_response_tokens` N converts ψ to tokens/s: the generation wait is
-    TTFT + (N − 1)/tps (DESIGN §2: tokens after the first over t_last − t_first), so
-    tps(ψ) = (N − 1) / (ψ − ttft_s); `ttft_s` defaults to 0 (None when ψ ≤ ttft_s).
+    `median_response_tokens` N converts ψ to tokens/s with the idle-wait formula ψ is
+    measured in (`flowtrial.study.timeline.tokens_per_second_for_idle_wait`): the pace whose
+    delivery lags a reader at `reading_tps` by ψ − `ttft_s`, tps = N / (ψ − ttft_s + N/r);
+    `ttft_s` defaults to 0 (None when ψ < ttft_s).
     Deterministic for a given `seed`.
     """
     if n_boot < 10 or n_null < 10:
@@ -578,7 +582,8 @@ def fit_threshold(
             raise AnalysisInputError("median_response_tokens must be > 1")
 
         def to_tps(w: float) -> float | None:
-            return (median_response_tokens - 1) / (w - ttft_s) if w > ttft_s else None
+            return tokens_per_second_for_idle_wait(w, median_response_tokens, reading_tps,
+                                                   ttft_s)
 
         tps = to_tps(psi)
         hi_tps, lo_tps = to_tps(ci[0]), to_tps(ci[1])

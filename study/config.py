@@ -198,6 +198,14 @@ class CaptureSection(_Strict):
     )
 
 
+class AnalysisSection(_Strict):
+    """Settings that interpret the recorded data (the preregistered analysis)."""
+
+    # Reading speed (tokens/s) of the idle wait: TTFT + max(0, n/tps − n/reading_tps).
+    # 5.3 tokens/s is 238 words/min (Brysbaert 2019); the report adds a sensitivity row.
+    reading_tps: float = Field(default=5.3, ge=1.0, le=50.0)
+
+
 class ProxySection(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8787, ge=0, le=65535)
@@ -231,6 +239,7 @@ class StudyConfig(_Strict):
     per_prompt: PerPromptSection | None = None
     arms: list[ArmConfig] = Field(default_factory=list)
     capture: CaptureSection = CaptureSection()
+    analysis: AnalysisSection = AnalysisSection()
     proxy: ProxySection = ProxySection()
     questionnaire: QuestionnaireSection = QuestionnaireSection()
 
