@@ -133,49 +133,99 @@ def threshold(
         "switched"
     ),
     participant: Annotated[str, typer.Option(help="Participant column.")] = "participant_id",
-    n_boot: Annotated[int, typer.Option(help="Participant-cluster bootstrap replicates.")] = 200,
+    n_boot: Annotated[int, typer.Option(help="Participant-cluster bootstrap replicates (ψ*).")]
+    = 200,
     n_null: Annotated[
-        int, typer.Option(help="Parametric-bootstrap replicates under the null.")
+        int, typer.Option(help="Parametric-bootstrap replicates of the existence test.")
     ] = 200,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     median_tokens: Annotated[
         float | None, typer.Option(help="Median response length (tokens) for the tokens/s figure.")
     ] = None,
+    reading_tps: Annotated[
+        float, typer.Option(help="Reading speed (tokens/s) of the idle wait, for tokens/s.")
+    ] = 5.3,
+    detection_share: Annotated[
+        float, typer.Option(help="Share of real switches the switch rule counts (0-1].")
+    ] = 1.0,
+    workers: Annotated[
+        int | None, typer.Option(help="Worker processes (default: the available CPUs, up to 2).")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Estimate the flow threshold ψ: hinge logistic of P(switch) on log wait (DESIGN §6.3)."""
+    """Estimate the flow threshold: the median personal threshold and the spread τ between
+    people (random-breakpoint hinge logistic of P(switch) on log wait), the existence test,
+    and the pooled onset ψ* as a secondary figure."""
+    import numpy as np
+
     from . import AnalysisInputError
+    from .report_sections import personal_verdict
     from .threshold import fit_threshold
 
     df = _read_csv(file)
     missing = [c for c in (wait, switched, participant) if c not in df.columns]
     if missing:
         raise _fail(f"column(s) {', '.join(missing)} not found in {file}; check the names")
+    if not 0 < detection_share <= 1:
+        raise _fail(f"--detection-share {detection_share:g}: give a share in (0, 1]")
+    if not 1 <= reading_tps <= 50:
+        raise _fail(f"--reading-tps {reading_tps:g}: give a reading speed in 1-50 tokens/s")
     frame = df.rename(columns={wait: "wait_s", switched: "switched", participant: "participant_id"})
     try:
-        result = fit_threshold(
-            frame, n_boot=n_boot, n_null=n_null, seed=seed, median_response_tokens=median_tokens
-        )
+        pooled = fit_threshold(frame, n_boot=n_boot, n_null=n_null, seed=seed,
+                               median_response_tokens=median_tokens, reading_tps=reading_tps)
+        personal = _fit_personal(frame, detection_share, workers, show=not json_out)
     except AnalysisInputError as exc:
         raise _fail(str(exc)) from None
+    pooled_d = pooled.to_dict()
+    pers = personal.to_dict()
+    waits = frame["wait_s"].to_numpy(float)
+    found, reason = personal_verdict(pers, pooled_d, waits[np.isfinite(waits) & (waits > 0)])
+    tps = None
+    if median_tokens is not None:
+        from flowtrial.study.timeline import tokens_per_second_for_idle_wait
+
+        tps = tokens_per_second_for_idle_wait(personal.median_psi_s, median_tokens, reading_tps)
     if json_out:
-        typer.echo(json.dumps(result.to_dict()))
+        typer.echo(json.dumps({"found": found, "reason": reason, "personal": pers,
+                               "tokens_per_second_at_median_length": tps,
+                               "pooled": pooled_d}))
         return
     from rich.console import Console
 
     console = Console()
-    if result.found:
-        console.print(
-            f"Threshold ψ = {result.psi_s:.2f} s (95 % CI {result.ci_s[0]:.2f}–"
-            f"{result.ci_s[1]:.2f} s), p_exists = {result.p_exists:.3g}"
-        )
-        if result.tokens_per_second_at_median_length is not None:
-            console.print(
-                f"≈ {result.tokens_per_second_at_median_length:.1f} tokens/s at "
-                f"{median_tokens:g} tokens"
-            )
-    else:
-        console.print(result.reason)
-    for model in ("flat", "smooth", "hinge"):
-        console.print(f"  {model:6s} AIC {result.aic[model]:.1f}  BIC {result.bic[model]:.1f}")
-    console.print(f"model choice: {result.model_choice}")
+    p = personal
+    console.print(
+        f"Median personal threshold e^c = [bold]{p.median_psi_s:.2f} s[/bold] (95 % CI "
+        f"{p.ci_s[0]:.2f}–{p.ci_s[1]:.2f} s); spread τ = {p.tau:.2f} (95 % CI "
+        f"{p.tau_ci[0]:.2f}–{p.tau_ci[1]:.2f}; test of τ = 0: p = {p.p_tau_zero:.3g})")
+    if tps is not None:
+        console.print(f"  ≈ {tps:.1f} tokens/s streams {median_tokens:g} tokens with that idle "
+                      f"wait at {reading_tps:g} tokens/s reading")
+    console.print(f"Existence test: p = {pooled.p_exists:.3g}. "
+                  + ("Threshold found." if found else str(reason)))
+    console.print(f"Pooled onset ψ* (secondary) = {pooled.psi_s:.2f} s (95 % CI "
+                  f"{pooled.ci_s[0]:.2f}–{pooled.ci_s[1]:.2f} s)")
+    for model in ("flat", "smooth", "hinge_tau0", "hinge"):
+        console.print(f"  {model:10s} AIC {p.aic[model]:.1f}  BIC {p.bic[model]:.1f}")
+
+
+def _fit_personal(frame: Any, detection_share: float, workers: int | None, show: bool) -> Any:
+    """`fit_personal_threshold` with a rich progress bar on stderr (unless ``show`` is off)."""
+    from .personal_threshold import fit_personal_threshold
+
+    if not show:
+        return fit_personal_threshold(frame, detection_share=detection_share, workers=workers)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("personal threshold: profile refits", total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return fit_personal_threshold(frame, detection_share=detection_share, workers=workers,
+                                      progress=advance)

@@ -77,16 +77,23 @@ def _print_summary(r: dict[str, Any], out: Path) -> None:
         flag = "[red]MISMATCH[/red]" if srm["flagged"] else "[green]ok[/green]"
         console.print(f"Sample-ratio check: p = {_num(srm.get('p_value'))} {flag}")
     t = r["threshold"]
-    if t.get("found"):
+    pt = t.get("personal") or {}
+    if pt.get("median_psi_s") is not None:
+        ci, tci = pt["ci_s"], pt["tau_ci"]
+        console.print(f"Median personal threshold = [bold]{_num(pt['median_psi_s'])} s[/bold] of "
+                      f"{t['wait_measure_label']} (95 % CI {_num(ci[0])}–{_num(ci[1])} s); "
+                      f"spread τ = {_num(pt['tau'])} (95 % CI {_num(tci[0])}–{_num(tci[1])}, "
+                      f"p(τ = 0) = {_num(pt['p_tau_zero'])})")
+        if pt.get("tokens_per_second_at_median_length"):
+            console.print(f"  ≈ {_num(pt['tokens_per_second_at_median_length'])} tokens/s for "
+                          f"an answer of {_num(st.get('median_response_tokens'), '.0f')} tokens "
+                          f"read at {_num(st.get('reading_tps'))} tokens/s")
+    console.print(f"Flow threshold: {'found' if t.get('found') else t.get('reason')} "
+                  f"(existence test p = {_num(t.get('p_exists'))})")
+    if t.get("psi_s") is not None:
         ci = t["ci_s"]
-        console.print(f"Flow threshold ψ = [bold]{_num(t['psi_s'])} s[/bold] of "
-                      f"{t['wait_measure_label']} (95 % CI {_num(ci[0])}–{_num(ci[1])} s, "
-                      f"p_exists = {_num(t['p_exists'])}, model: {t['model_choice']})")
-        if t.get("tokens_per_second_at_median_length"):
-            console.print(f"  ≈ {_num(t['tokens_per_second_at_median_length'])} tokens/s for "
-                          f"an answer of {_num(st.get('median_response_tokens'), '.0f')} tokens")
-    else:
-        console.print(f"Flow threshold: {t.get('reason') or 'not reported'}")
+        console.print(f"  pooled onset ψ* (secondary) = {_num(t['psi_s'])} s "
+                      f"(95 % CI {_num(ci[0])}–{_num(ci[1])} s)")
     e = r["task_effect"]
     if e.get("estimate") is not None:
         ci = (e.get("ci") or {}).get("cluster") or [None, None]
@@ -96,7 +103,8 @@ def _print_summary(r: dict[str, Any], out: Path) -> None:
         console.print(f"Task-time effect: not estimated ({e['skipped']})")
     g = (r.get("ground_truth") or {}).get("comparison")
     if g:
-        console.print(f"Ground truth: {g['truth_model']}, true ψ = {_num(g.get('true_psi_s'))} s; "
+        console.print(f"Ground truth: {g['truth_model']}, true median ψ = "
+                      f"{_num(g.get('true_psi_s'))} s, τ = {_num(g.get('true_tau'))}; "
                       f"verdict correct: {g['verdict_correct']}")
     console.print(f"Report: {out / 'report.html'}  (data: {out / 'results.json'})")
 

@@ -200,7 +200,7 @@ def personal_section(
                                      progress=progress)
     except AnalysisInputError as exc:
         return {**base, "median_psi_s": None, "ci_s": None, "found": False,
-                "reason": f"Personal threshold not estimated: {exc}"}
+                "reason": f"Threshold not estimated (personal model): {exc}"}
     out = {**base, **res.to_dict(), "psi_p10_p90_s": res.psi_quantiles_s()}
     found, reason = personal_verdict(out, pooled, frame["wait_s"].to_numpy(float), alpha=alpha,
                                      max_ci_decades=max_ci_decades)

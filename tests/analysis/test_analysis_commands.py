@@ -113,6 +113,18 @@ def test_threshold_command(tmp_path: Path) -> None:
     )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["ci_s"][0] <= data["psi_s"] <= data["ci_s"][1]
+    pers, pooled = data["personal"], data["pooled"]
+    assert pers["ci_s"][0] <= pers["median_psi_s"] <= pers["ci_s"][1]
+    assert pers["ci_s"][0] <= 8.0 <= pers["ci_s"][1]
+    assert pooled["ci_s"][0] <= pooled["psi_s"] <= pooled["ci_s"][1]
+    assert data["found"] and data["tokens_per_second_at_median_length"] == pytest.approx(
+        300 / (pers["median_psi_s"] + 300 / 5.3))
+    text = runner.invoke(app, ["threshold", str(path), "--wait", "idle_wait_s", "--n-boot", "20",
+                               "--n-null", "20", "--workers", "1"])
+    assert text.exit_code == 0 and "Median personal threshold" in text.stdout
+    assert "Pooled onset ψ*" in text.stdout
+    share = runner.invoke(app, ["threshold", str(path), "--wait", "idle_wait_s",
+                                "--detection-share", "1.5"])
+    assert share.exit_code == 2 and "--detection-share" in share.stderr
     bad = runner.invoke(app, ["threshold", str(path)])
     assert bad.exit_code == 2 and "wait_s" in bad.stderr

@@ -67,7 +67,8 @@ def test_results_json_has_every_section(per_prompt: tuple[dict, Path]) -> None:
     assert THRESHOLD_KEYS <= set(on_disk["threshold"])
     assert on_disk["wait_measure"] == "idle_wait_s"
     assert {r["wait_measure"] for r in on_disk["threshold_sensitivity"]} >= {
-        "total_wait_s", "experienced_ttft_s"}
+        "total_wait_s", "experienced_ttft_s", "idle_wait_at_3.71tps_s", "idle_wait_at_7.42tps_s"}
+    assert on_disk["study"]["reading_tps"] == 5.3
     assert on_disk["checks"]["manipulation"]
     # per-prompt design: no arms, so no task-time effect, and it says why
     assert "skipped" in on_disk["task_effect"]
@@ -82,7 +83,15 @@ def test_ground_truth_is_compared(per_prompt: tuple[dict, Path]) -> None:
     gt = results["ground_truth"]
     assert gt["truth_model"] == "hinge" and gt["threshold_s"] == 8.0
     cmp = gt["comparison"]
-    assert cmp["true_psi_s"] == 8.0 and cmp["estimated_psi_s"] == results["threshold"]["psi_s"]
+    personal = results["threshold"]["personal"]
+    assert cmp["true_psi_s"] == 8.0 and cmp["estimated_psi_s"] == personal["median_psi_s"]
+    assert cmp["true_tau"] == 0.35 and cmp["estimated_tau"] == personal["tau"]
+    assert cmp["pooled_psi_s"] == results["threshold"]["psi_s"]
+    # The detection share is estimated from the most inclusive switch rule (2 s) ...
+    assert personal["detection_share_source"] == "switched_2s"
+    assert 0.8 < personal["detection_share"] <= 1.0
+    # ... and ψ* is scored on counted switches, so it lies below the median person's ψ.
+    assert cmp["estimand_psi_s"] < 8.0
     assert len(gt["participant_threshold_s"]) == 12
 
 
@@ -94,6 +103,8 @@ def test_html_report_embeds_figures_and_time_scale_note(per_prompt: tuple[dict, 
     assert html.count('src="data:image/png;base64,') == 4
     assert "time_scale = 10" in html and "converted back" in html
     assert "Ground truth" in html and "true ψ" in html
+    assert "median personal threshold" in html and "reading speed 5.3 tokens/s" in html
+    assert "Bonferroni" in html  # the sensitivity rows' multiplicity note
     assert results["study"]["time_compressed"] is True
     assert results["study"]["time_scale"] == 10.0
 

@@ -1,0 +1,113 @@
+"""Personal flow threshold (random-breakpoint hinge): numerics against brute force, known
+truths recovered, the τ = 0 test, the detection share."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.optimize import approx_fprime
+from scipy.special import expit
+
+from flowtrial.analysis import AnalysisInputError
+from flowtrial.analysis.personal_threshold import (
+    estimate_detection_share,
+    fit_personal_threshold,
+)
+from flowtrial.analysis.rb_model import CycleData, RandomBreakpointModel
+from flowtrial.analysis.threshold import simulate_switch_data
+
+
+def _data(df: pd.DataFrame) -> CycleData:
+    return CycleData.from_arrays(np.log(df["wait_s"].to_numpy()), df["switched"].to_numpy(),
+                                 df["participant_id"].to_numpy())
+
+
+@pytest.mark.parametrize("detection", [1.0, 0.7])
+def test_gradient_matches_finite_differences(detection: float) -> None:
+    df = simulate_switch_data("hinge", 8, 40, psi_s=6.0, intercept_sd=0.5, seed=3)
+    model = RandomBreakpointModel(_data(df), (12, 5), detection=detection)
+    theta = np.array([-2.5, 0.4, 1.3, math.log(5.0), 0.3])
+    _, grad = model.nll(theta)
+    num = approx_fprime(theta, lambda t: model.nll(t, need_grad=False)[0], 1e-6)
+    assert np.allclose(grad, num, rtol=1e-4, atol=1e-3)
+
+
+def test_likelihood_matches_brute_force_integration() -> None:
+    """GH quadrature against a dense midpoint rule over (z, v), written out independently."""
+    df = simulate_switch_data("hinge", 4, 25, psi_s=6.0, seed=8)
+    a, su, b, c, tau, d = -2.0, 0.5, 1.4, math.log(6.0), 0.4, 0.8
+    model = RandomBreakpointModel(_data(df), (24, 7), detection=d)
+    f, _ = model.nll(np.array([a, su, b, c, tau]))
+    grid = np.linspace(-6, 6, 481)
+    w = np.exp(-grid**2 / 2) / math.sqrt(2 * math.pi) * (grid[1] - grid[0])
+    ll = 0.0
+    for _, g in df.groupby("participant_id"):
+        x, y = np.log(g["wait_s"].to_numpy()), g["switched"].to_numpy()
+        eta = (a + su * grid[None, :, None]
+               + b * np.maximum(0, x[:, None, None] - c - tau * grid[None, None, :]))
+        p = d * expit(eta)
+        lik = np.prod(np.where(y[:, None, None] == 1, p, 1 - p), axis=0)  # (v, z)
+        ll += math.log(float(w @ lik @ w))
+    assert -f == pytest.approx(ll, abs=2e-3)
+
+
+@pytest.fixture(scope="module")
+def spread_fit():
+    df = simulate_switch_data("hinge", 30, 70, psi_s=7.0, psi_sd=0.6, intercept_sd=0.4,
+                              seed=21)
+    return fit_personal_threshold(df, workers=1, node_check=False)
+
+
+def test_recovers_median_threshold_and_spread(spread_fit) -> None:  # noqa: ANN001
+    r = spread_fit
+    assert r.ci_s[0] < 7.0 < r.ci_s[1] and r.ci_s[0] < r.median_psi_s < r.ci_s[1]
+    assert abs(math.log(r.median_psi_s / 7.0)) < 0.3
+    assert r.tau_ci[0] < 0.6 < r.tau_ci[1] and r.tau_ci[0] > 0
+    assert r.p_tau_zero < 0.05
+    # Profile-likelihood ends: the profile LR is the chi-square(1) 95 % point there.
+    assert r.aic["hinge"] < r.aic["hinge_tau0"] and r.aic["hinge"] < r.aic["smooth"]
+    lo, hi = r.psi_quantiles_s((0.1, 0.9))
+    assert lo < r.median_psi_s < hi
+    assert r.to_dict()["median_psi_s"] == r.median_psi_s
+
+
+def test_no_spread_is_not_called_a_spread() -> None:
+    df = simulate_switch_data("hinge", 25, 60, psi_s=4.5, psi_sd=0.0, seed=5)
+    r = fit_personal_threshold(df, workers=1, node_check=False)
+    assert r.p_tau_zero > 0.05
+    assert r.tau_ci[0] == 0.0 and r.tau < 0.3
+    assert r.ci_s[0] < 4.5 < r.ci_s[1]
+
+
+def test_detection_share_corrects_for_uncounted_switches() -> None:
+    df = simulate_switch_data("hinge", 30, 60, psi_s=7.0, psi_sd=0.3, seed=13)
+    rng = np.random.default_rng(0)
+    seen = df.assign(switched=df["switched"] * (rng.random(len(df)) < 0.6))
+    known = fit_personal_threshold(seen, detection_share=0.6, workers=1, node_check=False)
+    assert known.ci_s[0] < 7.0 < known.ci_s[1]
+    # With d = 0.6 the fitted curve must reach higher: its intercept sits ~log(1/0.6) up.
+    naive = fit_personal_threshold(seen, workers=1, node_check=False)
+    assert known.intercept_a - naive.intercept_a > 0.3
+    assert estimate_detection_share(pd.Series([1, 0, 1, 0]), pd.Series([1, 1, 1, 1])) == 0.5
+    assert estimate_detection_share(pd.Series([0, 0]), pd.Series([0, 0])) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (lambda d: d.drop(columns=["switched"]), "lacks column"),
+        (lambda d: d.assign(wait_s=-1.0), "> 0"),
+        (lambda d: d.assign(switched=0), "with and without switches"),
+        (lambda d: d.assign(participant_id=1), ">= 2 participants"),
+    ],
+)
+def test_bad_input(mutate, fragment) -> None:  # noqa: ANN001
+    df = mutate(simulate_switch_data("hinge", 5, 40, seed=0))
+    with pytest.raises(AnalysisInputError) as err:
+        fit_personal_threshold(df, workers=1)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(AnalysisInputError, match="detection share"):
+        fit_personal_threshold(simulate_switch_data("hinge", 5, 40, seed=0), detection_share=0)
