@@ -61,7 +61,8 @@ def effect(
 ) -> None:
     """Estimate the task-time effect (METR-style): OLS of log time on arm + log forecast.
 
-    Effect exp(β) − 1; 95 % CIs: non-robust, HC3, participant-clustered; mixed-model row.
+    Effect exp(β) − 1; 95 % CIs: CR2 participant-clustered with t(G−1) (default), and the
+    METR-parity rows (non-robust, HC3, clustered with a normal critical value); mixed model.
     """
     from . import AnalysisInputError
     from .effects import estimate_effect
@@ -91,9 +92,10 @@ def effect(
     for col in ("model", "effect", "95 % CI", "p"):
         table.add_column(col, justify="left" if col == "model" else "right")
     labels = {
-        "nonrobust": "OLS, non-robust SE",
-        "hc3": "OLS, HC3 SE",
-        "cluster": "OLS, clustered SE",
+        "cluster_cr2": "OLS, CR2 clustered SE, t(G−1) (default)",
+        "nonrobust": "OLS, non-robust SE (METR parity)",
+        "hc3": "OLS, HC3 SE (METR parity)",
+        "cluster": "OLS, clustered SE, normal (METR parity)",
     }
     for key, label in labels.items():
         ci = data["ci"][key]
@@ -118,8 +120,8 @@ def effect(
     console = Console()
     console.print(table)
     notes = []
-    if result.imputed:
-        notes.append(f"{result.imputed} missing time value(s) imputed by arm mean")
+    if result.imputation_note:
+        notes.append(result.imputation_note)
     if result.dropped:
         notes.append(f"{result.dropped} row(s) dropped for missing values")
     if notes:

@@ -6,10 +6,15 @@ reported as exp(β) − 1 (relative change in task time, treatment vs control) w
 exp(β ± z·SE) − 1 from non-robust, HC3 and participant-clustered SEs, and a random-intercept
 mixed model as a robustness row.
 
-All CIs and p-values use the normal critical value z = Φ⁻¹(0.975) for every SE type. This is
-what METR's published `regression.py` does (so their numbers are reproduced exactly); note
-that statsmodels' own `conf_int()` uses the t distribution for the non-robust fit, which is
-slightly wider for small n.
+The default interval (`cluster_cr2`, with participants as clusters) uses the bias-reduced
+CR2 (Bell–McCaffrey) cluster-robust variance with a t(G − 1) critical value, G = clusters:
+with the 10–30 participants of a typical study the plain sandwich with a normal critical
+value undercovers. The METR-parity rows (non-robust, HC3, `cluster`) keep the normal critical
+value z = Φ⁻¹(0.975), as METR's published `regression.py` does, so their numbers are
+reproduced exactly. `covariates` adds categorical terms (e.g. the crossover period).
+
+Arm-mean imputation (METR's policy) is single imputation: imputed times count as observed,
+so every SE and CI is too small when anything was imputed (`imputation_note` says so).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import pandas as pd
 from . import AnalysisInputError
 
 ImputePolicy = Literal["drop", "arm_mean"]
-SE_TYPES = ("nonrobust", "hc3", "cluster")
+SE_TYPES = ("cluster_cr2", "nonrobust", "hc3", "cluster")
+DEFAULT_SE = "cluster_cr2"  # small-cluster-correct; the others are METR-parity rows
 _Z95 = 1.959963984540054  # scipy.stats.norm.ppf(0.975)
 
 
@@ -45,6 +51,16 @@ class EffectResult:
     n_clusters: int | None
     time_columns: list[str] = field(default_factory=list)
     participant_fe: bool = False
+    covariates: list[str] = field(default_factory=list)
+
+    @property
+    def imputation_note(self) -> str | None:
+        """Why the intervals are too narrow when values were imputed (None otherwise)."""
+        if not self.imputed:
+            return None
+        return (f"{self.imputed} missing time value(s) were imputed by their arm's mean "
+                "(METR's policy): single imputation treats them as observed, so the SEs, CIs "
+                "and p-values are too small")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; the first keys are exactly `estimate`, `ci`, `n`."""
@@ -61,6 +77,9 @@ class EffectResult:
             "n_clusters": self.n_clusters,
             "time_columns": list(self.time_columns),
             "participant_fe": self.participant_fe,
+            "covariates": list(self.covariates),
+            "default_se": DEFAULT_SE if self.ci.get(DEFAULT_SE) else None,
+            "imputation_note": self.imputation_note,
         }
 
 
@@ -119,6 +138,7 @@ class _Prepared:
     groups: np.ndarray | None  # integer cluster codes
     imputed: int
     dropped: int
+    extra: np.ndarray | None = None  # dummy columns of the categorical covariates
 
 
 def _prepare(
@@ -217,11 +237,40 @@ def _design(prep: _Prepared, participant_fe: bool) -> np.ndarray:
     cols = [np.ones_like(prep.y), prep.t]
     if prep.log_forecast is not None:
         cols.append(prep.log_forecast)
+    if prep.extra is not None:
+        cols.extend(prep.extra.T)
     if participant_fe and prep.groups is not None:
         n_groups = int(prep.groups.max()) + 1
         # One dummy per participant except the first (absorbed by the constant).
         cols.extend((prep.groups == g).astype(float) for g in range(1, n_groups))
     return np.column_stack(cols)
+
+
+def _cr2_se(x: np.ndarray, resid: np.ndarray, groups: np.ndarray, j: int = 1) -> float:
+    """CR2 (Bell–McCaffrey 2002) cluster-robust SE of coefficient ``j``: each cluster's
+    residuals are rescaled by (I − H_gg)^(−1/2) before the sandwich (pseudo-inverse root
+    where a fixed effect makes I − H_gg singular)."""
+    bread = np.linalg.pinv(x.T @ x)
+    meat = np.zeros_like(bread)
+    for g in np.unique(groups):
+        rows = groups == g
+        xg = x[rows]
+        m = np.eye(int(rows.sum())) - xg @ bread @ xg.T
+        w, v = np.linalg.eigh(0.5 * (m + m.T))
+        inv_root = np.where(w > 1e-10, 1.0 / np.sqrt(np.clip(w, 1e-10, None)), 0.0)
+        u = xg.T @ (v @ (inv_root * (v.T @ resid[rows])))
+        meat += np.outer(u, u)
+    cov = bread @ meat @ bread
+    return float(np.sqrt(max(cov[j, j], 0.0)))
+
+
+def _row_t(beta: float, se: float, df: int) -> tuple[list[float], float]:
+    from scipy.stats import t as student_t
+
+    q = float(student_t.ppf(0.975, df))
+    ci = [float(np.expm1(beta - q * se)), float(np.expm1(beta + q * se))]
+    p = float(2 * student_t.sf(abs(beta / se), df)) if se > 0 else float("nan")
+    return ci, p
 
 
 def _row(beta: float, se: float) -> tuple[list[float], float]:
@@ -277,6 +326,7 @@ def estimate_effect(
     impute: ImputePolicy = "drop",
     participant_fe: bool = False,
     mixed: bool = True,
+    covariates: Sequence[str] | None = None,
 ) -> EffectResult:
     """Estimate the relative effect of `treatment` (1 vs 0) on task time.
 
@@ -289,6 +339,9 @@ def estimate_effect(
     import statsmodels.api as sm
 
     prep, time_cols = _prepare(df, time, treatment, forecast, cluster, impute)
+    if covariates:
+        prep = _with_covariates(prep, df, time, treatment, forecast, cluster, impute,
+                                list(covariates))
     if participant_fe and cluster is None:
         raise AnalysisInputError(
             "participant fixed effects need --cluster (the participant column)"
@@ -319,6 +372,9 @@ def estimate_effect(
     for name, res in fits.items():
         se[name] = float(np.asarray(res.bse)[1])
         ci[name], p[name] = _row(beta, se[name])
+    if prep.groups is not None and n_clusters is not None:
+        se["cluster_cr2"] = _cr2_se(exog, np.asarray(fits["nonrobust"].resid), prep.groups)
+        ci["cluster_cr2"], p["cluster_cr2"] = _row_t(beta, se["cluster_cr2"], n_clusters - 1)
 
     mixed_row = _mixed(prep) if (mixed and prep.groups is not None) else None
     return EffectResult(
@@ -334,4 +390,37 @@ def estimate_effect(
         n_clusters=n_clusters,
         time_columns=time_cols,
         participant_fe=participant_fe,
+        covariates=list(covariates or []),
     )
+
+
+def _with_covariates(prep: _Prepared, df: pd.DataFrame, time: str | Sequence[str],
+                     treatment: str, forecast: str | None, cluster: str | None, impute: str,
+                     covariates: list[str]) -> _Prepared:
+    """Add dummies (first level dropped) of categorical ``covariates``; rows missing one are
+    dropped like any other missing value."""
+    _require_columns(df, covariates)
+    ok = df[covariates].notna().all(axis=1)
+    if not ok.all():
+        prep, _ = _prepare(df[ok], time, treatment, forecast, cluster, impute)
+        prep.dropped += int((~ok).sum())
+        df = df[ok]
+    keep = _kept_rows(df, time, treatment, forecast, cluster, impute)
+    dummies = pd.get_dummies(df.loc[keep, covariates].astype(str), drop_first=True)
+    prep.extra = dummies.to_numpy(float) if dummies.shape[1] else None
+    return prep
+
+
+def _kept_rows(df: pd.DataFrame, time: str | Sequence[str], treatment: str,
+               forecast: str | None, cluster: str | None, impute: str) -> pd.Series:
+    """The rows `_prepare` keeps (same rules), as a boolean mask on ``df``."""
+    cols = _time_columns(df, time)
+    comps = pd.DataFrame({c: _numeric(df, c) for c in cols}, index=df.index)
+    keep = _treatment(df, treatment).notna()
+    if forecast:
+        keep &= _numeric(df, forecast).notna()
+    if cluster:
+        keep &= df[cluster].notna()
+    if impute == "drop":
+        keep &= comps.notna().all(axis=1)
+    return keep

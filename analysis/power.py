@@ -108,7 +108,7 @@ def run_replicate(config: Any, truth: str, threshold_s: float, n_part: int, n_pr
     if config.study.design != "per_prompt" and len(config.arms) >= 2:
         eff = task_effect_section(config, task_table_from_frames(frames), med or 300.0)
         if "estimate" in eff:
-            row.update(effect=eff["estimate"], effect_p=(eff.get("p") or {}).get("cluster"),
+            row.update(effect=eff["estimate"], effect_p=(eff.get("p") or {}).get("cluster_cr2"),
                        effect_ok=True)
     row["seconds"] = time.perf_counter() - t0
     return row

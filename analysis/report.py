@@ -131,11 +131,15 @@ def task_effect_section(config: Any, tasks: pd.DataFrame, median_tokens: float) 
                                        f"({slow}); other arms left out")
     t = t[t["arm"].isin([fast, slow])].assign(treatment=lambda d: (d["arm"] == fast).astype(int))
     has_fc = t["forecast_slow_s"].notna().any()
+    # Crossover: periods differ (learning, fatigue) and arms are balanced over them only in
+    # expectation, so the model has period fixed effects.
+    period = (config.study.design == "crossover" and "period" in t.columns
+              and t["period"].nunique() > 1)
     try:
         res = estimate_effect(
             t, time="task_time_s", treatment="treatment",
             forecast="forecast_slow_s" if has_fc else None, cluster="participant_id",
-            impute="drop",
+            impute="drop", covariates=["period"] if period else None,
         )
     except AnalysisInputError as exc:
         return {"skipped": str(exc), "treatment_arm": fast, "control_arm": slow}

@@ -96,9 +96,10 @@ def _print_summary(r: dict[str, Any], out: Path) -> None:
                       f"(95 % CI {_num(ci[0])}–{_num(ci[1])} s)")
     e = r["task_effect"]
     if e.get("estimate") is not None:
-        ci = (e.get("ci") or {}).get("cluster") or [None, None]
+        ci = (e.get("ci") or {}).get("cluster_cr2") or [None, None]
         console.print(f"Task time, {e['treatment_arm']} vs {e['control_arm']}: "
-                      f"{_pct(e['estimate'])} (clustered 95 % CI {_pct(ci[0])} … {_pct(ci[1])})")
+                      f"{_pct(e['estimate'])} (CR2 clustered 95 % CI "
+                      f"{_pct(ci[0])} … {_pct(ci[1])})")
     elif e.get("skipped"):
         console.print(f"Task-time effect: not estimated ({e['skipped']})")
     g = (r.get("ground_truth") or {}).get("comparison")

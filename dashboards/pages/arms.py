@@ -65,11 +65,12 @@ def task_section() -> None:
     if "skipped" in eff:
         st.caption(f"Task-time effect: {eff['skipped']}")
         return
-    ci = (eff.get("ci") or {}).get("cluster") or (eff.get("ci") or {}).get("hc3")
+    ci = ((eff.get("ci") or {}).get("cluster_cr2") or (eff.get("ci") or {}).get("cluster")
+          or (eff.get("ci") or {}).get("hc3"))
     st.metric(f"Task-time effect of {eff['treatment_arm']} vs {eff['control_arm']}",
               ui.pct(eff["estimate"]),
               help="exp(β) − 1 from analysis.effects.estimate_effect (log task time, "
-                   "participant-clustered SEs); negative = faster")
+                   "CR2 participant-clustered SEs, t(G − 1)); negative = faster")
     st.caption(f"95 % CI {ui.pct(ci[0]) if ci else '—'} to {ui.pct(ci[1]) if ci else '—'}, "
                f"n = {eff['n']} tasks" + (f"; {eff['note']}" if eff.get("note") else ""))
     ui.download(pd.DataFrame([{k: v for k, v in eff.items() if not isinstance(v, dict)}]),

@@ -104,7 +104,7 @@ def test_matches_direct_statsmodels_fit(metr_like_csv: Path, impute: str) -> Non
     assert (res.imputed, res.dropped) == ((missing, 0) if impute == "arm_mean" else (0, missing))
     d = res.to_dict()
     assert list(d)[:3] == ["estimate", "ci", "n"]
-    assert list(d["ci"]) == ["nonrobust", "hc3", "cluster"]
+    assert list(d["ci"]) == ["cluster_cr2", "nonrobust", "hc3", "cluster"]
 
 
 def test_participant_fixed_effects_match_statsmodels(metr_like_csv: Path) -> None:
@@ -205,3 +205,41 @@ def test_reproduces_metr_published_effect() -> None:
     assert res.ci["nonrobust"] == pytest.approx([0.013, 0.395], abs=0.005)
     assert res.ci["hc3"] == pytest.approx([0.013, 0.394], abs=0.005)
     assert res.ci["cluster"] == pytest.approx([0.016, 0.39], abs=0.005)
+
+
+def test_cr2_default_interval_is_small_cluster_correct() -> None:
+    from scipy.stats import t as student_t
+
+    df = make_metr_like(seed=5, n_devs=8, per_dev=10, effect=0.25).dropna()
+    res = estimate_effect(df, TIME, "ai_treatment", "predicted_time_no_ai", "dev_id")
+    d = res.to_dict()
+    assert d["default_se"] == "cluster_cr2" and res.n_clusters == 8
+    # One observation per cluster: CR2 is exactly HC2 (statsmodels), with t(n - 1).
+    single = df.assign(one=np.arange(len(df)))
+    r1 = estimate_effect(single, TIME, "ai_treatment", "predicted_time_no_ai", "one",
+                         mixed=False)
+    ref = smf.ols("np.log(initial_implementation_time + post_review_implementation_time)"
+                  " ~ ai_treatment + np.log(predicted_time_no_ai)", single).fit(cov_type="HC2")
+    assert r1.se["cluster_cr2"] == pytest.approx(ref.bse["ai_treatment"], rel=1e-8)
+    q = student_t.ppf(0.975, len(df) - 1)
+    assert r1.ci["cluster_cr2"][1] == pytest.approx(np.expm1(r1.beta + q * r1.se["cluster_cr2"]))
+    # With 8 clusters the CR2/t(7) interval is wider than the METR-parity sandwich/normal one.
+    wide = res.ci["cluster_cr2"][1] - res.ci["cluster_cr2"][0]
+    assert wide > res.ci["cluster"][1] - res.ci["cluster"][0]
+
+
+def test_period_covariate_and_imputation_note() -> None:
+    df = make_metr_like(seed=6, n_devs=12, per_dev=12, effect=0.2)
+    df["period"] = np.arange(len(df)) % 3
+    # A strong period effect that the model must absorb.
+    df["initial_implementation_time"] *= np.exp(0.5 * df["period"])
+    with_p = estimate_effect(df, TIME, "ai_treatment", "predicted_time_no_ai", "dev_id",
+                             impute="arm_mean", covariates=["period"])
+    without = estimate_effect(df, TIME, "ai_treatment", "predicted_time_no_ai", "dev_id",
+                              impute="arm_mean")
+    assert with_p.covariates == ["period"] and with_p.n == without.n
+    assert with_p.se["nonrobust"] < without.se["nonrobust"]  # period variance explained
+    assert with_p.imputed > 0 and "too small" in with_p.imputation_note
+    assert with_p.to_dict()["imputation_note"] == with_p.imputation_note
+    with pytest.raises(AnalysisInputError, match="not found"):
+        estimate_effect(df, TIME, "ai_treatment", None, "dev_id", covariates=["nope"])
