@@ -307,10 +307,14 @@ def missing_data(
     *,
     max_rate: float = 0.20,
     alpha: float = 0.05,
+    cluster: str | None = None,
 ) -> MissingDataResult:
     """Share of missing values per arm for each of `columns` (default: all but `arm`).
     Problems: a column missing in more than `max_rate` of rows overall, or missing at
-    different rates across arms (χ² test of independence, p < alpha)."""
+    different rates across arms, tested per column and Holm-corrected across the columns
+    (`p_holm` < alpha). Rows of one participant are not independent: with `cluster` (the
+    participant column) the test is a cluster-robust Wald test of arm in a linear
+    probability model of missingness; without it, the χ² test of independence."""
     from scipy import stats
 
     if not isinstance(arm, str):
@@ -320,7 +324,7 @@ def missing_data(
         if columns is None and isinstance(df, pd.DataFrame)
         else list(columns or [])
     )
-    _require(df, [arm, *cols], "missing_data")
+    _require(df, [arm, *cols, *([cluster] if cluster else [])], "missing_data")
     if not cols:
         raise AnalysisInputError("missing_data: no columns to check")
     d = df[df[arm].notna()]
@@ -344,14 +348,52 @@ def missing_data(
         rate = float(miss.mean())
         p_value = None
         if arms.nunique() > 1 and 0 < miss.sum() < len(miss):
-            table = pd.crosstab(arms, miss).to_numpy()
-            if table.shape[1] == 2:
-                p_value = float(stats.chi2_contingency(table, correction=False)[1])
+            if cluster:
+                p_value = _clustered_missing_p(miss, arms, d[cluster])
+            else:
+                table = pd.crosstab(arms, miss).to_numpy()
+                if table.shape[1] == 2:
+                    p_value = float(stats.chi2_contingency(table, correction=False)[1])
         by_column.append({"column": c, "rate": rate, "p_differential": p_value})
         if rate > max_rate:
             problems.append(f"{c}: {rate:.0%} missing (> {max_rate:.0%})")
-        if p_value is not None and p_value < alpha:
-            problems.append(f"{c}: missing at different rates across arms (p = {p_value:.3g})")
+    tested = [r for r in by_column if r["p_differential"] is not None]
+    for r, p_holm in zip(tested, _holm([r["p_differential"] for r in tested]), strict=True):
+        r["p_holm"] = p_holm
+        if p_holm < alpha:
+            problems.append(f"{r['column']}: missing at different rates across arms "
+                            f"(p = {r['p_differential']:.3g}, Holm-adjusted over "
+                            f"{len(tested)} columns {p_holm:.3g})")
     return MissingDataResult(
         by_arm=by_arm, by_column=by_column, problems=problems, max_rate=max_rate, alpha=alpha
     )
+
+
+def _holm(p: list[float]) -> list[float]:
+    """Holm step-down adjusted p-values (same order as given)."""
+    order = np.argsort(p)
+    m = len(p)
+    adj = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adj[i] = running
+    return [float(v) for v in adj]
+
+
+def _clustered_missing_p(miss: pd.Series, arms: pd.Series, groups: pd.Series) -> float | None:
+    """p of a participant-clustered Wald test (F, G − 1 denominator df) that missingness
+    does not depend on the arm (linear probability model: no separation problems)."""
+    import statsmodels.api as sm
+
+    x = pd.get_dummies(arms, drop_first=True, dtype=float)
+    x.insert(0, "const", 1.0)
+    codes = pd.factorize(groups)[0]
+    if codes.max() < 1:
+        return None
+    fit = sm.OLS(miss.astype(float).to_numpy(), x.to_numpy()).fit(
+        cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
+    k = x.shape[1]
+    test = fit.f_test(np.eye(k)[1:])
+    p = float(np.asarray(test.pvalue).ravel()[0])
+    return p if math.isfinite(p) else None

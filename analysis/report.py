@@ -84,10 +84,14 @@ def checks_section(
         out["srm"] = {**run(lambda: checks.srm_check(observed, planned)),
                       "unit": "participants"}
     elif design == "crossover" and len(planned) > 1:
-        # Every arm should get an equal share of the periods' cycles.
-        observed = cycles["arm"].astype(str).value_counts().to_dict()
+        # Every arm should get an equal share of the participant-periods. Cycles would be
+        # the wrong unit: clustered within people, and their number depends on the latency.
+        periods = (tasks if len(tasks) and "period" in tasks.columns else cycles)
+        units = periods.dropna(subset=["period", "arm"]).drop_duplicates(
+            ["participant_id", "period"])
+        observed = units["arm"].astype(str).value_counts().to_dict()
         out["srm"] = {**run(lambda: checks.srm_check(observed, dict.fromkeys(planned, 1.0))),
-                      "unit": "cycles"}
+                      "unit": "participant-periods"}
     else:
         out["srm"] = {"skipped": f"{design} design with {len(planned)} arm(s): no allocation "
                                  "ratio to check"}
@@ -100,10 +104,12 @@ def checks_section(
     # and task times and forecasts.
     cyc = cycles.assign(decision=cycles["decision"].where(cycles["decision"] != "none"))
     parts = {"cycles": run(lambda: checks.missing_data(
-        cyc, columns=["total_wait_s", "experienced_ttft_s", "tokens_completion", "decision"]))}
+        cyc, columns=["total_wait_s", "experienced_ttft_s", "tokens_completion", "decision"],
+        cluster="participant_id"))}
     if len(tasks):
         parts["tasks"] = run(lambda: checks.missing_data(
-            tasks, columns=["task_time_s", "forecast_fast_s", "forecast_slow_s"]))
+            tasks, columns=["task_time_s", "forecast_fast_s", "forecast_slow_s"],
+            cluster="participant_id" if "participant_id" in tasks.columns else None))
     out["missing_data"] = parts
     return out
 
