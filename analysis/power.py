@@ -15,8 +15,11 @@ task-time effect when the design has arms. Per cell the grid reports:
   population-averaged switch curve (`flowtrial.analysis.threshold.pseudo_true_psi`). With
   heterogeneous ψᵢ (log-sd 0.35 by default) ψ* sits below the median personal ψ, so
   ``ci_coverage_median_psi`` (coverage of the median) falls as studies grow — both are shown;
-* ``power_effect`` — share of replicates whose task-time effect has a participant-clustered
-  p < 0.05 (parallel / crossover designs).
+* ``power_effect`` — share of replicates whose task-time effect is significant (CR2
+  participant-clustered p < 0.05) *and* in the true direction (the fast arm saves time);
+  ``effect_wrong_direction`` — significant in the wrong direction (parallel / crossover);
+* ``prompts_simulated`` — the prompts per participant actually simulated (tasks × prompts
+  per task, which can differ from the requested ``prompts``).
 
 Replicates are independent seeded jobs (seed, cell, replicate), spread over worker processes;
 results do not depend on the number of workers.
@@ -37,10 +40,12 @@ from .workers import run_jobs
 ProgressFn = Callable[[int, int], None]  # (replicates done, total)
 
 GRID_COLUMNS = [
-    "participants", "prompts", "sims", "truth", "threshold_s", "power_threshold",
+    "participants", "prompts", "prompts_simulated", "sims", "truth", "threshold_s",
+    "power_threshold",
     "power_threshold_ci_lo", "power_threshold_ci_hi", "ci_coverage",
     "ci_coverage_median_psi", "psi_star_s", "median_psi_s",
-    "median_ci_decades", "fit_failures", "power_effect", "mean_effect", "effect_failures",
+    "median_ci_decades", "fit_failures", "power_effect", "effect_wrong_direction",
+    "mean_effect", "effect_failures",
     "seconds_per_sim",
 ]
 
@@ -98,6 +103,8 @@ def run_replicate(config: Any, truth: str, threshold_s: float, n_part: int, n_pr
         psi_star = pseudo_true_psi(w, expected_switch_probability(w, params))
     row: dict[str, Any] = {
         "participants": n_part, "prompts": n_prompts, "rep": rep, "seed": s,
+        # Tasks × prompts per task can differ from the request (10 over 4 tasks is 3 × 4 = 12).
+        "prompts_simulated": tasks * per_task,
         "psi_star": psi_star,
         "fit_ok": thr.get("psi_s") is not None, "found": bool(thr.get("found")),
         "psi_s": thr.get("psi_s"), "p_exists": thr.get("p_exists"),
@@ -159,7 +166,9 @@ def summarize(reps: pd.DataFrame, truth: str, threshold_s: float) -> pd.DataFram
         decades = np.log10(fit["ci_hi"].astype(float) / fit["ci_lo"].astype(float))
         eff = g[g["effect_ok"]]
         out.append({
-            "participants": int(n), "prompts": int(k), "sims": sims, "truth": truth,
+            "participants": int(n), "prompts": int(k),
+            "prompts_simulated": int(g["prompts_simulated"].iloc[0]), "sims": sims,
+            "truth": truth,
             "threshold_s": threshold_s,
             "power_threshold": found / sims,
             "power_threshold_ci_lo": float(lo), "power_threshold_ci_hi": float(hi),
@@ -170,7 +179,13 @@ def summarize(reps: pd.DataFrame, truth: str, threshold_s: float) -> pd.DataFram
             "median_psi_s": float(fit["psi_s"].median()) if len(fit) else None,
             "median_ci_decades": float(decades.median()) if len(fit) else None,
             "fit_failures": int(sims - len(fit)),
-            "power_effect": float((eff["effect_p"].astype(float) < 0.05).mean())
+            # Success is a significant effect in the true direction (the fast arm saves time:
+            # estimate < 0); a significant slowdown is an error, counted separately.
+            "power_effect": float(((eff["effect_p"].astype(float) < 0.05)
+                                   & (eff["effect"].astype(float) < 0)).mean())
+            if len(eff) else None,
+            "effect_wrong_direction": float(((eff["effect_p"].astype(float) < 0.05)
+                                             & (eff["effect"].astype(float) > 0)).mean())
             if len(eff) else None,
             "mean_effect": float(eff["effect"].astype(float).mean()) if len(eff) else None,
             "effect_failures": int(sims - len(eff)) if len(eff) else None,

@@ -193,7 +193,9 @@ def power(
         table.add_column(col, justify="right")
     for row in grid.itertuples():
         table.add_row(
-            str(row.participants), str(row.prompts),
+            str(row.participants),
+            str(row.prompts) if row.prompts == row.prompts_simulated
+            else f"{row.prompts_simulated} (asked {row.prompts})",
             f"{row.power_threshold:.2f} ({row.power_threshold_ci_lo:.2f}–"
             f"{row.power_threshold_ci_hi:.2f})",
             _num(row.ci_coverage, ".2f"), _num(row.median_psi_s, ".3g"),

@@ -70,6 +70,7 @@ def test_summarize_counts_coverage() -> None:
         "psi_s": [7.0, 9.0, 20.0, None], "ci_lo": [5.0, 6.0, 15.0, None],
         "ci_hi": [9.0, 12.0, 30.0, None], "effect_ok": False, "effect": None,
         "effect_p": None, "seconds": 1.0, "psi_star": [6.0, 6.5, 6.2, None],
+        "prompts_simulated": 32,
     })
     row = summarize(reps, "hinge", 8.0).iloc[0]
     assert row["power_threshold"] == 0.5
@@ -108,3 +109,18 @@ def test_cli_power_writes_csv_and_table(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "--participants" in bad.stderr
     missing = CliRunner().invoke(app, ["--study", str(tmp_path / "none.toml")])
     assert missing.exit_code == 2 and "not found" in missing.stderr
+
+
+def test_effect_power_counts_only_the_true_direction_and_simulated_prompts() -> None:
+    reps = pd.DataFrame({
+        "participants": 10, "prompts": 10, "prompts_simulated": 12, "rep": [0, 1, 2, 3],
+        "fit_ok": False, "found": False, "psi_s": None, "ci_lo": None, "ci_hi": None,
+        "psi_star": None, "seconds": 1.0, "effect_ok": True,
+        "effect": [-0.2, 0.3, -0.1, -0.05], "effect_p": [0.01, 0.01, 0.2, 0.04],
+    })
+    row = summarize(reps, "flat", 8.0).iloc[0]
+    assert row["power_effect"] == 0.5  # a significant slowdown is not power
+    assert row["effect_wrong_direction"] == 0.25
+    assert row["prompts_simulated"] == 12 and row["prompts"] == 10
+    cfg = config_for("parallel")
+    assert design_tasks(cfg, 10) == (4, 2)  # 10 asked, 8 simulated: the grid must say so
