@@ -99,10 +99,17 @@ def filter_cycles(table: pd.DataFrame, f: Any, task_names: dict[int, str] | None
 
 def _fit(cycles: pd.DataFrame, wait_col: str, median_tokens: float | None,
          n_boot: int) -> tuple[dict[str, Any], Any]:
-    from flowtrial.analysis.report_sections import threshold_section
+    from flowtrial.analysis.report_sections import personal_section, threshold_section
 
-    return threshold_section(cycles, wait_col, "switched", n_boot=n_boot, seed=0,
-                             median_tokens=median_tokens)
+    summary, res = threshold_section(cycles, wait_col, "switched", n_boot=n_boot, seed=0,
+                                     median_tokens=median_tokens)
+    # The headline: median personal threshold and spread. One process: this runs on a
+    # thread of the Streamlit server, where forking worker processes is unsafe.
+    all_col = "switched_2s" if "switched_2s" in cycles.columns else None
+    summary["personal"] = personal_section(cycles, wait_col, "switched", summary,
+                                           median_tokens=median_tokens,
+                                           all_switch_col=all_col, workers=1)
+    return summary, res
 
 
 def threshold_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, *, block: bool,

@@ -57,8 +57,10 @@ def test_every_page_renders_with_the_study_numbers(small_study: Path,
     assert metric(at, "Task-time effect of").endswith("%")
 
     render(at, "pages/threshold.py")
-    psi = metric(at, "ψ (seconds)")
+    psi = metric(at, "Median personal threshold")
     assert psi == "—" or psi.endswith(" s")
+    tau = metric(at, "Spread τ (log-sd)")
+    assert tau == "—" or float(tau) >= 0
     assert any("switch-vs-wait" in d.label or "switch vs wait" in d.label
                for d in at.get("download_button"))
 
