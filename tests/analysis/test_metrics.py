@@ -281,3 +281,12 @@ def test_metrics_recover_simulator_truth(time_scale: float) -> None:
                                truth["time_away_s"].to_numpy()[sw], atol=1e-6)
     np.testing.assert_allclose(t["experienced_ttft_s"], truth["ttft_s"], rtol=1e-9)
     assert (t["decision"] != "none").all() and t["review_time_s"].gt(0).all()
+    # The idle wait uses the study's [analysis] reading_tps: a slower reader idles less.
+    data["analysis"] = {"reading_tps": 3.0}
+    slow = cycle_table_from_frames(frames_from_tables(tables, parse_study(data)))
+    slow = slow.set_index("cycle_id").loc[t.index]
+    expect = idle_wait_s(t["experienced_ttft_s"], t["tokens_completion"].astype(float),
+                         t["achieved_tps"], 3.0)
+    np.testing.assert_allclose(slow["idle_wait_s"], expect, rtol=1e-9)
+    assert (slow["idle_wait_s"] <= t["idle_wait_s"] + 1e-12).all()
+    assert (slow["idle_wait_s"] < t["idle_wait_s"] - 1e-6).any()

@@ -165,3 +165,15 @@ def test_explicit_mock_with_named_endpoints_is_refused() -> None:
     d["upstream"] = {"kind": "mock", "openai": {"base_url": "https://o/v1", "api_key_env": "K"}}
     assert problems(d) == ['upstream: kind = "mock" (the built-in simulated model) would ignore '
                            "[upstream.openai]: remove kind, or set it to the endpoint to use"]
+
+
+def test_analysis_reading_speed_is_a_validated_setting() -> None:
+    assert parse_study(base()).analysis.reading_tps == 5.3
+    d = base()
+    d["analysis"] = {"reading_tps": 4.0}
+    assert parse_study(d).analysis.reading_tps == 4.0
+    d["analysis"] = {"reading_tps": 300}
+    (msg,) = problems(d)
+    assert msg.startswith("analysis.reading_tps:") and "50" in msg
+    d["analysis"] = {"reading_speed": 4.0}
+    assert problems(d)[0].startswith("analysis.reading_speed")
