@@ -127,6 +127,7 @@ def timing(psi: float, workers: int) -> tuple[float, float]:
     ``workers``. CPU counts this process and its workers: on a shared machine the wall time
     depends on the other load, the CPU time does not."""
     import resource
+
     import pandas as pd
 
     from flowtrial.analysis.personal_threshold import (
