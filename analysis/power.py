@@ -94,13 +94,18 @@ def run_replicate(config: Any, truth: str, threshold_s: float, n_part: int, n_pr
                                median_tokens=med)
     psi_star = None
     if truth == "hinge" and len(ok):
-        from flowtrial.study.simulator.params import expected_switch_probability
+        from flowtrial.study.simulator.params import (
+            detection_share,
+            expected_switch_probability,
+        )
 
         from .threshold import pseudo_true_psi
 
         w = ok["idle_wait_s"].to_numpy(float)
         w = w[np.isfinite(w) & (w > 0)]
-        psi_star = pseudo_true_psi(w, expected_switch_probability(w, params))
+        # The curve of *counted* switches: the rule misses those shorter than its minimum.
+        counted = detection_share(params, config.capture.switch_min_away_s)
+        psi_star = pseudo_true_psi(w, counted * expected_switch_probability(w, params))
     row: dict[str, Any] = {
         "participants": n_part, "prompts": n_prompts, "rep": rep, "seed": s,
         # Tasks × prompts per task can differ from the request (10 over 4 tasks is 3 × 4 = 12).
