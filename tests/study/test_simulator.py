@@ -243,3 +243,20 @@ def test_random_intercepts_shift_each_persons_switch_rate() -> None:
     assert np.corrcoef(rate.to_numpy(), expected)[0, 1] > 0.6
     flat_rate = base["cycle_truth"].groupby("participant_id")["switched"].mean()
     assert rate.std() > 1.5 * flat_rate.std()
+
+
+def test_detection_share_is_the_share_of_switches_long_enough() -> None:
+    from flowtrial.study.simulator.params import detection_share, expected_switch_probability
+
+    params = SimParams(switch_intercept_sd=0.8)
+    frames = simulate_virtual_frames(wide_config(seed=2), params, 100, 2, 30, seed=3)
+    t = frames["cycle_truth"]
+    away = t.loc[t["switched"], "time_away_s"]
+    share = detection_share(params, 10.0)
+    assert 0.85 < share < 0.95 and detection_share(params, 0) == 1.0
+    assert abs((away >= 10).mean() - share) < 4 * math.sqrt(share * (1 - share) / len(away))
+    # Population-averaged P(switch) integrates the intercepts too: the mean rate matches.
+    expected = expected_switch_probability(t["idle_wait_s"].to_numpy(), params).mean()
+    assert abs(t["switched"].mean() - expected) < 0.02
+    no_ri = expected_switch_probability(t["idle_wait_s"].to_numpy(), SimParams()).mean()
+    assert expected > no_ri  # a logit-normal intercept raises the mean of a low rate
