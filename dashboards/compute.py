@@ -99,17 +99,32 @@ def filter_cycles(table: pd.DataFrame, f: Any, task_names: dict[int, str] | None
 
 def _fit(cycles: pd.DataFrame, wait_col: str, median_tokens: float | None,
          n_boot: int) -> tuple[dict[str, Any], Any]:
-    from flowtrial.analysis.report_sections import personal_section, threshold_section
+    from flowtrial.analysis.report_sections import threshold_section
 
-    summary, res = threshold_section(cycles, wait_col, "switched", n_boot=n_boot, seed=0,
-                                     median_tokens=median_tokens)
-    # The headline: median personal threshold and spread. One process: this runs on a
-    # thread of the Streamlit server, where forking worker processes is unsafe.
+    return threshold_section(cycles, wait_col, "switched", n_boot=n_boot, seed=0,
+                             median_tokens=median_tokens)
+
+
+def _personal(cycles: pd.DataFrame, wait_col: str, summary: dict[str, Any],
+              median_tokens: float | None) -> dict[str, Any]:
+    from flowtrial.analysis.report_sections import personal_section
+
+    # One process: this runs on a thread of the Streamlit server, where forking worker
+    # processes is unsafe.
     all_col = "switched_2s" if "switched_2s" in cycles.columns else None
-    summary["personal"] = personal_section(cycles, wait_col, "switched", summary,
-                                           median_tokens=median_tokens,
-                                           all_switch_col=all_col, workers=1)
-    return summary, res
+    return personal_section(cycles, wait_col, "switched", summary, median_tokens=median_tokens,
+                            all_switch_col=all_col, workers=1)
+
+
+def personal_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, summary: dict[str, Any],
+                 *, block: bool = False) -> dict[str, Any] | None:
+    """The report's personal-threshold section (median personal ψ, τ, verdict) on
+    ``cycles``, or None while it is still being fitted (it takes longer than ψ*)."""
+    ok = cycles[cycles["status"].astype(str) == "ok"]
+    tok = pd.to_numeric(ok["tokens_completion"], errors="coerce").dropna()
+    median_tokens = float(tok.median()) if len(tok) else None
+    return get(("personal", key, wait_col), _personal, cycles, wait_col, summary, median_tokens,
+               block=block)
 
 
 def threshold_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, *, block: bool,

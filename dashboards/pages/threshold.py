@@ -46,7 +46,10 @@ def show(table: pd.DataFrame) -> None:
                 "appears here in a few seconds.")
         return
     summary, res = fit
-    pt = summary.get("personal") or {}
+    pt = compute.personal_fit(key, cyc, wait_col, summary) or {}
+    if not pt:
+        st.info("Fitting the personal thresholds (random-breakpoint model); the median "
+                "personal threshold and the spread appear here when it is done.")
     m = st.columns(4)
     med = pt.get("median_psi_s")
     pci = pt.get("ci_s") or [None, None]
