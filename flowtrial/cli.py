@@ -17,9 +17,15 @@ from dataclasses import dataclass
 import click
 import typer
 from rich.console import Console
-from typer.core import TyperGroup
+from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from .study.errors import FlowtrialError
+
+try:  # typer >= 0.25 carries its own copy of click; its exceptions are the ones raised
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover - older typer runs on click itself
+    from click.exceptions import NoArgsIsHelpError, UsageError
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,11 @@ COMMANDS: dict[str, CommandSpec] = {
     "init": CommandSpec(
         "flowtrial.study.commands:init",
         "Write a commented example study file to edit.",
+        _STUDY),
+    "validate": CommandSpec(
+        "flowtrial.study.commands:validate",
+        "Check a study file without touching any database: one line per problem (exit code "
+        "2), or a short summary of the design when it is valid.",
         _STUDY),
     "enroll": CommandSpec(
         "flowtrial.study.commands:enroll",
@@ -131,7 +142,8 @@ err_console = Console(stderr=True)
 def fail(message: str) -> typer.Exit:
     """Print a one-line problem to stderr and return the exit to raise (code 2)."""
     for line in message.splitlines():
-        err_console.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)
+        # escape: a message may quote a table name such as [per_prompt], not markup
+        err_console.print(f"[red]error:[/red] {escape(line)}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -145,12 +157,54 @@ def missing_extra_message(exc: ModuleNotFoundError) -> str | None:
             f"pip install 'flowtrial[{extra}]'")
 
 
+def usage_error(exc: UsageError) -> typer.Exit:
+    """A usage error (missing or bad option, unknown command) as one line, exit code 2.
+
+    Typer would print click's usage block and a boxed message; the one line names the
+    problem and where the help is.
+    """
+    message = exc.format_message().strip().rstrip(".")
+    message = message[:1].lower() + message[1:]
+    path = exc.ctx.command_path if exc.ctx is not None else "flowtrial"
+    return fail(f"{path}: {message} (see `{path} --help`)")
+
+
+def _hide_flag_types(params: list[click.Parameter]) -> list[click.Parameter]:
+    """Typer's rich help shows an option's type next to it (``--db <str>``), flags included
+    (``--json <bool>``, ``--help <bool>``), although a flag takes no value: its plain help
+    leaves flags out, its rich help does not. An empty metavar shows nothing for them."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+def _parse_args(parse: object, ctx: click.Context, args: list[str]) -> list[str]:
+    """Parse, making sure a usage error knows its command (the option parser's do not)."""
+    try:
+        return parse(ctx, args)  # type: ignore[operator, no-any-return]
+    except UsageError as exc:
+        if exc.ctx is None:
+            exc.ctx = ctx
+        raise
+
+
+class Command(TyperCommand):
+    """A typer command whose help shows no type for flags and whose usage errors name it."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        return _hide_flag_types(super().get_params(ctx))
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return _parse_args(super().parse_args, ctx, args)
+
+
 def load_command(name: str) -> click.Command:
     """Import the command's module and build its click command (with typer, as usual)."""
     module_name, attr = COMMANDS[name].target.split(":")
     function = getattr(importlib.import_module(module_name), attr)
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    single.command(name)(function)
+    single.command(name, cls=Command)(function)
     return typer.main.get_command(single)
 
 
@@ -177,6 +231,21 @@ class LazyGroup(TyperGroup):
             return stub
         return load_command(cmd_name)
 
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        return _hide_flag_types(super().get_params(ctx))
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return _parse_args(super().parse_args, ctx, args)
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: object) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)  # type: ignore[arg-type]
+        except NoArgsIsHelpError:
+            raise
+        except UsageError as exc:
+            raise usage_error(exc) from None
+
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         self._listing = True
         try:
@@ -189,6 +258,8 @@ class LazyGroup(TyperGroup):
             return super().invoke(ctx)
         except FlowtrialError as exc:
             raise fail(str(exc)) from None
+        except UsageError as exc:
+            raise usage_error(exc) from None
         except ModuleNotFoundError as exc:
             advice = missing_extra_message(exc)
             if advice is None:
