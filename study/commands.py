@@ -86,7 +86,8 @@ def enroll(
             raise FlowtrialError(msg) from None
     database = init_db(db, config, study.read_text(encoding="utf-8"))
     p, key, assignments = do_enroll(database, config, participant, consent_at=consent)
-    console.print(f"Enrolled [bold]{p.id}[/bold]: {_assignment_text(config.study.design, assignments)}.")
+    assigned = _assignment_text(config.study.design, assignments)
+    console.print(f"Enrolled [bold]{p.id}[/bold]: {assigned}.")
     console.print("API key (shown once, give it to the participant):")
     # The key goes to stdout alone on its line so scripts can capture it.
     print(key)
