@@ -143,7 +143,8 @@ def threshold(
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Estimate the flow threshold ψ: hinge logistic of P(switch) on log wait (DESIGN §6.3)."""
+    """Estimate the flow threshold ψ: hinge logistic of P(switch) on log wait
+    (docs/concepts/analysis.md)."""
     from . import AnalysisInputError
     from .threshold import fit_threshold
 

@@ -107,8 +107,8 @@ COMMANDS: dict[str, CommandSpec] = {
         _ANALYSE),
     "threshold": CommandSpec(
         "flowtrial.analysis.commands:threshold",
-        "Estimate the flow threshold ψ: hinge logistic of P(switch) on log wait (DESIGN "
-        "§6.3).",
+        "Estimate the flow threshold ψ: hinge logistic of P(switch) on log wait "
+        "(docs/concepts/analysis.md).",
         _ANALYSE),
     "power": CommandSpec(
         "flowtrial.analysis.report_commands:power",
