@@ -115,6 +115,11 @@ COMMANDS: dict[str, CommandSpec] = {
         "Power analysis by simulation: power to detect the flow threshold, CI coverage of the "
         "true ψ and power of the task-time effect, per participants × prompts cell.",
         _ANALYSE),
+    "notebooks": CommandSpec(
+        "flowtrial.analysis.commands:notebooks",
+        "Open the analysis notebooks (task effects, flow threshold, power) in JupyterLab on a "
+        "study database.",
+        _ANALYSE),
     "dashboard": CommandSpec(
         "flowtrial.dashboards.commands:dashboard",
         "Open the study dashboard (Streamlit): overview, flow timeline, arms, flow threshold "
@@ -133,7 +138,7 @@ EXTRA_OF_MODULE = {
     "httpx": "proxy", "jinja2": "analysis", "statsmodels": "analysis",
     "matplotlib": "analysis", "threadpoolctl": "analysis", "streamlit": "dashboard",
     "altair": "dashboard", "psycopg": "postgres", "openai": "demo", "pyarrow": "parquet",
-    "aw_client": "activitywatch",
+    "aw_client": "activitywatch", "jupyterlab": "notebooks",
 }
 
 err_console = Console(stderr=True)
