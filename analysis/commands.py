@@ -186,7 +186,8 @@ def notebooks(
     db: Annotated[str | None, typer.Option(
         "--db", help="Study database the notebooks read (a SQLite path or a SQLAlchemy URL; "
         "default: the demo's flowtrial-demo/flowtrial.db, here or in a folder above).")] = None,
-    port: Annotated[int, typer.Option("--port", help="Port for Jupyter (0: a free one).")] = 8888,
+    port: Annotated[int, typer.Option(
+        "--port", help="Port for Jupyter (a nearby free one if it is taken).")] = 8888,
     no_browser: Annotated[bool, typer.Option(
         "--no-browser", help="Do not open a browser; print the URL only.")] = False,
 ) -> None:
