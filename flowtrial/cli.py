@@ -44,7 +44,7 @@ _STUDY, _RUN, _ANALYSE, _CAPTURE = "Set up a study", "Run it", "Analyse", "Captu
 COMMANDS: dict[str, CommandSpec] = {
     "demo": CommandSpec(
         "flowtrial.simulate_commands:demo",
-        "Run a whole latency trial offline in about a minute: proxy, simulated participants, "
+        "Run a whole latency trial offline in about two minutes: proxy, simulated participants, "
         "analysis, report.",
         _STUDY),
     "init": CommandSpec(
