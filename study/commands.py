@@ -99,8 +99,8 @@ def _assignment_text(design: str, assignments: list) -> str:  # type: ignore[typ
         return "each prompt draws its own latency (per-prompt design)"
     if design == "parallel":
         return f"arm {assignments[0].arm}"
-    order = ", ".join(f"period {a.period}: {a.arm}" for a in assignments)
-    return f"arm sequence {order}"
+    order = " → ".join(a.arm for a in sorted(assignments, key=lambda a: a.period))
+    return f"arms by period {order}"
 
 
 def status(

@@ -171,3 +171,17 @@ def test_flags_show_no_value_type_in_help() -> None:
     r = runner.invoke(app, ["status", "--help"], env={"COLUMNS": "100"})
     assert "--db" in r.output and "<str>" in r.output  # options that take a value keep their type
     assert "--json" in r.output
+
+
+def test_enroll_in_a_crossover_names_the_arms_by_period(tmp_path: Path,
+                                                        parallel_file: Path) -> None:
+    crossover = tmp_path / "crossover.toml"
+    crossover.write_text(parallel_file.read_text().replace(
+        'design = "parallel"', 'design = "crossover"').replace(
+        'unit = "participant"', 'unit = "task"'))
+    r = runner.invoke(app, ["enroll", "--study", str(crossover), "--db",
+                            str(tmp_path / "c.db"), "--participant", "p01"])
+    assert r.exit_code == 0, r.output
+    line = r.output.splitlines()[0]
+    assert line in ("Enrolled p01: arms by period fast → slow.",
+                    "Enrolled p01: arms by period slow → fast."), r.output
