@@ -57,7 +57,7 @@ def validate(study: StudyOpt) -> None:
 
     config = load_study(study)  # raises ConfigError: one line per problem
     _warn(study_warnings(config), study)
-    console.print(escape(f"{study}: valid."), highlight=False)
+    console.print(escape(f"{study}: valid."), highlight=False, soft_wrap=True)
     for line in describe_study(config):
         console.print(escape(f"  {line}"), highlight=False, soft_wrap=True)
 
