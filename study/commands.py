@@ -39,8 +39,9 @@ def init(
     from .config import example_study_text
 
     path.write_text(example_study_text(), encoding="utf-8")
-    console.print(f"Wrote {path}. Edit it, check it with `flowtrial validate --study {path}`, "
-                  "then enroll participants with `flowtrial enroll`.")
+    console.print(escape(f"Wrote {path}. Edit it, check it with `flowtrial validate --study "
+                         f"{path}`, then enroll participants with `flowtrial enroll`."),
+                  highlight=False, soft_wrap=True)
 
 
 def _warn(lines: list[str], source: Path) -> None:
