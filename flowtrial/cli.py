@@ -107,8 +107,9 @@ COMMANDS: dict[str, CommandSpec] = {
         _ANALYSE),
     "threshold": CommandSpec(
         "flowtrial.analysis.commands:threshold",
-        "Estimate the flow threshold ψ: hinge logistic of P(switch) on log wait "
-        "(docs/concepts/analysis.md).",
+        "Estimate the flow threshold: the median personal threshold and the spread τ between "
+        "people (random-breakpoint hinge logistic of P(switch) on log wait), the existence "
+        "test, and the pooled onset ψ* as a secondary figure (docs/concepts/analysis.md).",
         _ANALYSE),
     "power": CommandSpec(
         "flowtrial.analysis.report_commands:power",
