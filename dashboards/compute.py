@@ -107,13 +107,19 @@ def _fit(cycles: pd.DataFrame, wait_col: str, median_tokens: float | None,
 
 def _personal(cycles: pd.DataFrame, wait_col: str, summary: dict[str, Any],
               median_tokens: float | None) -> dict[str, Any]:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
     from flowtrial.analysis.report_sections import personal_section
 
-    # One process: this runs on a thread of the Streamlit server, where forking worker
-    # processes is unsafe.
     all_col = "switched_2s" if "switched_2s" in cycles.columns else None
-    return personal_section(cycles, wait_col, "switched", summary, median_tokens=median_tokens,
-                            all_switch_col=all_col, workers=1)
+    cols = [c for c in ("participant_id", "status", wait_col, "switched", all_col) if c]
+    # In a spawned process: a fit on this server thread would hold the GIL against the page
+    # scripts for seconds, and forking a threaded server is unsafe.
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(personal_section, cycles[cols], wait_col, "switched", summary,
+                           median_tokens=median_tokens, all_switch_col=all_col,
+                           workers=1).result()
 
 
 def personal_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, summary: dict[str, Any],
