@@ -47,7 +47,8 @@ def test_effect_json(csv: Path) -> None:
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert list(data)[:3] == ["estimate", "ci", "n"]
-    assert list(data["ci"]) == ["nonrobust", "hc3", "cluster"]
+    assert list(data["ci"]) == ["cluster_cr2", "nonrobust", "hc3", "cluster"]
+    assert data["default_se"] == "cluster_cr2" and "too small" in data["imputation_note"]
     ref = estimate_effect(
         pd.read_csv(csv), TIME, "ai_treatment", "predicted_time_no_ai", "dev_id", impute="arm_mean"
     )
