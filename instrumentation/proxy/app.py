@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -234,12 +234,16 @@ async def events(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     """Liveness and load, no authentication (no participant data in it); 503 while the
-    database gate is tripped (the proxy is refusing requests)."""
+    database gate is tripped (the proxy is refusing requests); status ``degraded`` (200) once
+    a cycle's row failed for a reason not the database's or a held row was given up."""
     st = _state(request)
     gate = st.recorder.gate
-    body = {"status": "ok" if gate.ok else "unavailable", **st.snapshot(),
+    status = ("unavailable" if not gate.ok else "degraded" if gate.degraded else "ok")
+    body = {"status": status, **st.snapshot(),
             "database": gate.snapshot(),
-            "quiet_gc": st.collector.snapshot() if st.collector is not None else None}
+            "quiet_gc": st.collector.snapshot() if st.collector is not None else None,
+            "front_door": door.snapshot() if (door := getattr(request.app.state, "front_door",
+                                                               None)) is not None else None}
     if gate.ok:
         return _json(200, body)
     return _json(503, body, {"retry-after": str(RETRY_AFTER_S)})
@@ -272,6 +276,17 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return _error(exc.status_code, str(exc.detail), adapter=adapter)
 
 
+async def _client_disconnect(request: Request, exc: Exception) -> Response:
+    return _client_gone(request)
+
+
+def _client_gone(request: Request) -> Response:
+    """The client left (or was cut off by a front-door timeout) before its request was whole:
+    a quiet 400 nobody reads, no traceback."""
+    log.debug("client left mid-request on %s", request.url.path)
+    return _error(400, "the request ended before its body was complete", code="incomplete_body")
+
+
 class ProxyApp(Starlette):
     """Starlette, with the model routes dispatched straight to their endpoints: they handle
     their own errors, and skipping the middleware stack saves its wrappers on the request
@@ -292,6 +307,8 @@ class ProxyApp(Starlette):
                 request = Request(scope, receive, send)
                 try:
                     response = await endpoint(request)
+                except ClientDisconnect:  # gone mid-body (or timed out: front_door)
+                    response = _client_gone(request)
                 except OperationalError as exc:  # a database read (key, arm) failed
                     st = self.state.proxy
                     st.recorder.gate.trip(exc)
@@ -377,4 +394,5 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
     # Read-only admin endpoints (admin token) and the OpenAPI document of /flowtrial/v1.
     routes += [*admin_routes(database, config), *openapi_routes()]
     return ProxyApp(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: _http_error}, fast=fast)
+                    exception_handlers={HTTPException: _http_error,
+                                         ClientDisconnect: _client_disconnect}, fast=fast)

@@ -95,7 +95,7 @@ def proxy(
         return
     writer = make_writer(database)
     app = create_proxy_app(database, config, writer=writer, instance=instance)
-    server = make_server(app, GRACE_S)
+    server = make_server(app, GRACE_S, config.proxy)
     _print_urls(out, url)
 
     def table() -> Table:

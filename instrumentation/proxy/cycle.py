@@ -138,7 +138,8 @@ class CycleRun:
             self.rec.error = self._scrub().text(self.rec.error)
         await self.state.recorder.record(self.rec)
 
-    async def _abandon(self, why: str, status: str = "abandoned", started: bool = True) -> None:
+    async def _abandon(self, why: str, status: str = "abandoned", started: bool = True) -> bool:
+        """Record the cycle as ended early; whether its row is durable."""
         rec = self.rec
         self.finalizing = True
         rec.status = status
@@ -149,6 +150,8 @@ class CycleRun:
             await self._record()
         except Exception:  # noqa: BLE001 - nobody is left to tell; the counter shows it
             self.state.errors += 1
+            return False
+        return True
 
     # ------------------------------------------------------------------ output buffer
     async def _flush(self) -> None:

@@ -29,7 +29,8 @@ _READ = 65536
 class _Parser:
     """httptools callbacks, collecting one response."""
 
-    __slots__ = ("headers", "chunks", "headers_done", "complete", "keep_alive", "parser")
+    __slots__ = ("headers", "chunks", "headers_done", "complete", "keep_alive", "parser",
+                 "interim")
 
     def __init__(self) -> None:
         self.headers: list[tuple[bytes, bytes]] = []
@@ -37,12 +38,19 @@ class _Parser:
         self.headers_done = False
         self.complete = False
         self.keep_alive = False
+        self.interim = False  # a 1xx (100 Continue, 103 Early Hints) is being skipped
         self.parser: httptools.HttpResponseParser | None = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code() if self.parser else 200
+        if 100 <= status < 200 and status != 101:
+            # An interim response is never the answer (RFC 9110 §15.2): wait for the final one.
+            self.interim = True
+            self.headers = []
+            return
         self.headers_done = True
         # Ask now: after the message completes the parser resets and always says False.
         self.keep_alive = bool(self.parser and self.parser.should_keep_alive())
@@ -51,6 +59,9 @@ class _Parser:
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         self.complete = True
 
 

@@ -146,14 +146,16 @@ class Exchange(CycleRun):
         except Exception as exc:
             # A bug or an unexpected upstream shape: still record the cycle, answer 500.
             log.exception("cycle %s failed", rec.id)
+            recorded = False
             if not self.finalizing:
-                await self._abandon(f"proxy error: {type(exc).__name__}: {exc}", "error",
-                                    started=self.started)
+                recorded = await self._abandon(f"proxy error: {type(exc).__name__}: {exc}",
+                                               "error", started=self.started)
             if self.started:
                 raise
+            # "recorded" only when a row exists (a held one is written later: not yet).
             await self._send_whole(500, self.adapter.error_body(
-                "flowtrial proxy error (recorded): see the proxy's log", "server_error",
-                "proxy_error"))
+                "flowtrial proxy error" + (" (recorded)" if recorded else "")
+                + ": see the proxy's log", "server_error", "proxy_error"))
         finally:
             watcher.cancel()
             st.close_cycle(rec.id)

@@ -25,11 +25,12 @@ from typing import Any
 
 import uvicorn
 
-from flowtrial.study.config import StudyConfig
+from flowtrial.study.config import ProxySection, StudyConfig
 from flowtrial.study.errors import FlowtrialError
 from flowtrial.study.storage import Database, RecordWriter, init_db
 
 from .app import create_proxy_app
+from .front_door import WS_FRAME_SLACK, FrontDoorStats, Limits, guarded_protocol
 from .state import ProxyState, close_writer, make_writer
 from .upstream import Upstream, UpstreamRouter
 
@@ -80,14 +81,23 @@ class _ProxyServer(uvicorn.Server):
             self.should_exit = True
 
 
-def make_server(app: Any, grace_s: float, log_level: str = "warning") -> uvicorn.Server:
-    """A uvicorn server for the proxy app (no access log: it costs time on every request)."""
+def make_server(app: Any, grace_s: float, settings: ProxySection | None = None,
+                log_level: str = "warning") -> uvicorn.Server:
+    """A uvicorn server for the proxy app (no access log: it costs time on every request),
+    behind the front door's limits from ``settings`` (the study's ``[proxy]``)."""
+    settings = settings or ProxySection()
+    limits = Limits.from_config(settings)
+    stats = FrontDoorStats()
+    app.state.front_door = stats  # the health endpoint shows what was refused
     config = uvicorn.Config(
         app, log_level=log_level, access_log=False, lifespan="on",
-        timeout_graceful_shutdown=max(1, round(grace_s)), timeout_keep_alive=75,
+        http=guarded_protocol(limits, stats),
+        timeout_graceful_shutdown=max(1, round(grace_s)),
+        timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
         # WebSocket turns are one small frame per token: compressing each costs the loop
         # ~7 µs a frame (15 % of its time at 100 streams) to save bytes on loopback/LAN.
         ws_per_message_deflate=False,
+        ws_max_size=settings.max_body_bytes + WS_FRAME_SLACK,  # larger: close 1009
     )
     return _ProxyServer(config)
 
@@ -126,7 +136,7 @@ def serve_proxy(db: str | Path, config: StudyConfig, host: str = "127.0.0.1", po
         close_writer(writer)
         database.dispose()
         raise
-    server = make_server(app, grace_s)
+    server = make_server(app, grace_s, config.proxy)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                               name="flowtrial-proxy", daemon=True)
     thread.start()

@@ -63,7 +63,10 @@ _HOP = {
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "trailers", "transfer-encoding", "upgrade", "content-length", "host",
 }
-_REQUEST_DROP = _HOP | {"authorization", "x-api-key", "api-key", "accept-encoding", "cookie"}
+# ``expect``: the proxy has the whole body before it calls the upstream, so a client's
+# ``100-continue`` has been answered already (RFC 9110 §10.1.1) and is not passed on.
+_REQUEST_DROP = _HOP | {"authorization", "x-api-key", "api-key", "accept-encoding", "cookie",
+                        "expect"}
 _RESPONSE_DROP = _HOP | {"content-encoding", "set-cookie", "date", "server", CYCLE_HEADER}
 
 

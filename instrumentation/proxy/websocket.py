@@ -148,12 +148,15 @@ class SocketTurn(CycleRun):
             raise
         except Exception as exc:  # noqa: BLE001 - record it, tell the client, keep the socket
             log.exception("cycle %s failed", rec.id)
+            recorded = False
             if not self.finalizing:
-                await self._abandon(f"proxy error: {type(exc).__name__}: {exc}", "error")
+                recorded = await self._abandon(f"proxy error: {type(exc).__name__}: {exc}",
+                                               "error")
             if not self.conn.closed:
                 try:
-                    await self.conn.send(ws_error("flowtrial proxy error (recorded): see the "
-                                                  "proxy's log", "server_error", "proxy_error"))
+                    await self.conn.send(ws_error(
+                        "flowtrial proxy error" + (" (recorded)" if recorded else "")
+                        + ": see the proxy's log", "server_error", "proxy_error"))
                 except Exception:  # noqa: BLE001 - the socket died too
                     pass
         finally:
@@ -228,11 +231,13 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
     conn = _Connection(state, participant, send, forwardable_request_headers(headers),
                        key_from_headers(headers))
     inbox: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
+    queued = 0  # bytes (characters) of the messages waiting in the inbox
     current: asyncio.Task[None] | None = None
     turn: SocketTurn | None = None
 
     async def read() -> None:
         # Reads concurrently with a running turn, so a disconnect cancels it at once.
+        nonlocal queued
         while True:
             msg = await receive()
             if msg["type"] == "websocket.disconnect":
@@ -246,12 +251,28 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
                 raw = msg.get("text")
                 if raw is None:
                     raw = (msg.get("bytes") or b"").decode("utf-8", "replace")
+                if queued + len(raw) > state.ws_inbox_bytes:
+                    # Messages sent faster than turns end would queue without bound: a
+                    # policy violation (1008); the running turn ends as abandoned.
+                    log.warning("websocket connection %s: more than %d bytes of messages "
+                                "waiting (proxy.ws_inbox_bytes): closed", conn.id,
+                                state.ws_inbox_bytes)
+                    conn.closed = True
+                    if current is not None and not current.done() and turn is not None \
+                            and not turn.finalizing:
+                        current.cancel()
+                    inbox.put_nowait(None)
+                    await send({"type": "websocket.close", "code": 1008,
+                                "reason": "too many queued messages (proxy.ws_inbox_bytes)"})
+                    return
+                queued += len(raw)
                 inbox.put_nowait((time.monotonic_ns(), raw))
 
     reader = asyncio.create_task(read())
     try:
         while (item := await inbox.get()) is not None:
             t_request, raw = item
+            queued -= len(raw)
             await give_way()  # reading a large message must not hold up a due first token
             message = _check(raw, state.max_body_bytes)
             if isinstance(message, bytes):

@@ -57,7 +57,7 @@ def _worker_main(db: str, config: StudyConfig, sock: socket.socket, k: int,
     name = f"{instance}/{k}" if instance else None
     app = create_proxy_app(database, config, writer=writer, instance=name,
                            page_secret=page_secret)
-    server = make_server(app, grace_s)
+    server = make_server(app, grace_s, config.proxy)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         server.run(sockets=[sock])
