@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 from concurrent.futures import Future
+from typing import Any
 
 import httpx
 import openai
