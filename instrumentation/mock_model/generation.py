@@ -38,7 +38,9 @@ class Generation:
 
 def generate(turn: Turn, corpus: Corpus, seed: int) -> Generation:
     """Choose and cut the answer for `turn`; the same seed and request give the same text."""
-    digest = hashlib.blake2b(turn.key.encode("utf-8"), digest_size=16).hexdigest()
+    # surrogatepass: a prompt may hold a lone surrogate (JSON "\udfff"); it still has a digest.
+    digest = hashlib.blake2b(turn.key.encode("utf-8", "surrogatepass"),
+                             digest_size=16).hexdigest()
     rng = random.Random(f"{seed}/{digest}")
     if turn.schema is not None:  # structured output: JSON that fits the schema, not prose
         source = json_answer(turn.schema, turn.focus_text)

@@ -8,6 +8,7 @@ Shapes follow the official API (and what the `openai` SDK's types parse): chunk 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -32,8 +33,16 @@ __all__ = [
 DONE = b"data: [DONE]\n\n"
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    """Compact JSON text; a lone surrogate the request brought (a model name echoed back) is
+    escaped as ``\\udfff`` so that the text still encodes as UTF-8."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    if not text.isascii() and _LONE_SURROGATE.search(text):
+        return json.dumps(obj, separators=(",", ":"))
+    return text
 
 
 def sse_data(obj: Any) -> bytes:

@@ -89,7 +89,11 @@ class _Connection:
         self.closed = False
 
     async def send(self, frame: bytes) -> None:
-        await self._send({"type": "websocket.send", "text": _text(frame)})
+        try:
+            await self._send({"type": "websocket.send", "text": _text(frame)})
+        except OSError:  # uvicorn's ClientDisconnected: the socket is gone (or was closed)
+            self.closed = True
+            raise
 
     def upstream(self) -> UpstreamSocket:
         """The upstream session (opened on first use; raises UpstreamError)."""
@@ -147,6 +151,9 @@ class SocketTurn(CycleRun):
                                     else "proxy shut down mid-answer")
             raise
         except Exception as exc:  # noqa: BLE001 - record it, tell the client, keep the socket
+            if self.conn.closed and not self.finalizing:  # the socket went away mid-send
+                await self._abandon("client disconnected")
+                return
             log.exception("cycle %s failed", rec.id)
             recorded = False
             if not self.finalizing:
@@ -270,7 +277,7 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
 
     reader = asyncio.create_task(read())
     try:
-        while (item := await inbox.get()) is not None:
+        while (item := await inbox.get()) is not None and not conn.closed:
             t_request, raw = item
             queued -= len(raw)
             await give_way()  # reading a large message must not hold up a due first token
