@@ -124,6 +124,6 @@ def neutralize_formulas(df: pd.DataFrame) -> pd.DataFrame:
     (OWASP's CSV injection advice); numbers (a negative one too) are left alone."""
     out = df.copy()
     for c in out.columns:
-        if out[c].dtype == object:
+        if out[c].dtype == object or pd.api.types.is_string_dtype(out[c].dtype):
             out[c] = out[c].map(_defuse)
     return out

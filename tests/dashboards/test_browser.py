@@ -86,3 +86,45 @@ def test_every_page_loads_in_chromium(small_study: Path) -> None:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_dns_rebinding_and_password_in_chromium(small_study: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real server behind a password: Chromium reaching it under another site's name
+    (DNS rebinding: evil.example resolving to 127.0.0.1) sees no study data, under its own
+    name it sees the password form, and the study only once the password is entered."""
+    from playwright.sync_api import sync_playwright
+
+    port = free_port()
+    argv, env = streamlit_command(str(small_study), port, "127.0.0.1")
+    env["FLOWTRIAL_DASHBOARD_PASSWORD"] = "correct horse"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with (ARTIFACTS / "streamlit-gate.log").open("wb") as out:
+        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=ARTIFACTS)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--host-resolver-rules=MAP evil.example 127.0.0.1"])
+            page = browser.new_page()
+            page.goto(f"http://evil.example:{port}/", wait_until="domcontentloaded")
+            page.get_by_text("not served under this host name").wait_for(timeout=60_000)
+            assert page.get_by_label("Dashboard password").count() == 0
+            assert page.get_by_role("heading", name="Study overview").count() == 0
+
+            page.goto(f"http://localhost:{port}/", wait_until="domcontentloaded")
+            field = page.get_by_label("Dashboard password")
+            field.wait_for(timeout=60_000)
+            assert page.get_by_role("heading", name="Study overview").count() == 0
+            field.fill("correct horse")
+            page.get_by_role("button", name="Open the dashboard").click()
+            page.get_by_role("heading", name="Study overview").first.wait_for(timeout=60_000)
+            browser.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

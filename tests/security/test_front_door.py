@@ -171,8 +171,8 @@ def test_lone_surrogates_are_stored_replaced_and_flagged(tmp_path: Path,
                                                          new_db: Any) -> None:
     s = study(tmp_path, extra={"capture": {"content": "full"}}, where=new_db("study.db"))
     answered: list[str] = []
-    body = ('{"model": "x\\udfff", "stream": true, "max_tokens": 8, "messages": '
-            '[{"role": "user", "content": "hi \\ud800 there\\u0000"}]}').encode()
+    body = (b'{"model": "x\\udfff", "stream": true, "max_tokens": 8, "messages": '
+            b'[{"role": "user", "content": "hi \\ud800 there\\u0000"}]}')
     with proxy(s) as px:
         r = httpx.post(px.base_url + "/v1/chat/completions", content=body, timeout=30,
                        headers={"authorization": f"Bearer {s.keys['mallory']}",
