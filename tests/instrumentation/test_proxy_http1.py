@@ -213,3 +213,30 @@ def test_lean_upstream_request_line_headers_and_compressed_answer(tmp_path, monk
                     "length": str(len(b'{"model": "m", "stream": true}')), "body_ok": True,
                     "accept_encoding": "identity", "beta": "x=1"}
     assert data.endswith(b"data: [DONE]\n\n")
+
+
+def test_interim_1xx_responses_are_skipped_for_the_final_one() -> None:
+    """A server that sends 100 Continue and 103 Early Hints before its answer (RFC 9110
+    §15.2): the transport returns the final 200 with its body, never a 1xx."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.01)
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n"
+                     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\n"
+                     b"final")
+        await writer.drain()
+        writer.close()
+
+    async def main() -> tuple[int, bytes, str | None]:
+        srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        async with srv, httpx.AsyncClient(transport=LeanTransport()) as client:
+            r = await client.post(f"http://127.0.0.1:{port}/x", content=b"{}",
+                                  headers={"expect": "100-continue"})
+            return r.status_code, r.content, r.headers.get("link")
+
+    status, body, link = asyncio.run(main())
+    assert (status, body, link) == (200, b"final", None)
