@@ -241,18 +241,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                      "request_header_fields_too_large")
 
     def _head_timeout(self) -> None:
-        self._timer = None
         self._stats.header_timeouts += 1
-        self._reject(408, f"the request headers did not arrive within "
-                          f"{self._limits.header_timeout_s:g} s (proxy.header_timeout_s)",
-                     "request_timeout")
+        self._timed_out("headers", "header_timeout_s", self._limits.header_timeout_s)
 
     def _body_timeout(self) -> None:
-        self._timer = None
         self._stats.body_timeouts += 1
-        self._reject(408, f"the request body did not arrive within "
-                          f"{self._limits.body_timeout_s:g} s (proxy.body_timeout_s)",
-                     "request_timeout")
+        self._timed_out("body", "body_timeout_s", self._limits.body_timeout_s)
+
+    def _timed_out(self, what: str, setting: str, seconds: float) -> None:
+        self._timer = None
+        self._reject(408, f"the request {what} did not arrive within {seconds:g} s "
+                          f"(proxy.{setting})", "request_timeout")
 
     def _reject(self, status: int, message: str, code: str) -> None:
         """Answer ``status`` (unless an answer has begun), end the request, close lingering."""

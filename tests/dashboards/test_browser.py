@@ -45,6 +45,14 @@ def wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout: float = 30.0
     raise AssertionError("streamlit did not become healthy")
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 @pytest.mark.timeout(1200)  # five pages, each within PAGE_BUDGET_MS
 def test_every_page_loads_in_chromium(small_study: Path) -> None:
     from playwright.sync_api import sync_playwright
@@ -85,15 +93,10 @@ def test_every_page_loads_in_chromium(small_study: Path) -> None:
                 assert page.locator('[data-testid="stDownloadButton"]').count() > 0, name
             browser.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
-def test_dns_rebinding_and_password_in_chromium(small_study: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dns_rebinding_and_password_in_chromium(small_study: Path) -> None:
     """The real server behind a password: Chromium reaching it under another site's name
     (DNS rebinding: evil.example resolving to 127.0.0.1) sees no study data, under its own
     name it sees the password form, and the study only once the password is entered."""
@@ -127,8 +130,4 @@ def test_dns_rebinding_and_password_in_chromium(small_study: Path,
             page.get_by_role("heading", name="Study overview").first.wait_for(timeout=60_000)
             browser.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
