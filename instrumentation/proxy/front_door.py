@@ -45,6 +45,10 @@ log = logging.getLogger("flowtrial.proxy")
 LINGER_S = 1.0
 #: ... and at most this much of it.
 LINGER_BYTES = 1 << 20
+#: A connection refused at the door (over max_connections) is closed right after its 503: it
+#: has usually sent nothing yet, and its socket is one of the file descriptors the limit
+#: protects (out of them, libuv accepts and drops new connections without a word).
+REFUSED_LINGER_S = 0.0
 #: A WebSocket message this much over max_body_bytes closes the socket (1009); below it the
 #: proxy answers the protocol's own 413 error and keeps the socket.
 WS_FRAME_SLACK = 64 * 1024
@@ -148,7 +152,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if len(self.connections) > self._limits.max_connections:
             self._stats.refused(self.client, len(self.connections))
             self._reject(503, "the proxy has as many open connections as it allows "
-                              "(proxy.max_connections): retry shortly", "too_many_connections")
+                              "(proxy.max_connections): retry shortly", "too_many_connections",
+                         linger_s=REFUSED_LINGER_S)
             return
         self._arm(self._limits.header_timeout_s, self._head_timeout)
 
@@ -253,7 +258,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._reject(408, f"the request {what} did not arrive within {seconds:g} s "
                           f"(proxy.{setting})", "request_timeout")
 
-    def _reject(self, status: int, message: str, code: str) -> None:
+    def _reject(self, status: int, message: str, code: str,
+                linger_s: float = LINGER_S) -> None:
         """Answer ``status`` (unless an answer has begun), end the request, close lingering."""
         if self._rejected or self.transport.is_closing():
             return
@@ -271,9 +277,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             cycle.disconnected = True  # the app's receive() now says http.disconnect
             cycle.message_event.set()
         self._head.clear()
-        if self.transport.can_write_eof():
+        if linger_s > 0 and self.transport.can_write_eof():
             self.transport.write_eof()
-            self.loop.call_later(LINGER_S, self.transport.close)
+            self.loop.call_later(linger_s, self.transport.close)
         else:
             self.transport.close()
 

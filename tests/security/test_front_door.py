@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from pathlib import Path
@@ -386,3 +387,84 @@ def test_client_gone_mid_form_is_a_quiet_400(tmp_path: Path,
         still_serving(px, s, [])
     noisy = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert not noisy, [r.getMessage() for r in noisy]
+
+
+# ---------------------------------------------------------------- 2b. the file-descriptor limit
+
+def test_idle_flood_under_a_small_open_file_limit(tmp_path: Path) -> None:
+    """Issue 19's run: `ulimit -n` small, more idle connections than it allows. The proxy
+    (its own process, under that limit) takes what fits, refuses the rest with 503 and logs
+    it; once the silent ones time out, 65 new clients are all served and recorded."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    from tests.instrumentation.test_proxy_process import ROOT, setup_study
+
+    text = ('[study]\nname = "fd-test"\ndesign = "parallel"\n[upstream.mock]\n'
+            'tokens_per_second = 100000\nttft_ms = 0\n[[arms]]\nname = "paced"\nttft_ms = 50\n'
+            'tokens_per_second = 400\n[proxy]\nheader_timeout_s = 2\n')
+    study_file, db, key = setup_study(tmp_path, text)
+    limit = 300  # the proxy can hold (300 - 64) // 2 = 118 connections under it
+
+    def small_fd_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flowtrial.instrumentation.proxy", "--study", str(study_file),
+         "--db", str(db), "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+        preexec_fn=small_fd_limit)
+    try:
+        assert proc.stdout is not None
+        url = ""
+        deadline = time.monotonic() + 60
+        while not url and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if line.startswith("OPENAI_BASE_URL="):
+                url = line.strip().split("=", 1)[1].removesuffix("/v1")
+            assert line or proc.poll() is None, "the proxy did not start"
+        port = int(url.rsplit(":", 1)[1])
+        idle = []
+        for _ in range(400):
+            c = socket.create_connection(("127.0.0.1", port), timeout=10)
+            idle.append(c)
+        answers = []
+        for c in idle:
+            c.settimeout(10)
+            try:
+                answers.append(status_of(c.recv(100)))
+            except (TimeoutError, ConnectionError) as exc:
+                answers.append(type(exc).__name__)
+        # Each got an answer: 503 at the door, or 408 once its header time was up (those
+        # the kernel queued while the proxy was out of file descriptors come in later).
+        assert set(answers) <= {503, 408}, {a: answers.count(a) for a in set(answers)}
+        assert answers.count(503) >= 100 and answers.count(408) <= 118 + 100, answers
+        for c in idle:
+            c.close()
+        time.sleep(2.5)  # the silent ones have had their 408 by now
+
+        def one(i: int) -> str | None:
+            r = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+                "model": MODEL, "stream": True, "max_tokens": 10,
+                "messages": [{"role": "user", "content": f"question {i}"}]},
+                headers={"authorization": f"Bearer {key}"})
+            ok = r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+            return r.headers["x-flowtrial-cycle-id"] if ok else None
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(16) as pool:
+            ids = list(pool.map(one, range(65)))
+        assert all(ids), f"{ids.count(None)} of 65 clients failed"
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert "ulimit -n" in err and "at most 118 connections" in err, err[-2000:]
+    assert "refused" in err and "503" in err, err[-2000:]
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        recorded = {r[0] for r in conn.execute("SELECT id FROM cycles")}
+    assert set(ids) <= recorded and len(recorded) == 65
