@@ -412,7 +412,7 @@ def test_idle_flood_under_a_small_open_file_limit(tmp_path: Path) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flowtrial.instrumentation.proxy", "--study", str(study_file),
+        [sys.executable, "-m", "flowtrial.cli", "proxy", "--study", str(study_file),
          "--db", str(db), "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
         preexec_fn=small_fd_limit)
