@@ -62,7 +62,7 @@ COMMANDS: dict[str, CommandSpec] = {
         "database).",
         _STUDY),
     "proxy": CommandSpec(
-        "flowtrial.instrumentation.proxy.commands:proxy",
+        "flowtrial.proxy_assembly:proxy",
         "Run the latency-shaping proxy: point participants' assistants at the URL it prints.",
         _RUN),
     "mock-model": CommandSpec(

@@ -8,11 +8,9 @@ streams share a commit (group commit) instead of fighting over the write lock.
 from __future__ import annotations
 
 import json
-import os
 import queue
-import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -284,18 +282,6 @@ def _merge(batches: list[WriteBatch]) -> list[WriteBatch]:
     return [WriteBatch(t, rows, ignore) for (t, ignore, _), rows in groups.items()]
 
 
-def lower_thread_priority(by: int) -> None:
-    """Raise the calling thread's nice value by ``by`` (Linux schedules threads one by one;
-    elsewhere, and where it is refused, this does nothing)."""
-    if sys.platform != "linux" or by <= 0:
-        return
-    tid = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
-    except OSError:
-        pass
-
-
 class RecordWriter:
     """One thread owns all writes; callers get a Future that resolves once rows are durable.
 
@@ -303,17 +289,15 @@ class RecordWriter:
     (group commit), so many concurrent streams cost one fsync, not one each. A failed commit
     fails every future in it: the caller must then not pretend the record exists.
 
-    ``nice``: how much lower than its process the thread runs. The proxy's writer shares the
-    CPU with the event loop when the machine is busy (or the proxy has one core); a commit
-    that ran its time slice out held the loop off for 1-4 ms (``perf sched``), late first
-    tokens. Lower, it still commits whenever the loop is idle, which is most of the time.
+    ``on_start``: called first thing in the writer thread (its owner's tuning, e.g. the
+    proxy's thread priority: :mod:`flowtrial.instrumentation.proxy.runtime_tuning`).
     """
 
     def __init__(self, engine: Engine, max_batch: int = 2000, name: str = "flowtrial-writer",
-                 nice: int = 0):
+                 on_start: Callable[[], None] | None = None):
         self.engine = engine
         self.max_batch = max_batch
-        self.nice = nice
+        self.on_start = on_start
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed = False
@@ -360,7 +344,8 @@ class RecordWriter:
                 it.future.set_result(None)
 
     def _run(self) -> None:
-        lower_thread_priority(self.nice)
+        if self.on_start is not None:
+            self.on_start()
         while True:
             first = self._queue.get()
             if first is _STOP:

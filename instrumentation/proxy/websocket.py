@@ -50,7 +50,7 @@ from .cycle import Cycle
 from .health import UNAVAILABLE_MESSAGE
 from .protocols.base import JsonFrames, openai_error
 from .protocols.responses import ResponsesSocketAdapter, ws_error
-from .releases import give_way
+from .runtime_tuning import give_way
 from .scrub import Scrubber
 from .sources import Direct, Prefetch
 from .state import ProxyState
