@@ -1,13 +1,15 @@
-"""The proxy's ASGI app (Starlette): routes, authentication, limits and lifecycle.
+"""The proxy's ASGI app (Starlette): the model routes, authentication, limits, lifecycle, and
+the extensions it is given.
 
-Routes: one per protocol adapter (``POST /v1/chat/completions``, ``/v1/completions``,
+Core routes: one per protocol adapter (``POST /v1/chat/completions``, ``/v1/completions``,
 ``/v1/responses``, ``/v1/messages``), the Responses WebSocket mode on ``ws://…/v1/responses``
 (:mod:`flowtrial.instrumentation.proxy.websocket`), ``POST /v1/messages/count_tokens``
 (authenticated, passed to the Anthropic upstream, not a cycle: no answer to shape), ``GET
-/v1/models`` (authenticated, arm-neutral), ``POST /flowtrial/v1/events`` (authenticated),
-``GET /flowtrial/v1/health`` and ``GET``/``HEAD /`` (open; Claude Code probes ``HEAD /``),
-``GET /flowtrial/v1/openapi.json`` (open) and ``GET /flowtrial/v1/admin/…`` (admin token,
-:mod:`flowtrial.instrumentation.proxy.admin`).
+/v1/models`` (authenticated, arm-neutral), ``GET /flowtrial/v1/health`` and ``GET``/``HEAD /``
+(open; Claude Code probes ``HEAD /``). Everything else comes from extensions
+(:mod:`flowtrial.instrumentation.proxy.extensions`: the event API ``POST
+/flowtrial/v1/events``, Continue's data destination, the participant page, ``GET
+/flowtrial/v1/admin/…``, ``GET /flowtrial/v1/openapi.json``), chosen by the composition root.
 Unknown paths get 404 and every error comes back in the protocol's own error shape (OpenAI's
 by default, Anthropic's on the Messages paths).
 """
