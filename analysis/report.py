@@ -1,4 +1,4 @@
-"""`flowtrial analyze`: the preregistered analysis of a study database (DESIGN.md §6).
+"""`flowtrial analyze`: the preregistered analysis of a study database (docs/concepts/analysis.md).
 
 ``run_analysis`` reads the database through the metrics layer (``flowtrial.analysis.metrics``), then
 runs, in this order:
@@ -60,8 +60,8 @@ MIN_CYCLES = 20  # below this, the report says there is too little data for wait
 def checks_section(
     config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks: pd.DataFrame
 ) -> dict[str, Any]:
-    """Checks first (DESIGN §6.1), with ``flowtrial.analysis.checks``; a check that does not apply
-    or cannot run says why in ``skipped``."""
+    """Checks first (docs/concepts/analysis.md#checks-first), with ``flowtrial.analysis.checks``; a
+    check that does not apply or cannot run says why in ``skipped``."""
     from . import checks
 
     def run(fn: Callable[[], Any]) -> dict[str, Any]:
@@ -361,7 +361,7 @@ def render_html(results: dict[str, Any], figures: dict[str, str | None]) -> str:
     """The self-contained report (jinja2 template ``analysis/templates/report.html.j2``)."""
     from jinja2 import Environment, PackageLoader, select_autoescape
 
-    env = Environment(loader=PackageLoader("analysis", "templates"),
+    env = Environment(loader=PackageLoader(__package__, "templates"),
                       autoescape=select_autoescape(["html", "j2"]))
     env.filters["fmt"] = _fmt
     env.filters["pct"] = _pct

@@ -12,8 +12,9 @@ round, rounds alternating between the two clients:
 Reported per client: CPU µs this process spends per request (``time.process_time`` over
 the round, divided by its requests: each is the same 64-token answer) and per upstream event
 (less fair: the model coalesces tokens per write when it is busy, so the faster client reads
-fewer, larger events), and the time from sending the request to its first body byte (median, p99: the latency the client adds to TTFT, the server's share
-being the same for both). The machine's floor is printed first: the lateness of a bare
+fewer, larger events), and the time from sending the request to its first body byte
+(median, p99: the latency the client adds to TTFT, the server's share being the same for
+both). The machine's floor is printed first: the lateness of a bare
 ``asyncio.sleep`` right now (``timer_noise``). ``ratio`` = httpx / lean.
 
     python benchmarks/bench_upstream_client.py [--streams 50] [--rounds 6] [--tokens 64]

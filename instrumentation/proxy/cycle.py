@@ -11,8 +11,8 @@ per event from the Responses WebSocket mode's
 delivery strategy (:mod:`~flowtrial.instrumentation.proxy.delivery`: unshaped, paced, held
 whole) that decides when text leaves. The final frame goes out only once the row is durable.
 
-Shaping rules (DESIGN.md §3): answer text is released on the schedule (split into token-sized
-whole events when there is a pace to keep; the TTFT floor holds the first text token).
+Shaping rules (docs/concepts/shaping.md): answer text is released on the schedule (split into
+token-sized whole events when there is a pace to keep; the TTFT floor holds the first text token).
 Tool-call / function-call events are passed on **as they arrive** — after any text already
 released, never re-split, never delayed by the floor — and counted in ``tool_calls``; they are
 not part of the text timeline (TTFT, pace, ``tokens_sent``). Everything else (structure,

@@ -1,6 +1,6 @@
 """The proxy's runtime timing tweaks, in one place: what they are, why, and where they apply.
 
-A first token released 1-5 ms late is a measurement error (DESIGN.md §3), and on a shared
+A first token released 1-5 ms late is a measurement error (docs/concepts/shaping.md); on a shared
 machine most of those milliseconds come from the Python runtime rather than from the proxy's
 own work. :class:`ProxyTuning` is applied once, in the proxy app's lifespan (every way of
 running the proxy — ``flowtrial proxy``, its ``--workers``, ``serve_proxy``, the demo and
