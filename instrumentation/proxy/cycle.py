@@ -185,6 +185,8 @@ class Cycle:
         is durable (the terminal event, an error event, or b"" when the stream just ended)."""
         adapter, out = self.adapter, self.out
         delivery: Delivery = delivery_for(self.pacer, out, adapter)
+        # Bound once: these run per event.
+        admit, note, content, other = self._admit, self._note, delivery.content, delivery.other
         terminal: tuple[Any, Classified] | None = None
         tail = b""
         # The upstream's error event, held back: if nothing follows it, it is the stream's
@@ -197,23 +199,23 @@ class Cycle:
                     break
                 arrival, batch = got
                 for ev, c in batch:
-                    if not self._admit(ev, c):
+                    if not admit(ev, c):
                         continue
-                    self._note(c)
+                    note(c)
                     if held_error is not None:  # more followed the error: pass it on, in order
-                        delivery.other(held_error)
+                        other(held_error)
                         held_error = None
                     kind = c.kind
                     if kind is Kind.TERMINAL:
                         terminal = (ev, c)
                         break
                     if kind is Kind.CONTENT:
-                        await delivery.content(ev, c, arrival)
+                        await content(ev, c, arrival)
                     elif kind is Kind.ERROR:
                         held_error = self.scrub().raw(adapter.restamp(ev, c))
                     else:
                         # Structure, tool-call deltas, unknown events: on arrival, in order.
-                        delivery.other(adapter.restamp(ev, c))
+                        other(adapter.restamp(ev, c))
                 if out.frames and not src.ready():
                     await out.flush()
         except UpstreamError as exc:
