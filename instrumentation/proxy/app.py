@@ -6,8 +6,9 @@ Routes: one per protocol adapter (``POST /v1/chat/completions``, ``/v1/completio
 (authenticated, passed to the Anthropic upstream, not a cycle: no answer to shape), ``GET
 /v1/models`` (authenticated, arm-neutral), ``POST /flowtrial/v1/events`` (authenticated),
 ``GET /flowtrial/v1/health`` and ``GET``/``HEAD /`` (open; Claude Code probes ``HEAD /``),
-``GET /flowtrial/v1/openapi.json`` (open) and ``GET /flowtrial/v1/admin/…`` (admin token,
-:mod:`flowtrial.instrumentation.proxy.admin`).
+``GET /flowtrial/v1/openapi.json`` (open), ``GET /flowtrial/v1/admin/…`` (admin token,
+:mod:`flowtrial.instrumentation.proxy.admin`) and ``POST /flowtrial/otlp/v1/logs|traces|metrics``
+(participant key; agents' OpenTelemetry, :mod:`flowtrial.instrumentation.telemetry.receiver`).
 Unknown paths get 404 and every error comes back in the protocol's own error shape (OpenAI's
 by default, Anthropic's on the Messages paths).
 """
@@ -272,6 +273,17 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return _error(exc.status_code, str(exc.detail), adapter=adapter)
 
 
+def _telemetry_routes(database: Database, config: StudyConfig) -> list[Any]:
+    """The OTLP receiver (``/flowtrial/otlp/v1/…``) when the ``[telemetry]`` extra is
+    installed; without it the proxy serves the rest and says why those paths are missing."""
+    try:
+        from ..telemetry.receiver import telemetry_routes
+    except ImportError as exc:
+        log.info("agent telemetry (OTLP) off: %s (pip install 'flowtrial[telemetry]')", exc)
+        return []
+    return telemetry_routes(database, config)
+
+
 class ProxyApp(Starlette):
     """Starlette, with the model routes dispatched straight to their endpoints: they handle
     their own errors, and skipping the middleware stack saves its wrappers on the request
@@ -376,5 +388,6 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
                *participant_routes(database, config, secret=page_secret)]
     # Read-only admin endpoints (admin token) and the OpenAPI document of /flowtrial/v1.
     routes += [*admin_routes(database, config), *openapi_routes()]
+    routes += _telemetry_routes(database, config)
     return ProxyApp(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error}, fast=fast)
