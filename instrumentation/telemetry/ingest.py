@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection
 
 from flowtrial.study.storage import Database
 
 from . import claude_code, codex, gemini_cli
-from .mapped import MappedEvent, custom_event
+from .mapped import Link, MappedEvent, custom_event
 from .otlp import OtelRecord
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "load_cycles",
     "map_records",
     "prepare_rows",
+    "relink",
 ]
 
 Mapper = Callable[[OtelRecord, bool], list[MappedEvent] | None]
@@ -163,6 +164,48 @@ def event_rows(pid: str, events: Iterable[MappedEvent], received_at: datetime
     return list(rows.values())
 
 
+#: How a stored event finds its cycle (the same rule its mapping gave it).
+KIND_LINK: dict[str, Link] = {
+    "turn_start": "after", "api_request": "request", "accept": "before", "reject": "before",
+    "partial_accept": "before", "tool_result": "before", "agent_wait": "before",
+    "turn_end": "before",
+}
+_UNLINKED = text(
+    "SELECT id, kind, ts_ns, duration_s, payload_json FROM events WHERE participant_id = :pid "
+    "AND source = 'otel' AND cycle_id IS NULL AND kind IN :kinds AND ts_ns BETWEEN :lo AND :hi"
+).bindparams(bindparam("kinds", expanding=True))
+_TAKEN = text(
+    "SELECT DISTINCT cycle_id FROM events WHERE participant_id = :pid AND source = 'otel' "
+    "AND kind = 'api_request' AND cycle_id IS NOT NULL AND ts_ns BETWEEN :lo AND :hi")
+_SET_CYCLE = text("UPDATE events SET cycle_id = :c WHERE id = :i AND cycle_id IS NULL")
+
+
+def relink(conn: Connection, pid: str, lo_ns: int, hi_ns: int) -> int:
+    """Link the participant's stored telemetry events that found no cycle when they arrived
+    (a prompt comes before its request is recorded); returns how many were linked."""
+    found = conn.execute(_UNLINKED, {"pid": pid, "kinds": sorted(KIND_LINK), "lo": lo_ns,
+                                     "hi": hi_ns}).all()
+    if not found:
+        return 0
+    events: list[MappedEvent] = []
+    for row_id, kind, ts_ns, duration_s, payload_json in found:
+        payload = json.loads(payload_json or "{}")
+        link = KIND_LINK[kind]
+        start = ts_ns - round(duration_s * _NS) if duration_s is not None else None
+        events.append(MappedEvent(kind, int(ts_ns), payload, duration_s, link,
+                                  payload.get("model"), start, extra={"row": row_id}))
+    taken = {r[0] for r in conn.execute(_TAKEN, {"pid": pid, "lo": lo_ns - round(
+        HORIZON_S * _NS), "hi": hi_ns + round(HORIZON_S * _NS)})}
+    cycles = [c for c in load_cycles(conn, pid, events) if c.id not in taken]
+    link_events(events, cycles)
+    n = 0
+    for e in events:
+        if "cycle_id" in e.extra:
+            n += conn.execute(_SET_CYCLE, {"c": e.extra["cycle_id"], "i": e.extra["row"]}
+                              ).rowcount
+    return n
+
+
 def prepare_rows(database: Database, pid: str, records: Iterable[OtelRecord], full: bool,
                  now_ns: int, received_at: datetime) -> list[dict[str, Any]]:
     """Map, link (reading the participant's cycles) and turn into rows; a record without a
@@ -174,4 +217,8 @@ def prepare_rows(database: Database, pid: str, records: Iterable[OtelRecord], fu
     if any(e.link != "none" for e in events):
         with database.engine.connect() as conn:
             link_events(events, load_cycles(conn, pid, events))
+    if events:  # earlier events whose cycle was still in flight when they came
+        lo = min(e.ts_ns for e in events) - round(HORIZON_S * _NS)
+        with database.engine.begin() as conn:
+            relink(conn, pid, lo, max(e.ts_ns for e in events))
     return event_rows(pid, events, received_at)

@@ -127,3 +127,38 @@ def claude_env(base_url: str, key: str) -> dict[str, str]:
         "DISABLE_TELEMETRY": "1",
         "DISABLE_ERROR_REPORTING": "1",
     }
+
+
+OTLP_PATH = "/flowtrial/otlp"  # the proxy's OTLP/HTTP receiver (exporters add /v1/<signal>)
+
+
+def claude_telemetry_env(base_url: str, key: str, *, protocol: str = "http/protobuf",
+                         traces: bool = True) -> dict[str, str]:
+    """Claude Code's OpenTelemetry settings: logs (and, with ``traces``, the beta spans)
+    to the proxy's receiver only, the participant key as the OTLP header."""
+    env = {
+        "CLAUDE_CODE_ENABLE_TELEMETRY": "1",
+        "OTEL_LOGS_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": base_url + OTLP_PATH,
+        "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer {key}",
+        "OTEL_LOGS_EXPORT_INTERVAL": "1000",
+        "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+    }
+    if traces:
+        env |= {"CLAUDE_CODE_ENHANCED_TELEMETRY_BETA": "1", "OTEL_TRACES_EXPORTER": "otlp"}
+    return env
+
+
+def codex_otel(base_url: str, key: str, *, protocol: str = "json") -> dict[str, Any]:
+    """Codex's `[otel]` table: log events over OTLP/HTTP (`protocol` = "json" | "binary") to
+    the proxy's receiver only; prompts redacted (`log_user_prompt = false`)."""
+    return {
+        "log_user_prompt": False,
+        "exporter": {"otlp-http": {
+            "endpoint": base_url + OTLP_PATH + "/v1/logs",
+            "protocol": protocol,
+            "headers": {"authorization": f"Bearer {key}"},
+        }},
+    }

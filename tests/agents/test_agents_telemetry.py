@@ -1,0 +1,111 @@
+"""The real agents with their own OpenTelemetry pointed at `flowtrial proxy` (the CLI, as users
+run it): Claude Code over OTLP/HTTP protobuf, Codex over OTLP/HTTP JSON. Their records
+arrive at the proxy's receiver, are mapped (`source = "otel"`) and linked to the turn's
+cycles; nothing goes anywhere but 127.0.0.1 (the outbound trap stays empty).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agents.agent_configs import (
+    KEY_ENV,
+    MODEL,
+    claude_env,
+    claude_telemetry_env,
+    codex_config,
+    codex_otel,
+    to_toml,
+)
+from tests.agents.harness import flowtrial_proxy, run_agent
+from tests.agents.recording import OutboundTrap
+from tests.agents.test_agents_mock import PROMPT, _codex_command
+
+pytest.importorskip("opentelemetry.proto", reason="needs the [telemetry] extra")
+
+
+@pytest.fixture
+def proxy_cli(tmp_path: Path) -> Any:
+    with flowtrial_proxy(tmp_path) as served:
+        yield served
+
+
+def _explain(result: subprocess.CompletedProcess[str], rows: list[Any]) -> str:
+    ev = "\n".join(str(dict(r)) for r in rows)
+    return (f"exit {result.returncode}\n--- events\n{ev or '(none)'}\n"
+            f"--- stdout\n{result.stdout[-2000:]}\n--- stderr\n{result.stderr[-3000:]}")
+
+
+def _otel_events(query: Callable[[str], list[Any]], want: set[str],
+                 timeout_s: float = 15.0) -> list[Any]:
+    """The otel events once every kind in ``want`` has arrived (exporters flush at exit,
+    the proxy writes a moment later)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = query("SELECT kind, cycle_id, ts_ns, duration_s, source, payload_json, "
+                     "participant_id FROM events WHERE source = 'otel' ORDER BY ts_ns, id")
+        if want <= {r["kind"] for r in rows} or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.2)
+
+
+def _cycles(query: Callable[[str], list[Any]]) -> dict[str, Any]:
+    return {r["id"]: r for r in query("SELECT id, model, prompt_text FROM cycles")}
+
+
+def test_claude_code_telemetry_over_protobuf(
+        claude_bin: Path, workdir: Path, agent_env: dict[str, str], proxy_cli: Any,
+        outbound_trap: OutboundTrap) -> None:
+    url, key, query = proxy_cli
+    env = agent_env | claude_env(url, key) | claude_telemetry_env(url, key)
+    command = [claude_bin, "-p", PROMPT, "--model", MODEL, "--no-session-persistence"]
+    result = run_agent(command, env, workdir)
+    rows = _otel_events(query, {"turn_start", "api_request"})
+    assert result.returncode == 0, _explain(result, rows)
+    cycles = _cycles(query)
+    kinds = [r["kind"] for r in rows]
+    assert "turn_start" in kinds and "api_request" in kinds, _explain(result, rows)
+    assert {r["participant_id"] for r in rows} == {"p01"}
+    # Every model request Claude Code timed is one of the proxy's cycles, each at most once.
+    requests = [r for r in rows if r["kind"] == "api_request"
+                and not json.loads(r["payload_json"]).get("span")]
+    assert requests and all(r["cycle_id"] in cycles for r in requests), _explain(result, rows)
+    assert len({r["cycle_id"] for r in requests}) == len(requests)
+    assert all(json.loads(r["payload_json"])["model"] == cycles[r["cycle_id"]]["model"]
+               for r in requests)
+    # The prompt starts the turn: linked to the cycle that carried it.
+    start = next(r for r in rows if r["kind"] == "turn_start")
+    assert start["cycle_id"] in cycles
+    assert PROMPT in (cycles[start["cycle_id"]]["prompt_text"] or ""), _explain(result, rows)
+    assert json.loads(start["payload_json"])["prompt_length"] == len(PROMPT)
+    assert outbound_trap.attempts == []
+
+
+def test_codex_telemetry_over_json(
+        codex_bin: Path, workdir: Path, agent_env: dict[str, str], tmp_path: Path,
+        proxy_cli: Any, outbound_trap: OutboundTrap) -> None:
+    url, key, query = proxy_cli
+    home = tmp_path / "codex_home"
+    home.mkdir()
+    config = codex_config(url + "/v1") | {"otel": codex_otel(url, key, protocol="json")}
+    (home / "config.toml").write_text(to_toml(config))
+    env = agent_env | {"CODEX_HOME": str(home), KEY_ENV: key}
+    result = run_agent(_codex_command(codex_bin, workdir), env, workdir)
+    rows = _otel_events(query, {"turn_start", "api_request"})
+    assert result.returncode == 0, _explain(result, rows)
+    cycles = _cycles(query)
+    kinds = [r["kind"] for r in rows]
+    assert "turn_start" in kinds and "api_request" in kinds, _explain(result, rows)
+    requests = [r for r in rows if r["kind"] == "api_request"]
+    assert all(r["cycle_id"] in cycles for r in requests), _explain(result, rows)
+    start = next(r for r in rows if r["kind"] == "turn_start")
+    assert PROMPT in (cycles[start["cycle_id"]]["prompt_text"] or ""), _explain(result, rows)
+    assert "prompt" not in json.loads(start["payload_json"])  # log_user_prompt = false
+    assert outbound_trap.attempts == []
