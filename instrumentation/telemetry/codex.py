@@ -3,8 +3,9 @@
 Every log event carries ``event.name`` = ``codex.<event>`` and the session's ``model``,
 ``slug`` and ``conversation.id`` (``codex-rs/otel/src/events``). ``codex.tool_decision``
 {tool_name, call_id, decision: approved | approved_for_session | denied | abort | …,
-source: config | user}; ``codex.api_request`` {duration_ms, http.response.status_code,
-attempt, endpoint, auth.request_id}; ``codex.tool_result`` {tool_name, call_id,
+source: Config | User | AutomatedReviewer (0.169 writes the enum names; the docs say config |
+user)}; ``codex.api_request`` {duration_ms, http.response.status_code, attempt, endpoint,
+auth.request_id}; ``codex.tool_result`` {tool_name, call_id,
 duration_ms, success}; ``codex.user_prompt`` {prompt_length, prompt (``[REDACTED]`` unless
 ``log_user_prompt``)}. Codex emits some events as spans too (``trace`` side of
 ``log_and_trace_event!``): only the logs are mapped, spans of those names are kept as
@@ -31,7 +32,9 @@ def decision_kind(decision: str) -> str:
 
 
 def decided_by(source: str) -> str:
-    return "person" if source == "user" else "config"
+    """``person`` when the user answered (Codex 0.169 writes the enum's name, ``User``;
+    its docs say ``user``), else ``config`` (policy, hook or automated reviewer)."""
+    return "person" if source.lower() == "user" else "config"
 
 
 def _ms(value: Any) -> float | None:
@@ -54,7 +57,7 @@ def map_record(rec: OtelRecord, full: bool) -> list[MappedEvent] | None:
             p["prompt"] = a["prompt"]
         return [MappedEvent("turn_start", rec.time_ns, p, link="after", digest=rec.digest)]
     if name == "tool_decision":
-        decision = str(a.get("decision") or "unknown")
+        decision = str(a.get("decision") or "unknown").lower()
         source = str(a.get("source") or "unknown")
         p |= {"decision": decision, "source": source, "decided_by": decided_by(source),
               "tool": a.get("tool_name"), "call_id": a.get("call_id")}

@@ -27,6 +27,7 @@ from tests.agents.agent_configs import (
 from tests.agents.harness import flowtrial_proxy, run_agent
 from tests.agents.recording import OutboundTrap
 from tests.agents.test_agents_mock import PROMPT, _codex_command
+from tests.agents.tool_turns import COMMAND, serve_tool_proxy
 
 pytest.importorskip("opentelemetry.proto", reason="needs the [telemetry] extra")
 
@@ -108,4 +109,69 @@ def test_codex_telemetry_over_json(
     start = next(r for r in rows if r["kind"] == "turn_start")
     assert PROMPT in (cycles[start["cycle_id"]]["prompt_text"] or ""), _explain(result, rows)
     assert "prompt" not in json.loads(start["payload_json"])  # log_user_prompt = false
+    assert outbound_trap.attempts == []
+
+
+def _by_kind(rows: list[Any], kind: str) -> list[dict[str, Any]]:
+    return [dict(r) | {"payload": json.loads(r["payload_json"])} for r in rows
+            if r["kind"] == kind]
+
+
+def test_claude_code_tool_decision_is_linked_to_the_answer_that_proposed_it(
+        claude_bin: Path, workdir: Path, agent_env: dict[str, str], tmp_path: Path,
+        outbound_trap: OutboundTrap) -> None:
+    """The model asks to run a shell command; Claude Code's permission rule allows it: the
+    decision (accept, decided by config), the tool's run and the turn's requests arrive,
+    each on the cycle it belongs to."""
+    with serve_tool_proxy(tmp_path / "proxy") as (url, key, query, upstream):
+        env = agent_env | claude_env(url, key) | claude_telemetry_env(url, key)
+        command = [claude_bin, "-p", PROMPT, "--model", MODEL, "--no-session-persistence",
+                   "--allowedTools", f"Bash({COMMAND})"]
+        result = run_agent(command, env, workdir)
+        rows = _otel_events(query, {"turn_start", "api_request", "accept", "tool_result"})
+        cycles = query("SELECT id, tool_calls, t_request_ns FROM cycles ORDER BY t_request_ns")
+    assert result.returncode == 0, _explain(result, rows)
+    assert upstream.tool_calls == 1
+    tool_cycle = next(c["id"] for c in cycles if c["tool_calls"] == 1)
+    (decision,) = _by_kind(rows, "accept")
+    assert decision["payload"]["tool"] == "Bash", _explain(result, rows)
+    assert decision["payload"]["decided_by"] == "config"
+    assert decision["cycle_id"] == tool_cycle
+    (ran,) = _by_kind(rows, "tool_result")
+    assert ran["cycle_id"] == tool_cycle and ran["payload"]["success"]
+    assert ran["duration_s"] is not None and ran["duration_s"] >= 0
+    requests = [r for r in _by_kind(rows, "api_request") if not r["payload"].get("span")]
+    assert {r["cycle_id"] for r in requests} == {c["id"] for c in cycles}, _explain(result, rows)
+    assert outbound_trap.attempts == []
+
+
+def test_codex_tool_decision_is_linked_to_the_answer_that_proposed_it(
+        codex_bin: Path, workdir: Path, agent_env: dict[str, str], tmp_path: Path,
+        outbound_trap: OutboundTrap) -> None:
+    """The model asks Codex to run a command; its policy (never ask, full access) approves
+    it: the decision (approved, source config), the tool's run and the requests arrive over
+    OTLP/HTTP JSON, each on its cycle."""
+    with serve_tool_proxy(tmp_path / "proxy") as (url, key, query, upstream):
+        home = tmp_path / "codex_home"
+        home.mkdir()
+        config = codex_config(url + "/v1") | {
+            "approval_policy": "never", "sandbox_mode": "danger-full-access",
+            "otel": codex_otel(url, key, protocol="json")}
+        (home / "config.toml").write_text(to_toml(config))
+        env = agent_env | {"CODEX_HOME": str(home), KEY_ENV: key}
+        result = run_agent(_codex_command(codex_bin, workdir), env, workdir)
+        rows = _otel_events(query, {"turn_start", "api_request", "accept", "tool_result"})
+        cycles = query("SELECT id, tool_calls, t_request_ns FROM cycles ORDER BY t_request_ns")
+    assert result.returncode == 0, _explain(result, rows)
+    assert upstream.tool_calls == 1
+    tool_cycle = next(c["id"] for c in cycles if c["tool_calls"] == 1)
+    (decision,) = _by_kind(rows, "accept")
+    assert decision["payload"]["decision"] == "approved", _explain(result, rows)
+    assert decision["payload"]["source"].lower() == "config"  # 0.169 writes "Config"
+    assert decision["payload"]["decided_by"] == "config"
+    assert decision["cycle_id"] == tool_cycle
+    (ran,) = _by_kind(rows, "tool_result")
+    assert ran["cycle_id"] == tool_cycle and ran["payload"]["success"]
+    requests = _by_kind(rows, "api_request")
+    assert requests and all(r["cycle_id"] in {c["id"] for c in cycles} for r in requests)
     assert outbound_trap.attempts == []
