@@ -15,7 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .mapped import MappedEvent, number, scrub
+from .mapped import (
+    MappedEvent,
+    number,
+    prompt_event,
+    request_event,
+    scrub,
+    seconds_from_ms,
+    tool_event,
+)
 from .otlp import OtelRecord
 
 __all__ = ["AGENT", "map_record"]
@@ -42,11 +50,6 @@ def _base(rec: OtelRecord, name: str) -> dict[str, Any]:
     return out
 
 
-def _ms(value: Any) -> float | None:
-    ms = number(value)
-    return ms / 1000.0 if ms is not None and ms >= 0 else None
-
-
 def map_record(rec: OtelRecord, full: bool) -> list[MappedEvent] | None:
     """The events for one Claude Code record; None if it is not Claude Code's."""
     name = _short(rec.name)
@@ -56,10 +59,7 @@ def map_record(rec: OtelRecord, full: bool) -> list[MappedEvent] | None:
     p = _base(rec, name)
     if rec.signal == "logs":
         if name == "user_prompt":
-            p["prompt_length"] = number(a.get("prompt_length"))
-            if full and a.get("prompt") and a.get("prompt") != "<REDACTED>":
-                p["prompt"] = a["prompt"]
-            return [MappedEvent("turn_start", rec.time_ns, p, link="after", digest=rec.digest)]
+            return prompt_event(rec, p, full, redacted="<REDACTED>")
         if name == "tool_decision":
             source = str(a.get("source") or "unknown")
             kind = "accept" if a.get("decision") == "accept" else "reject"
@@ -68,28 +68,24 @@ def map_record(rec: OtelRecord, full: bool) -> list[MappedEvent] | None:
                   "call_id": a.get("tool_use_id")}
             return [MappedEvent(kind, rec.time_ns, p, link="before", digest=rec.digest)]
         if name == "api_request":
-            duration = _ms(a.get("duration_ms"))
             p |= {"model": a.get("model"), "duration_ms": number(a.get("duration_ms")),
                   "input_tokens": number(a.get("input_tokens")),
                   "output_tokens": number(a.get("output_tokens")),
                   "request_id": a.get("request_id")}
-            start = rec.time_ns - round(duration * 1e9) if duration is not None else None
             ids = tuple(str(a[k]) for k in ("request_id",) if a.get(k))
-            return [MappedEvent("api_request", rec.time_ns, p, duration, "request",
-                                a.get("model"), start, ids, rec.digest)]
+            return request_event(rec, p, a.get("model"), ids)
         if name == "tool_result":
             p |= {"tool": a.get("tool_name"), "call_id": a.get("tool_use_id"),
                   "success": str(a.get("success")).lower() == "true"}
-            return [MappedEvent("tool_result", rec.time_ns, p, _ms(a.get("duration_ms")),
-                                "before", digest=rec.digest)]
+            return [tool_event(rec, p)]
         return None
     if rec.signal != "traces" or not rec.end_ns:
         return None
     span_s = max(0, rec.end_ns - rec.time_ns) / 1e9
     if name == "tool.blocked_on_user":
         p |= {"decision": a.get("decision"), "source": a.get("source")}
-        return [MappedEvent("agent_wait", rec.time_ns, p, _ms(a.get("duration_ms")) or span_s,
-                            "before", digest=rec.digest)]
+        waited = seconds_from_ms(a.get("duration_ms")) or span_s
+        return [MappedEvent("agent_wait", rec.time_ns, p, waited, "before", digest=rec.digest)]
     if name == "llm_request":
         p |= {"model": a.get("model") or a.get("gen_ai.request.model"),
               "ttft_ms": number(a.get("ttft_ms")), "duration_ms": span_s * 1000,

@@ -16,7 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .mapped import MappedEvent, number
+from .mapped import (
+    MappedEvent,
+    agent_log_name,
+    number,
+    prompt_event,
+    request_event,
+    tool_event,
+)
 from .otlp import OtelRecord
 
 __all__ = ["AGENT", "map_record"]
@@ -37,25 +44,17 @@ def decided_by(source: str) -> str:
     return "person" if source.lower() == "user" else "config"
 
 
-def _ms(value: Any) -> float | None:
-    ms = number(value)
-    return ms / 1000.0 if ms is not None and ms >= 0 else None
-
-
 def map_record(rec: OtelRecord, full: bool) -> list[MappedEvent] | None:
     """The events for one Codex record; None if it is not Codex's (or not a mapped log)."""
-    if not rec.name.startswith(_PREFIX) or rec.signal != "logs":
+    name = agent_log_name(rec, _PREFIX)
+    if name is None:
         return None
-    name = rec.name[len(_PREFIX):]
     a = rec.attributes
     p: dict[str, Any] = {"agent": AGENT, "otel": rec.name}
     if a.get("conversation.id"):
         p["session_id"] = a["conversation.id"]
     if name == "user_prompt":
-        p["prompt_length"] = number(a.get("prompt_length"))
-        if full and a.get("prompt") and a.get("prompt") != "[REDACTED]":
-            p["prompt"] = a["prompt"]
-        return [MappedEvent("turn_start", rec.time_ns, p, link="after", digest=rec.digest)]
+        return prompt_event(rec, p, full, redacted="[REDACTED]")
     if name == "tool_decision":
         decision = str(a.get("decision") or "unknown").lower()
         source = str(a.get("source") or "unknown")
@@ -64,17 +63,13 @@ def map_record(rec: OtelRecord, full: bool) -> list[MappedEvent] | None:
         return [MappedEvent(decision_kind(decision), rec.time_ns, p, link="before",
                             digest=rec.digest)]
     if name == "api_request":
-        duration = _ms(a.get("duration_ms"))
         p |= {"model": a.get("model"), "duration_ms": number(a.get("duration_ms")),
               "status": number(a.get("http.response.status_code")),
               "attempt": number(a.get("attempt")), "endpoint": a.get("endpoint")}
-        start = rec.time_ns - round(duration * 1e9) if duration is not None else None
         ids = tuple(str(a[k]) for k in ("auth.request_id",) if a.get(k))
-        return [MappedEvent("api_request", rec.time_ns, p, duration, "request", a.get("model"),
-                            start, ids, rec.digest)]
+        return request_event(rec, p, a.get("model"), ids)
     if name == "tool_result":
         p |= {"tool": a.get("tool_name"), "call_id": a.get("call_id"),
               "success": str(a.get("success")).lower() == "true"}
-        return [MappedEvent("tool_result", rec.time_ns, p, _ms(a.get("duration_ms")), "before",
-                            digest=rec.digest)]
+        return [tool_event(rec, p)]
     return None

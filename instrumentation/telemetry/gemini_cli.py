@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .mapped import MappedEvent, number
+from .mapped import (
+    MappedEvent,
+    agent_log_name,
+    number,
+    prompt_event,
+    request_event,
+    tool_event,
+)
 from .otlp import OtelRecord
 
 __all__ = ["AGENT", "map_record"]
@@ -30,40 +37,28 @@ DECISIONS = {
 }
 
 
-def _ms(value: Any) -> float | None:
-    ms = number(value)
-    return ms / 1000.0 if ms is not None and ms >= 0 else None
-
-
 def map_record(rec: OtelRecord, full: bool) -> list[MappedEvent] | None:
     """The events for one Gemini CLI record; None if it is not Gemini CLI's."""
-    if not rec.name.startswith(_PREFIX) or rec.signal != "logs":
+    name = agent_log_name(rec, _PREFIX)
+    if name is None:
         return None
-    name = rec.name[len(_PREFIX):]
     a = rec.attributes
     p: dict[str, Any] = {"agent": AGENT, "otel": rec.name}
     for key in ("session.id", "prompt_id"):
         if a.get(key):
             p[key.replace(".", "_")] = a[key]
     if name == "user_prompt":
-        p["prompt_length"] = number(a.get("prompt_length"))
-        if full and a.get("prompt"):
-            p["prompt"] = a["prompt"]
-        return [MappedEvent("turn_start", rec.time_ns, p, link="after", digest=rec.digest)]
+        return prompt_event(rec, p, full)
     if name == "api_response":
-        duration = _ms(a.get("duration_ms"))
         p |= {"model": a.get("model"), "duration_ms": number(a.get("duration_ms")),
               "input_tokens": number(a.get("input_token_count")),
               "output_tokens": number(a.get("output_token_count")),
               "status": number(a.get("status_code"))}
-        start = rec.time_ns - round(duration * 1e9) if duration is not None else None
-        return [MappedEvent("api_request", rec.time_ns, p, duration, "request", a.get("model"),
-                            start, digest=rec.digest)]
+        return request_event(rec, p, a.get("model"))
     if name == "tool_call":
         tool = {"tool": a.get("function_name"), "tool_type": a.get("tool_type"),
                 "success": bool(a.get("success"))}
-        out = [MappedEvent("tool_result", rec.time_ns, p | tool, _ms(a.get("duration_ms")),
-                           "before", digest=rec.digest)]
+        out = [tool_event(rec, p | tool)]
         decision = a.get("decision")
         if decision:
             kind, by = DECISIONS.get(str(decision), ("reject", "person"))

@@ -23,7 +23,19 @@ from typing import Any, Literal
 
 from .otlp import OtelRecord
 
-__all__ = ["CONTENT_KEYS", "Link", "MappedEvent", "custom_event", "number", "scrub"]
+__all__ = [
+    "CONTENT_KEYS",
+    "Link",
+    "MappedEvent",
+    "agent_log_name",
+    "custom_event",
+    "number",
+    "prompt_event",
+    "request_event",
+    "scrub",
+    "seconds_from_ms",
+    "tool_event",
+]
 
 #: How the event finds its cycle: ``request`` = the cycle it timed (by start, model, ids);
 #: ``before`` = the latest cycle answered before it (the answer that proposed the tool);
@@ -63,6 +75,48 @@ def number(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return out if out == out and abs(out) != float("inf") else None
+
+
+def seconds_from_ms(value: Any) -> float | None:
+    """A ``duration_ms`` attribute in seconds (None if absent, not a number or negative)."""
+    ms = number(value)
+    return ms / 1000.0 if ms is not None and ms >= 0 else None
+
+
+def agent_log_name(rec: OtelRecord, prefix: str) -> str | None:
+    """The event name without ``prefix`` for a log record of that agent, else None."""
+    if rec.signal != "logs" or not rec.name.startswith(prefix):
+        return None
+    return rec.name[len(prefix):]
+
+
+def prompt_event(rec: OtelRecord, payload: dict[str, Any], full: bool,
+                 redacted: str | None = None) -> list[MappedEvent]:
+    """A ``user_prompt``: turn-start evidence; its text only with ``full`` (and not the
+    agent's redaction placeholder)."""
+    a = rec.attributes
+    payload["prompt_length"] = number(a.get("prompt_length"))
+    if full and a.get("prompt") and a.get("prompt") != redacted:
+        payload["prompt"] = a["prompt"]
+    return [MappedEvent("turn_start", rec.time_ns, payload, link="after", digest=rec.digest)]
+
+
+def request_event(rec: OtelRecord, payload: dict[str, Any], model: Any,
+                  ids: tuple[str, ...] = ()) -> list[MappedEvent]:
+    """A model request the agent timed (``duration_ms``, ending at the record's time)."""
+    duration = seconds_from_ms(rec.attributes.get("duration_ms"))
+    start = rec.time_ns - round(duration * 1e9) if duration is not None else None
+    return [MappedEvent("api_request", rec.time_ns, payload, duration, "request",
+                        str(model) if model else None, start, ids, rec.digest)]
+
+
+def tool_event(rec: OtelRecord, payload: dict[str, Any], digest: str | None = None
+               ) -> MappedEvent:
+    """A tool's run (``duration_ms`` of it, ending at the record's time): the turn's tool
+    time, on the cycle whose answer asked for the tool."""
+    return MappedEvent("tool_result", rec.time_ns, payload,
+                       seconds_from_ms(rec.attributes.get("duration_ms")), "before",
+                       digest=digest or rec.digest)
 
 
 def scrub(attributes: dict[str, Any], full: bool) -> dict[str, Any]:

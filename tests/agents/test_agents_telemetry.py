@@ -117,6 +117,25 @@ def _by_kind(rows: list[Any], kind: str) -> list[dict[str, Any]]:
             if r["kind"] == kind]
 
 
+def _tool_turn(result: subprocess.CompletedProcess[str], query: Callable[[str], list[Any]],
+               upstream: Any) -> tuple[dict[str, Any], list[Any], set[str]]:
+    """Checks common to a tool turn (the agent ran, the model asked for one tool, the
+    agent's configuration approved it and the tool ran, both on the cycle that asked);
+    returns (the decision, the otel events, the cycle ids)."""
+    rows = _otel_events(query, {"turn_start", "api_request", "accept", "tool_result"})
+    cycles = query("SELECT id, tool_calls FROM cycles ORDER BY t_request_ns")
+    assert result.returncode == 0, _explain(result, rows)
+    assert upstream.tool_calls == 1
+    tool_cycle = next(c["id"] for c in cycles if c["tool_calls"] == 1)
+    (decision,) = _by_kind(rows, "accept")
+    assert decision["payload"]["decided_by"] == "config", _explain(result, rows)
+    assert decision["cycle_id"] == tool_cycle
+    (ran,) = _by_kind(rows, "tool_result")
+    assert ran["cycle_id"] == tool_cycle and ran["payload"]["success"]
+    assert ran["duration_s"] is not None and ran["duration_s"] >= 0
+    return decision, rows, {c["id"] for c in cycles}
+
+
 def test_claude_code_tool_decision_is_linked_to_the_answer_that_proposed_it(
         claude_bin: Path, workdir: Path, agent_env: dict[str, str], tmp_path: Path,
         outbound_trap: OutboundTrap) -> None:
@@ -128,20 +147,10 @@ def test_claude_code_tool_decision_is_linked_to_the_answer_that_proposed_it(
         command = [claude_bin, "-p", PROMPT, "--model", MODEL, "--no-session-persistence",
                    "--allowedTools", f"Bash({COMMAND})"]
         result = run_agent(command, env, workdir)
-        rows = _otel_events(query, {"turn_start", "api_request", "accept", "tool_result"})
-        cycles = query("SELECT id, tool_calls, t_request_ns FROM cycles ORDER BY t_request_ns")
-    assert result.returncode == 0, _explain(result, rows)
-    assert upstream.tool_calls == 1
-    tool_cycle = next(c["id"] for c in cycles if c["tool_calls"] == 1)
-    (decision,) = _by_kind(rows, "accept")
+        decision, rows, cycles = _tool_turn(result, query, upstream)
     assert decision["payload"]["tool"] == "Bash", _explain(result, rows)
-    assert decision["payload"]["decided_by"] == "config"
-    assert decision["cycle_id"] == tool_cycle
-    (ran,) = _by_kind(rows, "tool_result")
-    assert ran["cycle_id"] == tool_cycle and ran["payload"]["success"]
-    assert ran["duration_s"] is not None and ran["duration_s"] >= 0
     requests = [r for r in _by_kind(rows, "api_request") if not r["payload"].get("span")]
-    assert {r["cycle_id"] for r in requests} == {c["id"] for c in cycles}, _explain(result, rows)
+    assert {r["cycle_id"] for r in requests} == cycles, _explain(result, rows)
     assert outbound_trap.attempts == []
 
 
@@ -160,18 +169,9 @@ def test_codex_tool_decision_is_linked_to_the_answer_that_proposed_it(
         (home / "config.toml").write_text(to_toml(config))
         env = agent_env | {"CODEX_HOME": str(home), KEY_ENV: key}
         result = run_agent(_codex_command(codex_bin, workdir), env, workdir)
-        rows = _otel_events(query, {"turn_start", "api_request", "accept", "tool_result"})
-        cycles = query("SELECT id, tool_calls, t_request_ns FROM cycles ORDER BY t_request_ns")
-    assert result.returncode == 0, _explain(result, rows)
-    assert upstream.tool_calls == 1
-    tool_cycle = next(c["id"] for c in cycles if c["tool_calls"] == 1)
-    (decision,) = _by_kind(rows, "accept")
+        decision, rows, cycles = _tool_turn(result, query, upstream)
     assert decision["payload"]["decision"] == "approved", _explain(result, rows)
     assert decision["payload"]["source"].lower() == "config"  # 0.169 writes "Config"
-    assert decision["payload"]["decided_by"] == "config"
-    assert decision["cycle_id"] == tool_cycle
-    (ran,) = _by_kind(rows, "tool_result")
-    assert ran["cycle_id"] == tool_cycle and ran["payload"]["success"]
     requests = _by_kind(rows, "api_request")
-    assert requests and all(r["cycle_id"] in {c["id"] for c in cycles} for r in requests)
+    assert requests and all(r["cycle_id"] in cycles for r in requests)
     assert outbound_trap.attempts == []
