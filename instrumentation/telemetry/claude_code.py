@@ -82,7 +82,9 @@ def map_record(rec: OtelRecord, full: bool) -> list[MappedEvent] | None:
     if rec.signal != "traces" or not rec.end_ns:
         return None
     span_s = max(0, rec.end_ns - rec.time_ns) / 1e9
-    if name == "tool.blocked_on_user":
+    if name == "tool.blocked_on_user" and decided_by(str(a.get("source") or "")) == "person":
+        # The span also wraps permission checks no one was asked about (a rule allowed
+        # the tool: source "unknown" or config); only the person's answer is a wait for them.
         p |= {"decision": a.get("decision"), "source": a.get("source")}
         waited = seconds_from_ms(a.get("duration_ms")) or span_s
         return [MappedEvent("agent_wait", rec.time_ns, p, waited, "before", digest=rec.digest)]

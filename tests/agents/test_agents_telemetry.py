@@ -133,6 +133,7 @@ def _tool_turn(result: subprocess.CompletedProcess[str], query: Callable[[str], 
     (ran,) = _by_kind(rows, "tool_result")
     assert ran["cycle_id"] == tool_cycle and ran["payload"]["success"]
     assert ran["duration_s"] is not None and ran["duration_s"] >= 0
+    assert not _by_kind(rows, "agent_wait")  # a rule decided: the agent waited for no one
     return decision, rows, {c["id"] for c in cycles}
 
 
@@ -174,4 +175,27 @@ def test_codex_tool_decision_is_linked_to_the_answer_that_proposed_it(
     assert decision["payload"]["source"].lower() == "config"  # 0.169 writes "Config"
     requests = _by_kind(rows, "api_request")
     assert requests and all(r["cycle_id"] in cycles for r in requests)
+    assert outbound_trap.attempts == []
+
+
+def test_claude_code_refused_tool_leaves_no_accept_and_no_run(
+        claude_bin: Path, workdir: Path, agent_env: dict[str, str], tmp_path: Path,
+        outbound_trap: OutboundTrap) -> None:
+    """A command that changes files, with no rule allowing it: `claude -p` has no one to ask
+    and refuses it. Claude Code 2.1.197 logs no `tool_decision` for that refusal; only its
+    beta `tool.blocked_on_user` span says `decision = reject` (source unknown), kept as a
+    custom event — no accept, no tool run, no wait for a person."""
+    with serve_tool_proxy(tmp_path / "proxy", "touch flowtrial.txt") as (
+            url, key, query, upstream):
+        env = agent_env | claude_env(url, key) | claude_telemetry_env(url, key)
+        command = [claude_bin, "-p", PROMPT, "--model", MODEL, "--no-session-persistence"]
+        result = run_agent(command, env, workdir)
+        rows = _otel_events(query, {"turn_start", "api_request", "turn_end"})
+    assert result.returncode == 0, _explain(result, rows)
+    assert upstream.tool_calls == 1 and not (workdir / "flowtrial.txt").exists()
+    assert not _by_kind(rows, "accept") and not _by_kind(rows, "tool_result")
+    assert not _by_kind(rows, "agent_wait")
+    spans = [r["payload"] for r in _by_kind(rows, "custom")
+             if r["payload"]["name"] == "claude_code.tool.blocked_on_user"]
+    assert [s["attributes"]["decision"] for s in spans] == ["reject"], _explain(result, rows)
     assert outbound_trap.attempts == []

@@ -25,9 +25,9 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-def _anthropic_tool_call(model: str) -> list[bytes]:
+def _anthropic_tool_call(model: str, command: str) -> list[bytes]:
     usage = {"input_tokens": 50, "output_tokens": 1}
-    args = json.dumps({"command": COMMAND, "description": "Print a word"})
+    args = json.dumps({"command": command, "description": "Run a command"})
     return [
         _sse("message_start", {"type": "message_start", "message": {
             "id": "msg_tool_turn", "type": "message", "role": "assistant", "model": model,
@@ -84,8 +84,9 @@ class ToolTurnUpstream(MockUpstream):
 
     name = "mock"
 
-    def __init__(self) -> None:
+    def __init__(self, command: str = COMMAND) -> None:
         super().__init__(tokens_per_second=5000, ttft_ms=5)
+        self.command = command  # Claude Code's Bash call (Codex always gets COMMAND)
         self.tool_calls = 0
 
     async def request(self, method: str, path: str, headers: dict[str, str],
@@ -98,7 +99,7 @@ class ToolTurnUpstream(MockUpstream):
             names, model = _tool_names(obj), str(obj.get("model") or "flowtrial-sim-1")
             chunks, route = None, path.split("?", 1)[0]
             if route.endswith("/messages") and "Bash" in names:
-                chunks = _anthropic_tool_call(model)
+                chunks = _anthropic_tool_call(model, self.command)
             elif route.endswith("/responses"):
                 tool = next((t for t in ("exec_command", "shell_command", "shell")
                              if t in names), None)
@@ -115,7 +116,8 @@ class ToolTurnUpstream(MockUpstream):
 
 
 @contextmanager
-def serve_tool_proxy(folder: Path) -> Iterator[tuple[str, str, Any, ToolTurnUpstream]]:
+def serve_tool_proxy(folder: Path, command: str = COMMAND
+                     ) -> Iterator[tuple[str, str, Any, ToolTurnUpstream]]:
     """The proxy (PROXY_STUDY) in-process over :class:`ToolTurnUpstream`: (base URL, key,
     SQL runner, upstream)."""
     from flowtrial.instrumentation.proxy import serve_proxy
@@ -124,6 +126,6 @@ def serve_tool_proxy(folder: Path) -> Iterator[tuple[str, str, Any, ToolTurnUpst
 
     folder.mkdir(parents=True, exist_ok=True)
     study, db, key = _study_db(folder)
-    upstream = ToolTurnUpstream()
+    upstream = ToolTurnUpstream(command)
     with serve_proxy(db, load_study(study), upstream=upstream) as px:
         yield px.base_url, key, _query(db), upstream

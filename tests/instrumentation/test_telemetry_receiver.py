@@ -151,14 +151,23 @@ def test_spans_and_metrics_are_kept(served) -> None:
     r = http.post("/flowtrial/otlp/v1/traces", content=span.SerializeToString(),
                   headers=auth(s.keys["p01"], **PROTO))
     assert r.status_code == 200
+    # The same span around a check a rule answered (no one asked) is not a wait for anyone.
+    ruled = span_request("claude_code.tool.blocked_on_user", end + 10**8, end + 10**8 + 10**6,
+                         {"span.type": "tool.blocked_on_user", "decision": "unknown",
+                          "source": "unknown"})
+    r = http.post("/flowtrial/otlp/v1/traces", content=ruled.SerializeToString(),
+                  headers=auth(s.keys["p01"], **PROTO))
+    assert r.status_code == 200
     metric = metric_request("claude_code.session.count", end, 1)
     r = http.post("/flowtrial/otlp/v1/metrics", content=json_format.MessageToJson(metric),
                   headers=auth(s.keys["p01"], **JSON))
     assert r.status_code == 200
     rows = events(s, before)
-    assert [(x[1], x[2]) for x in rows] == [("agent_wait", cid), ("custom", None)]
+    assert [(x[1], x[2]) for x in rows] == [("agent_wait", cid), ("custom", None),
+                                           ("custom", None)]
     assert rows[0][4] == pytest.approx(2.9)
-    assert json.loads(rows[1][6])["attributes"]["metric.value"] == 1
+    assert json.loads(rows[1][6])["name"] == "claude_code.tool.blocked_on_user"
+    assert json.loads(rows[2][6])["attributes"]["metric.value"] == 1
 
 
 @pytest.mark.parametrize("headers", [PROTO, JSON])
