@@ -49,7 +49,7 @@ def _on_receiver(url: str, *, full: bool = False) -> None:
 
 
 def test_claude_code_recipe_is_what_the_tests_run() -> None:
-    (script,) = _blocks("Claude Code", "sh")
+    (script,) = _blocks("Claude Code", "bash")
     env = _exports(script)
     assert env == claude_telemetry_env(PROXY, KEY, fast=False)
     _on_receiver(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
@@ -68,7 +68,7 @@ def test_gemini_cli_recipe() -> None:
     settings: dict[str, Any] = json.loads(block)
     assert settings["telemetry"] == gemini_telemetry(PROXY)
     _on_receiver(settings["telemetry"]["otlpEndpoint"])
-    (script,) = _blocks("Gemini CLI", "sh")
+    (script,) = _blocks("Gemini CLI", "bash")
     assert _exports(script) == {"OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer {KEY}"}
 
 
