@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import gzip
 import hashlib
 import json
 import zlib
@@ -81,8 +80,10 @@ def _inflate(body: bytes, encoding: str | None) -> bytes:
         out = inflater.decompress(body, MAX_INFLATED_BYTES)
         if inflater.unconsumed_tail:
             raise OtlpDecodeError(f"the inflated body exceeds {MAX_INFLATED_BYTES} bytes")
+        if not inflater.eof:  # a cut-off stream would decode into a partial request
+            raise OtlpDecodeError(f"the {enc} body is truncated")
         return out
-    except (zlib.error, gzip.BadGzipFile) as exc:
+    except zlib.error as exc:
         raise OtlpDecodeError(f"the body is not valid {enc}: {exc}") from None
 
 

@@ -192,6 +192,8 @@ def test_no_key_is_401_in_otlp_shape(served, headers: dict[str, str]) -> None:
     (b'[1, 2]', JSON),
     (gzip.compress(b"\x0a\xff\xff\xff"), {**PROTO, "content-encoding": "gzip"}),
     (b"not gzip", {**PROTO, "content-encoding": "gzip"}),
+    (gzip.compress(logs_request([log("codex.x", 1, {})]).SerializeToString())[:-12],
+     {**PROTO, "content-encoding": "gzip"}),  # cut off
     (b"x", {"content-type": "text/plain"}),
 ])
 def test_malformed_bodies_are_400_and_nothing_written(served, body: bytes,
