@@ -220,3 +220,13 @@ def test_prompt_text_kept_only_with_full_capture(make_study) -> None:
     assert r.status_code == 200
     (payload,) = [json.loads(x[0]) for x in s.rows("SELECT payload_json FROM events")]
     assert payload["prompt"] == "hello" and payload["agent"] == "gemini_cli"
+
+
+def test_body_over_the_limit_is_413_and_nothing_written(served) -> None:
+    s, _, http = served
+    before = last_id(s)
+    r = http.post("/flowtrial/otlp/v1/traces", content=b"\x00" * 70_000,
+                  headers=auth(s.keys["p01"], **PROTO))
+    assert r.status_code == 413
+    assert status_pb2.Status.FromString(r.content).code == code_pb2.RESOURCE_EXHAUSTED
+    assert last_id(s) == before
