@@ -130,9 +130,11 @@ def read_frames(database: Any) -> StudyFrames:
         kinds = [*FOCUS_KINDS, *AFK_KINDS, *DECISION_KINDS, *TASK_EVENT_KINDS]
         placeholders = ", ".join(f"'{k}'" for k in kinds)
         events = pd.read_sql(
-            # Only focus payloads (app, category) are used: skip the rest's text.
+            # Only focus payloads (app, category) and agent telemetry's decision payloads
+            # (who decided) are used: skip the rest's text.
             "SELECT participant_id, cycle_id, kind, ts_ns, source, CASE WHEN kind IN "
-            "('focus_out', 'focus_in') THEN payload_json END AS payload_json FROM events "
+            "('focus_out', 'focus_in') OR (source = 'otel' AND kind IN ('accept', 'reject', "
+            "'partial_accept')) THEN payload_json END AS payload_json FROM events "
             f"WHERE kind IN ({placeholders})", conn,
         )
         tasks = pd.read_sql("SELECT * FROM tasks", conn, dtype_backend="numpy_nullable")
@@ -190,6 +192,20 @@ def _float(s: pd.Series) -> np.ndarray:
 
 def _int_ns(s: pd.Series) -> pd.array:
     return pd.array(pd.to_numeric(s, errors="coerce"), dtype="Int64")
+
+
+def person_decisions(dec: pd.DataFrame) -> pd.DataFrame:
+    """Decision events the person made: an agent's tool decision taken by its configuration
+    (a rule, mode or "always allow"; agent telemetry's ``payload.decided_by = "config"``) is
+    not the person's review of the answer, so it neither decides the cycle nor times a
+    review."""
+    if dec.empty or "source" not in dec.columns or "payload_json" not in dec.columns:
+        return dec
+    otel = (dec["source"].astype(object) == "otel").to_numpy(bool)
+    if not otel.any():
+        return dec
+    (by,) = _payload_fields(dec["payload_json"], ("decided_by",))
+    return dec[~(otel & (by == "config"))]
 
 
 def _payload_fields(payload: pd.Series, keys: tuple[str, ...]) -> list[np.ndarray]:
@@ -328,7 +344,7 @@ def cycle_table_from_frames(
         out[col] = sw[col].to_numpy()
 
     # ---- decisions: the first accept / reject / partial_accept naming the cycle
-    dec = ev[ev["kind"].isin(list(DECISION_KINDS)) & ev["cycle_id"].notna()]
+    dec = person_decisions(ev[ev["kind"].isin(list(DECISION_KINDS)) & ev["cycle_id"].notna()])
     dec = dec.assign(ts_ns=pd.to_numeric(dec["ts_ns"]).astype(np.int64))
     dec = dec.sort_values("ts_ns", kind="stable").drop_duplicates("cycle_id")
     dmap = pd.Series(dec["kind"].map(DECISION_KINDS).to_numpy(object),

@@ -31,6 +31,7 @@ import pandas as pd
 
 from . import AnalysisInputError
 from . import report_figures as figs
+from .agent_telemetry import agent_section, read_agent_events
 from .metrics import (
     StudyFrames,
     cycle_table_from_frames,
@@ -38,6 +39,7 @@ from .metrics import (
     task_table_from_frames,
 )
 from .report_sections import (
+    WAIT_BANDS_S,
     WAIT_MEASURES,
     compare_truth,
     ground_truth,
@@ -185,6 +187,7 @@ def run_analysis(
         say(f"read {len(frames.cycles)} cycles, {len(frames.events)} events, "
             f"{len(frames.tasks)} tasks")
         truth = ground_truth(database)
+        agent_events = read_agent_events(database)
     finally:
         database.dispose()
     cycles = cycle_table_from_frames(frames)
@@ -206,6 +209,8 @@ def run_analysis(
                                   seed=seed, say=say, workers=workers,
                                   while_fitting=other_figures if draw else None)
     results["study"]["database"] = str(db_path)
+    results["agent_telemetry"] = agent_section(cycles, agent_events, PRIMARY_WAIT,
+                                               WAIT_BANDS_S, frames.time_scale)
     if draw:
         fig_uris.update(_fit_figures(cycles, truth, fit))
     results["figures"] = sorted(k for k, v in fig_uris.items() if v)

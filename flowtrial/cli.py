@@ -90,6 +90,12 @@ COMMANDS: dict[str, CommandSpec] = {
         "Import a participant's ActivityWatch window, AFK, editor and browser data as focus "
         "events (idempotent: importing the same data twice adds nothing).",
         _CAPTURE),
+    "import-otel": CommandSpec(
+        "flowtrial.instrumentation.capture_commands:import_otel",
+        "Import a coding agent's OpenTelemetry (Claude Code, Codex CLI, Gemini CLI) from an "
+        "OTLP JSON file as events linked to the participant's cycles (idempotent: importing "
+        "the same records twice adds nothing).",
+        _CAPTURE),
     "persistence": CommandSpec(
         "flowtrial.instrumentation.capture_commands:persistence",
         "Check whether each completion's text persists in the participant's later prompts at "

@@ -27,18 +27,13 @@ __all__ = ["main", "proxy", "serve_proxy", "standard_extensions"]
 
 
 def standard_extensions() -> list[ProxyExtension]:
-    """What the proxy serves besides the model protocols: the event API, Continue's data
-    destination, the participant page, the admin endpoints and the OpenAPI document."""
-    from flowtrial.instrumentation.proxy.extensions import (
-        AdminEndpoints,
-        ContinueDestination,
-        EventsApi,
-        OpenApiDocument,
-        ParticipantPage,
-    )
+    """What the proxy serves besides the model protocols: the set flowtrial ships (the event
+    API, Continue's data destination, the participant page, the admin endpoints, the OpenAPI
+    document and, with the ``[telemetry]`` extra, agents' OpenTelemetry). A deployment that
+    wants more or fewer changes this list."""
+    from flowtrial.instrumentation.proxy.extensions import builtin_extensions
 
-    return [EventsApi(), ContinueDestination(), ParticipantPage(), AdminEndpoints(),
-            OpenApiDocument()]
+    return builtin_extensions()
 
 
 #: ``flowtrial proxy``.

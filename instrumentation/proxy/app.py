@@ -9,7 +9,8 @@ Core routes: one per protocol adapter (``POST /v1/chat/completions``, ``/v1/comp
 (open; Claude Code probes ``HEAD /``). Everything else comes from extensions
 (:mod:`flowtrial.instrumentation.proxy.extensions`: the event API ``POST
 /flowtrial/v1/events``, Continue's data destination, the participant page, ``GET
-/flowtrial/v1/admin/…``, ``GET /flowtrial/v1/openapi.json``), chosen by the composition root.
+/flowtrial/v1/admin/…``, ``GET /flowtrial/v1/openapi.json``, agents' OpenTelemetry on ``POST
+/flowtrial/otlp/v1/logs|traces|metrics``), chosen by the composition root.
 Unknown paths get 404 and every error comes back in the protocol's own error shape (OpenAI's
 by default, Anthropic's on the Messages paths).
 """

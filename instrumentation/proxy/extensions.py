@@ -13,6 +13,7 @@ here or beside its feature, and one entry in the root's list.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -29,8 +30,11 @@ from .openapi import admin_paths, continue_paths, document_paths, events_paths, 
 from .responses import error, json_response, proxy_state, too_large, unauthorized, unavailable
 from .state import ProxyState
 
+log = logging.getLogger(__name__)
+
 __all__ = [
-    "AdminEndpoints", "AppContext", "ContinueDestination", "EventsApi", "Extension",
+    "AdminEndpoints", "AgentTelemetry", "AppContext", "ContinueDestination", "EventsApi",
+    "Extension",
     "OpenApiDocument", "ParticipantPage", "ProxyExtension", "builtin_extensions",
 ]
 
@@ -172,7 +176,33 @@ class OpenApiDocument(Extension):
         return document_paths()
 
 
+class AgentTelemetry(Extension):
+    """Agents' own OpenTelemetry (``POST /flowtrial/otlp/v1/logs|traces|metrics``); outside
+    ``/flowtrial/v1``, so not in its OpenAPI document (docs/clients/telemetry.md)."""
+
+    name = "agent_telemetry"
+
+    def routes(self, ctx: AppContext) -> list[BaseRoute]:
+        from ..telemetry.receiver import telemetry_routes
+
+        return telemetry_routes(ctx.database, ctx.config)
+
+
+def telemetry_available() -> bool:
+    """Whether the ``[telemetry]`` extra (opentelemetry-proto) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("opentelemetry.proto") is not None
+
+
 def builtin_extensions() -> list[ProxyExtension]:
-    """The extensions flowtrial ships, in the order their routes are matched."""
-    return [EventsApi(), ContinueDestination(), ParticipantPage(), AdminEndpoints(),
-            OpenApiDocument()]
+    """The extensions flowtrial ships, in the order their routes are matched; the OTLP
+    receiver when the ``[telemetry]`` extra is installed (without it those paths are 404 and
+    the proxy's log says why)."""
+    shipped: list[ProxyExtension] = [EventsApi(), ContinueDestination(), ParticipantPage(),
+                                     AdminEndpoints(), OpenApiDocument()]
+    if telemetry_available():
+        shipped.append(AgentTelemetry())
+    else:
+        log.info("agent telemetry (OTLP) off: pip install 'flowtrial[telemetry]' to receive it")
+    return shipped

@@ -79,4 +79,6 @@ def test_an_extension_adds_routes_document_entries_and_lifecycle_hooks(make_stud
 def test_the_root_serves_the_builtin_set_and_the_default_is_the_same() -> None:
     names = [e.name for e in standard_extensions()]
     assert names == [e.name for e in builtin_extensions()]
-    assert names == ["events", "continue", "participant_page", "admin", "openapi"]
+    # The [test] extra installs [all], so the OTLP receiver (the [telemetry] extra) is there.
+    assert names == ["events", "continue", "participant_page", "admin", "openapi",
+                     "agent_telemetry"]
