@@ -137,6 +137,7 @@ class CycleRun:
         if self.rec.error:  # the last stop before cycles.error: no key gets past it
             self.rec.error = self._scrub().text(self.rec.error)
         await self.state.recorder.record(self.rec)
+        self.state.turns.recorded(self.rec)
 
     async def _abandon(self, why: str, status: str = "abandoned", started: bool = True) -> None:
         rec = self.rec
@@ -257,6 +258,7 @@ class CycleRun:
                 if got is None:
                     break
                 arrival, batch = got
+                rec.t_upstream_last_ns = arrival
                 for ev, c in batch:
                     kind = c.kind
                     if kind is Kind.OTHER and c.obj is None and ev.data and ev.data.strip():

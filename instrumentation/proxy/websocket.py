@@ -47,7 +47,7 @@ from .arms import NoAssignmentError
 from .auth import ParticipantInfo, key_from_headers
 from .cycle import CycleRun
 from .health import UNAVAILABLE_MESSAGE
-from .protocols.base import JsonFrames, openai_error
+from .protocols.base import JsonFrames, dumps, openai_error
 from .protocols.responses import ResponsesSocketAdapter, ws_error
 from .releases import give_way
 from .scrub import Scrubber
@@ -122,6 +122,7 @@ class SocketTurn(CycleRun):
                          transport="websocket", turn=conn.turns, connection_id=conn.id)
         self.conn = conn
         self.message = message
+        conn.state.turns.arrive(self.rec, body, dumps(body).encode(), conn.headers)
 
     def _client_key(self) -> str | None:
         return self.conn.client_key
