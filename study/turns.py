@@ -67,6 +67,7 @@ class Call:
     t_end_ns: int | None  # the last token sent (else when the cycle ended)
     offset_ns: int = 0
     t_upstream_last_ns: int | None = None
+    t_last_sent_ns: int | None = None  # None when no text went out (a tool call only)
     shaped: bool = False
     tool_calls: int = 0
     status: str = "ok"
@@ -87,10 +88,11 @@ class Call:
 
     @property
     def injected_ns(self) -> int:
-        """How much later the last token reached the client than the proxy (shaping)."""
-        if not self.shaped or self.t_end_ns is None or self.t_upstream_last_ns is None:
+        """How much later the last text token reached the client than the upstream's last
+        event reached the proxy (shaping; tool-call events are not paced)."""
+        if not self.shaped or self.t_last_sent_ns is None or self.t_upstream_last_ns is None:
             return 0
-        return max(0, self.t_end_ns - self.t_upstream_last_ns)
+        return max(0, self.t_last_sent_ns - self.t_upstream_last_ns)
 
 
 def call_from_row(row: Any) -> Call:
@@ -104,6 +106,7 @@ def call_from_row(row: Any) -> Call:
         cycle_id=g("id"), participant_id=g("participant_id"), kind=g("request_kind") or "human",
         t_request_ns=int(g("t_request_ns")), t_end_ns=None if end is None else int(end),
         offset_ns=wall - mono, t_upstream_last_ns=g("t_upstream_last_ns"),
+        t_last_sent_ns=g("t_last_sent_ns"),
         shaped=bool(g("shaped")), tool_calls=int(g("tool_calls") or 0),
         status=g("status") or "ok", arm=g("arm") or "", period=g("period"),
         task_id=g("task_id"), protocol=g("protocol") or "chat", client=g("client"),

@@ -153,7 +153,8 @@ def _call(rec: Any, offset: int) -> Call:
     return Call(
         cycle_id=rec.id, participant_id=rec.participant_id, kind=rec.request_kind,
         t_request_ns=rec.t_request_ns, t_end_ns=end, offset_ns=offset,
-        t_upstream_last_ns=rec.t_upstream_last_ns, shaped=target is not None,
+        t_upstream_last_ns=rec.t_upstream_last_ns, t_last_sent_ns=rec.t_last_sent_ns,
+        shaped=target is not None,
         tool_calls=rec.tool_calls, status=rec.status, arm=rec.arm, period=rec.period,
         task_id=rec.task_id, protocol=rec.protocol, client=rec.client,
         conversation_key=rec.conversation_key, mono_anchor_ns=rec.mono_anchor_ns,
