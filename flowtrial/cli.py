@@ -61,6 +61,11 @@ COMMANDS: dict[str, CommandSpec] = {
         "(opening it does this too; run it once before starting several proxies on one "
         "database).",
         _STUDY),
+    "turns": CommandSpec(
+        "flowtrial.study.commands:turns",
+        "Rebuild the agent turns from the recorded cycles (older or imported data gets "
+        "turns: kinds are inferred where the proxy recorded none).",
+        _ANALYSE),
     "proxy": CommandSpec(
         "flowtrial.instrumentation.proxy.commands:proxy",
         "Run the latency-shaping proxy: point participants' assistants at the URL it prints.",

@@ -36,6 +36,7 @@ __all__ = [
     "rebuild_turns",
     "summarize_turn",
     "turn_id_for",
+    "turn_rows_from_cycles",
 ]
 
 Kind = Literal["human", "continuation", "side", "retry"]
@@ -409,3 +410,14 @@ def rebuild_turns(database: Any, rules: TurnRules | None = None) -> int:
             session.execute(Turn.__table__.insert(), turn_rows)  # type: ignore[attr-defined]
         session.commit()
     return len(turn_rows)
+
+
+def turn_rows_from_cycles(cycles: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``turns`` rows for ``cycles`` rows that carry ``turn_id`` (the simulator's): the same
+    rows :func:`rebuild_turns` would make, one :func:`summarize_turn` per turn."""
+    groups: dict[str, list[Call]] = {}
+    for r in cycles:
+        if r.get("turn_id") is not None:
+            groups.setdefault(r["turn_id"], []).append(call_from_row(r))
+    return [summarize_turn(tid, calls) for tid, calls in groups.items()
+            if any(c.kind != "side" for c in calls)]

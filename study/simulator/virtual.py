@@ -21,9 +21,10 @@ import numpy as np
 import pandas as pd
 
 from ..config import StudyConfig
-from ..schema import Cycle, DrawCounter, Event, GroundTruth, Task
+from ..schema import Cycle, DrawCounter, Event, GroundTruth, Task, Turn
 from ..storage import Database, WriteBatch, write_rows
 from ..timeline import idle_wait_s
+from ..turns import turn_rows_from_cycles
 from .model import (
     Behaviour,
     Population,
@@ -197,6 +198,13 @@ def simulate_virtual_frames(
         "content_chars": flat(beh.n_tokens) * CHARS_PER_TOKEN,
         "simulated": True,
         "recorded_by": "simulator",
+        # Chat cycles: each the person's own prompt, a single-call turn.
+        "request_kind": "human",
+        "kind_rule": "simulated",
+        "turn_id": ["trn_" + c for c in cycle_ids],
+        "conversation_key": None,
+        "client": "flowtrial-simulator",
+        "t_upstream_last_ns": None,
     })[CYCLE_COLUMNS]
 
     events = _events(params, beh, pop, tl, t_req, post, bg_resume, raw_ns, cycle_ids, ids,
@@ -348,9 +356,11 @@ def simulate_virtual(
         # them later must continue past those (the counter every proxy claims from).
         counters = ([{"participant_id": p, "next_index": tasks * prompts_per_task}
                      for p in ids] if config.study.design == "per_prompt" else [])
+        cycle_rows = frame_rows(frames["cycles"])
         write_rows(database, [
             WriteBatch(Task, frame_rows(frames["tasks"])),
-            WriteBatch(Cycle, frame_rows(frames["cycles"])),
+            WriteBatch(Cycle, cycle_rows),
+            WriteBatch(Turn, turn_rows_from_cycles(cycle_rows)),
             WriteBatch(Event, frame_rows(frames["events"], drop=("id",))),
             WriteBatch(GroundTruth, frame_rows(frames["ground_truth"], drop=("id",))),
             WriteBatch(DrawCounter, counters),
