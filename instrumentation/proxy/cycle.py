@@ -136,8 +136,7 @@ class CycleRun:
             self._task_lookup = None
         if self.rec.error:  # the last stop before cycles.error: no key gets past it
             self.rec.error = self._scrub().text(self.rec.error)
-        await self.state.recorder.record(self.rec)
-        self.state.turns.recorded(self.rec)
+        await self.state.recorder.record(self.rec, self.state.turns.recorded(self.rec))
 
     async def _abandon(self, why: str, status: str = "abandoned", started: bool = True) -> None:
         rec = self.rec

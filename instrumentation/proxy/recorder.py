@@ -214,8 +214,9 @@ class Recorder:
         #: Trips when the database fails: new requests are refused, failed rows held.
         self.gate = DatabaseGate(writer)
 
-    async def record(self, rec: CycleRecord) -> None:
-        """Make ``rec`` durable; raises if the write failed (the caller must fail loudly).
+    async def record(self, rec: CycleRecord, also: WriteBatch | None = None) -> None:
+        """Make ``rec`` durable (with ``also``, its turn's row, in the same transaction);
+        raises if the write failed (the caller must fail loudly).
 
         A failure that is the database's trips the gate and keeps the row (marked: its client
         got an error, not the end of the answer) to be written once the database is back;
@@ -228,7 +229,8 @@ class Recorder:
         batch = WriteBatch(Cycle, _LazyRow(rec, self.capture, self.recorded_by))
         t0 = time.monotonic_ns()
         try:
-            await asyncio.wrap_future(self.writer.submit(batch))
+            await asyncio.wrap_future(self.writer.submit(
+                *((batch, also) if also is not None else (batch,))))
         except Exception as exc:
             self.failed += 1
             if is_database_failure(exc):

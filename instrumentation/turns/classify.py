@@ -11,7 +11,6 @@ one by one (docs/concepts/turns.md).
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -129,11 +128,14 @@ def _text(content: Any) -> str:
     return ""
 
 
-def _key(*parts: Any) -> str | None:
+def _key(*parts: str) -> str | None:
     if not any(parts):
         return None
-    raw = json.dumps(parts, sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.blake2b(raw.encode("utf-8"), digest_size=8).hexdigest()
+    h = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        h.update(part.encode("utf-8", "replace"))
+        h.update(b"\x00")
+    return h.hexdigest()
 
 
 def _chat(body: dict[str, Any]) -> tuple[Ends, str, str | None]:
@@ -141,7 +143,7 @@ def _chat(body: dict[str, Any]) -> tuple[Ends, str, str | None]:
     system = [_text(m.get("content")) for m in messages if m.get("role") in _SYSTEM_ROLES]
     first_user = next((_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
     rest = [m for m in messages if m.get("role") not in _SYSTEM_ROLES]
-    key = _key(system[:1], first_user)
+    key = _key(system[0] if system else "", first_user)
     if not rest:
         return "empty", "chat:no_messages", key
     last = rest[-1]

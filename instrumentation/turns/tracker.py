@@ -3,9 +3,10 @@ table up to date as its cycles are recorded.
 
 Two hooks, nothing else in the request path: :meth:`TurnTracker.arrive` (once the body is
 parsed, before the upstream call: sets the cycle's kind, rule, turn, conversation and client)
-and :meth:`TurnTracker.recorded` (once the cycle row is durable: notes the call's end and
-writes the turn's row, recomputed from its calls, as an upsert that nobody waits for). The
-turn rows are what :func:`flowtrial.study.turns.rebuild_turns` would compute from the cycles.
+and :meth:`TurnTracker.recorded` (as the cycle is written: notes the call's end and returns
+the turn's row, recomputed from its calls, as an upsert committed in the cycle's own
+transaction; the row is built in the writer thread). The turn rows are what
+:func:`flowtrial.study.turns.rebuild_turns` would compute from the cycles.
 
 One tracker per proxy process: with several proxies (or workers) sharing a database, a
 continuation served by another process than its turn's start starts a turn of its own;
@@ -15,20 +16,18 @@ continuation served by another process than its turn's start starts a turn of it
 from __future__ import annotations
 
 import hashlib
-import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from flowtrial.study.storage import RecordWriter, WriteBatch
+from flowtrial.study.storage import WriteBatch
 from flowtrial.study.turns import Call, TurnAssigner, TurnRules, summarize_turn
 
 from .classify import Context, classify, client_name, features
 
 __all__ = ["TurnTracker"]
 
-log = logging.getLogger("flowtrial.proxy")
 _MAX_RESPONSE_IDS = 10_000
 
 
@@ -48,14 +47,13 @@ class _Rec(Protocol):  # what the tracker reads and sets on a cycle record
 class TurnTracker:
     """Per-process turn state: the assigner, each open turn's calls, response chains."""
 
-    def __init__(self, writer: RecordWriter | None, mono_anchor_ns: int, wall_anchor_ns: int,
+    def __init__(self, mono_anchor_ns: int, wall_anchor_ns: int,
                  rules: TurnRules | None = None) -> None:
-        self.writer = writer
         self.assigner = TurnAssigner(rules)
         self._offset = wall_anchor_ns - mono_anchor_ns
         self._calls: dict[str, dict[str, Call]] = {}  # turn id -> cycle id -> call
         self._chains: dict[str, str | None] = {}  # Responses id -> conversation key
-        self.write_failures = 0
+        self._since_prune = 0
 
     # ------------------------------------------------------------------ hooks
     def arrive(self, rec: _Rec, body: Mapping[str, Any], raw: bytes,
@@ -69,7 +67,7 @@ class TurnTracker:
         if f.previous_response_id is not None:  # a Responses chain keeps its conversation
             conversation = self._chains.get(f.previous_response_id) or _hash(
                 f.previous_response_id)
-        request_key = hashlib.blake2b(raw, digest_size=16).hexdigest()
+        request_key = f"{len(raw)}:{hash(raw):x}"  # in memory only: the fast built-in hash
         latest = self.assigner.latest(pid, now)
         ctx = Context(
             repeat=self.assigner.repeat_of(pid, request_key, now),
@@ -87,10 +85,11 @@ class TurnTracker:
             pid, rec.id, kind, now, conversation_key=conversation, request_key=request_key,
             model=f.model, offers_tools=f.offers_tools, client=client)
 
-    def recorded(self, rec: Any) -> None:
-        """The cycle is durable: note its end and write its turn's row (not awaited)."""
+    def recorded(self, rec: Any) -> WriteBatch | None:
+        """The cycle is about to be written: note its end, and return its turn's row (an
+        upsert, built in the writer thread) to commit in the same transaction."""
         if getattr(rec, "request_kind", None) is None:
-            return
+            return None
         if rec.upstream_response_id and rec.conversation_key is not None:
             if len(self._chains) >= _MAX_RESPONSE_IDS:
                 self._chains.pop(next(iter(self._chains)))
@@ -99,24 +98,15 @@ class TurnTracker:
         self.assigner.ended(rec.participant_id, rec.turn_id, rec.request_kind, call.final,
                             (call.t_end_ns or rec.t_request_ns) + self._offset)
         if rec.turn_id is None:
-            return
+            return None
         calls = self._calls.setdefault(rec.turn_id, {})
         calls[rec.id] = call
         self._prune()
         if not any(c.kind != "side" for c in calls.values()):
-            return  # side calls alone make no turn (yet)
-        row = summarize_turn(rec.turn_id, list(calls.values()))
-        if self.writer is None:
-            return
+            return None  # side calls alone make no turn (yet)
         from flowtrial.study.schema import Turn
 
-        try:
-            future = self.writer.submit(WriteBatch(Turn, [row], upsert=True))
-        except Exception:  # noqa: BLE001 - the cycles hold the truth; rebuild_turns redoes it
-            self.write_failures += 1
-            log.warning("could not queue turn %s", rec.turn_id, exc_info=True)
-            return
-        future.add_done_callback(self._done)
+        return WriteBatch(Turn, _LazyTurn(rec.turn_id, list(calls.values())), upsert=True)
 
     def rows(self) -> list[dict[str, Any]]:
         """The current row of every turn this tracker holds (for tests and the admin view)."""
@@ -124,16 +114,13 @@ class TurnTracker:
                 if any(c.kind != "side" for c in calls.values())]
 
     # ------------------------------------------------------------------ internals
-    def _done(self, future: Any) -> None:
-        if future.exception() is not None:
-            self.write_failures += 1
-            log.warning("turn row not written: %s (flowtrial turns rebuilds it)",
-                        future.exception())
-
     def _prune(self) -> None:
-        """Forget the calls of turns the assigner no longer holds (idle past the limit)."""
-        if len(self._calls) < 256:
+        """Forget the calls of turns the assigner no longer holds (idle past the limit);
+        every 256 recorded cycles, so the sweep costs O(1) per cycle."""
+        self._since_prune += 1
+        if self._since_prune < 256:
             return
+        self._since_prune = 0
         now = time.monotonic_ns() + self._offset
         live: set[str] = set()
         for pid in {c.participant_id for calls in self._calls.values()
@@ -141,6 +128,27 @@ class TurnTracker:
             live |= self.assigner.held(pid, now)
         for tid in [t for t in self._calls if t not in live]:
             del self._calls[tid]
+
+
+class _LazyTurn(Sequence[dict[str, Any]]):
+    """A one-row batch whose turn row is computed on first use (by the writer thread)."""
+
+    __slots__ = ("_id", "_calls", "_row")
+
+    def __init__(self, turn_id: str, calls: list[Call]) -> None:
+        self._id = turn_id
+        self._calls = calls
+        self._row: dict[str, Any] | None = None
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
+        if i not in (0, -1):
+            raise IndexError(i)
+        if self._row is None:
+            self._row = summarize_turn(self._id, self._calls)
+        return self._row
 
 
 def _hash(text: str) -> str:
