@@ -361,7 +361,7 @@ def render_html(results: dict[str, Any], figures: dict[str, str | None]) -> str:
     """The self-contained report (jinja2 template ``analysis/templates/report.html.j2``)."""
     from jinja2 import Environment, PackageLoader, select_autoescape
 
-    env = Environment(loader=PackageLoader("analysis", "templates"),
+    env = Environment(loader=PackageLoader(__package__, "templates"),
                       autoescape=select_autoescape(["html", "j2"]))
     env.filters["fmt"] = _fmt
     env.filters["pct"] = _pct

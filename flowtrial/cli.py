@@ -217,8 +217,8 @@ def _root() -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point (also ``python -m flowtrial``)."""
+    app(prog_name="flowtrial")
 
 
 if __name__ == "__main__":

@@ -8,15 +8,38 @@ session on first use.
 
 from __future__ import annotations
 
+import importlib.abc
 import os
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from tests.pg_server import PgServer, start_server
 
 BACKENDS = ("sqlite", "postgresql")
+
+
+class _NoBareFolderImports(importlib.abc.MetaPathFinder):
+    """The suite runs from the repository root, where `study/`, `analysis/`, … are also
+    importable under their folder names; an installed flowtrial has only `flowtrial.*`.
+    Refusing the bare names makes a leftover `import analysis` (or a string such as
+    ``PackageLoader("analysis", …)``) fail here as it would for a user."""
+
+    BARE = frozenset({"study", "instrumentation", "analysis", "dashboards"})
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> None:
+        if fullname.split(".")[0] in self.BARE:
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r} (flowtrial's packages are flowtrial.*)",
+                name=fullname)
+        return None
+
+
+sys.meta_path.insert(0, _NoBareFolderImports())
 
 
 def pytest_configure(config: pytest.Config) -> None:
