@@ -86,9 +86,10 @@ CYCLE_COLUMNS = [
     "mono_anchor_ns", "wall_anchor_ns", "t_request_ns", "t_first_sent_ns", "t_last_sent_ns",
     "target_ttft_ms", "target_tps", "target_delivery", "experienced_ttft_ms", "achieved_tps",
     "violation", "violation_ms", "tokens_completion", "tokens_sent", "request_kind", "turn_id",
+    "tool_calls", "t_done_ns",
 ]
 _NS_COLUMNS = ["mono_anchor_ns", "wall_anchor_ns", "t_request_ns", "t_first_sent_ns",
-               "t_last_sent_ns"]
+               "t_last_sent_ns", "t_done_ns"]
 
 
 @dataclass

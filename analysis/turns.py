@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-__all__ = ["WaitUnit", "waiting_units"]
+__all__ = ["WaitUnit", "turn_segments", "waiting_units"]
 
 
 @dataclass(frozen=True)
@@ -80,3 +80,43 @@ def waiting_units(cycles: pd.DataFrame) -> tuple[pd.DataFrame, WaitUnit]:
     out = out.sort_values(["participant_id", "t_request_ns"], kind="stable").reset_index(
         drop=True)
     return out, WaitUnit("turn", len(out), n, int(side.sum()), retries, multi)
+
+
+def turn_segments(cycles: pd.DataFrame) -> pd.DataFrame:
+    """Inside each multi-call turn: one ``model call`` segment per call (request → last
+    token, else its end) and one ``tool`` segment from a call that asked for tools to the
+    next request of the turn (wall-clock ``start``/``end``, the final call's ``cycle_id``
+    and ``arm``): what the dashboard timeline draws inside a turn's wait bar."""
+    cols = ["phase", "start", "end", "cycle_id", "arm"]
+    need = {"turn_id", "request_kind", "t_request_ns", "t_last_sent_ns", "t_done_ns",
+            "tool_calls", "mono_anchor_ns", "wall_anchor_ns"}
+    if len(cycles) == 0 or not need <= set(cycles.columns):
+        return pd.DataFrame(columns=cols)
+    c = cycles[cycles["request_kind"].astype(object).fillna("human") != "side"]
+    c = c[c["turn_id"].notna()]
+    if len(c) == 0:
+        return pd.DataFrame(columns=cols)
+    off = (pd.to_numeric(c["wall_anchor_ns"]) - pd.to_numeric(c["mono_anchor_ns"])).astype(
+        "Int64")
+    end = pd.to_numeric(c["t_last_sent_ns"]).astype("Int64").fillna(
+        pd.to_numeric(c["t_done_ns"]).astype("Int64"))
+    id_col = "id" if "id" in c.columns else "cycle_id"
+    d = pd.DataFrame({"turn": c["turn_id"].to_numpy(object),
+                      "cycle_id": c[id_col].astype(str).to_numpy(object),
+                      "arm": c["arm"].astype(str).to_numpy(object),
+                      "start": (pd.to_numeric(c["t_request_ns"]).astype("Int64") + off
+                                ).to_numpy(),
+                      "end": (end + off).to_numpy(),
+                      "tools": pd.to_numeric(c["tool_calls"]).fillna(0).to_numpy(int)})
+    d = d[d.groupby("turn")["turn"].transform("size") > 1].sort_values(["turn", "start"])
+    if len(d) == 0:
+        return pd.DataFrame(columns=cols)
+    final = d.groupby("turn")["cycle_id"].transform("last")
+    nxt = d.groupby("turn")["start"].shift(-1)
+    tool = d[(d["tools"] > 0) & nxt.notna()].assign(start=d["end"], end=nxt)
+    calls = d.assign(phase="model call", cycle_id=final)
+    tool = tool.assign(phase="tool", cycle_id=final[tool.index])
+    out = pd.concat([calls, tool], ignore_index=True).dropna(subset=["start", "end"])
+    for col in ("start", "end"):
+        out[col] = pd.to_datetime(out[col].astype("int64"), unit="ns", utc=True)
+    return out[cols]

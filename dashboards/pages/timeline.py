@@ -1,5 +1,6 @@
 """Flow timeline: one participant's day, each cycle as prompt → wait → review, with the
-time focus was away (switches) and the resumption lag shaded.
+time focus was away (switches) and the resumption lag shaded. Where agents made multi-call
+turns the wait bar is the whole turn, with its model calls and tool runs drawn inside.
 
 Only that participant-day is read (indexed range queries), and the cycle numbers come from
 ``flowtrial.analysis.metrics.cycle_table_from_frames`` on it, so they are the report's."""
@@ -13,8 +14,8 @@ import streamlit as st
 
 from flowtrial.dashboards import data, ui
 
-PHASE_COLORS = {"wait": "#f28e2b", "review": "#4e79a7", "resumption lag": "#e15759",
-                "away (switch)": "#9d9d9d"}
+PHASE_COLORS = {"wait": "#f28e2b", "model call": "#edc948", "tool": "#76b7b2",
+                "review": "#4e79a7", "resumption lag": "#e15759", "away (switch)": "#9d9d9d"}
 
 
 def build(url: str, fresh: tuple[int, ...], participant: str, day: str
@@ -44,6 +45,12 @@ def build(url: str, fresh: tuple[int, ...], participant: str, day: str
     ):
         seg = cyc.assign(phase=phase, start=start, end=end)
         segs.append(seg[seg["end"].notna() & seg["start"].notna()])
+    # Inside an agent turn's wait: its model calls and tool runs.
+    from flowtrial.analysis.turns import turn_segments
+
+    inner = turn_segments(tables["cycles"])
+    if len(inner):
+        segs.append(inner.merge(cyc.drop(columns=["arm"]), on="cycle_id", how="left"))
     # Away episodes (focus outside the working apps), as analysis.switches defines them.
     ev = tables["events"]
     focus = ev[ev["kind"].isin(FOCUS_KINDS)]

@@ -63,3 +63,16 @@ def test_chat_only_studies_keep_their_cycles() -> None:
     a = cycle_table_from_frames(frames_from_tables({"cycles": df}, CONFIG))
     b = cycle_table_from_frames(frames_from_tables({"cycles": without}, CONFIG))
     pd.testing.assert_frame_equal(a, b)
+
+
+def test_turn_segments_draw_calls_and_tool_runs_inside_the_turn() -> None:
+    from flowtrial.analysis.turns import turn_segments
+
+    rows = [dict(r, t_done_ns=(r["t_last_sent_ns"] or int((r["t_request_ns"] / S + 0.4) * S)))
+            for r in AGENT]
+    seg = turn_segments(pd.DataFrame(rows))
+    assert list(seg["phase"]) == ["model call"] * 3 + ["tool"] * 2
+    assert set(seg["cycle_id"]) == {"c3"}  # drawn on the turn's row (its final answer)
+    tool = seg[seg["phase"] == "tool"]
+    secs = ((tool["end"] - tool["start"]).dt.total_seconds()).round(3).tolist()
+    assert secs == [2.6, 2.6]  # 0.4 → 3.0 and 3.4 → 6.0
