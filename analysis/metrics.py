@@ -374,7 +374,7 @@ def cycle_table_from_frames(
     open_ended = same & (gap > frames.idle_limit_s)
     out["cycle_time_s"] = np.where(open_ended, np.nan, gap)
     out["open_ended"] = open_ended
-    out.attrs["wait_unit"] = unit
+    out.attrs["wait_unit"] = unit.as_dict()
     return out
 
 

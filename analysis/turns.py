@@ -14,7 +14,7 @@ before turns existed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
@@ -32,6 +32,10 @@ class WaitUnit:
     side_calls: int  # set aside
     retries: int  # merged into their turn
     multi_call_turns: int
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain JSON-able fields (for ``DataFrame.attrs``), the sentence included."""
+        return {**asdict(self), "note": self.sentence()}
 
     def sentence(self) -> str:
         if self.unit == "cycle":

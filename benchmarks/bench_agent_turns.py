@@ -57,7 +57,7 @@ def one_study(job: tuple[str, int, dict[str, Any]]) -> dict[str, Any]:
     df = df.assign(switched=df["switched"].astype(bool).astype(int))
     r = fit_threshold(df, n_boot=cfg["n_boot"], n_null=cfg["n_boot"], seed=seed)
     return {"case": case, "psi": r.psi_s, "ci": r.ci_s, "found": r.found, "units": len(df),
-            "unit": table.attrs["wait_unit"].unit}
+            "unit": table.attrs["wait_unit"]["unit"]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,7 +101,8 @@ if not ui.no_cycles(ctx, "The timeline"):
             seg = seg[seg["arm"].isin(ctx.filters.arms) | seg["phase"].eq("away (switch)")]
         n_sw = int(cyc["switched"].sum())
         m = st.columns(4)
-        m[0].metric("Cycles this day", len(cyc))
+        turns = (cyc.attrs.get("wait_unit") or {}).get("unit") == "turn"
+        m[0].metric("Agent turns this day" if turns else "Cycles this day", len(cyc))
         m[1].metric("Switched during the wait", n_sw)
         m[2].metric("Median total wait", ui.fmt(cyc["total_wait_s"].median(), ".1f", " s"))
         m[3].metric("Time waiting", ui.fmt(cyc["total_wait_s"].sum() / 60, ".1f", " min"))

@@ -43,7 +43,7 @@ def test_agent_turns_become_the_unit() -> None:
     assert (unit.unit, unit.units, unit.side_calls, unit.multi_call_turns) == ("turn", 2, 1, 1)
     assert "1 side calls set aside" in unit.sentence()
     table = cycle_table_from_frames(frames_from_tables({"cycles": pd.DataFrame(AGENT)}, CONFIG))
-    assert table.attrs["wait_unit"].unit == "turn"
+    assert table.attrs["wait_unit"]["unit"] == "turn"
     assert list(table["cycle_id"]) == ["c3", "c4"]  # the final answers
     turn = table.iloc[0]
     # The turn's wait runs from the person's prompt (0 s) to the answer's text (6.3 s).
