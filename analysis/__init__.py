@@ -1,4 +1,4 @@
-"""flowtrial analysis: the preregistered estimators (DESIGN §6).
+"""flowtrial analysis: the preregistered estimators (docs/concepts/analysis.md).
 
 - `flowtrial.analysis.effects`: METR-style task-time effect (`estimate_effect`).
 - `flowtrial.analysis.threshold`: the flow threshold ψ (`fit_threshold`, `simulate_switch_data`,

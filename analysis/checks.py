@@ -1,4 +1,5 @@
-"""Checks first (DESIGN §6.1): sample-ratio mismatch, carry-over, manipulation, missing data.
+"""Checks first (docs/concepts/analysis.md#checks-first): sample-ratio mismatch, carry-over,
+manipulation, missing data.
 
 Every check returns a small result object with `.ok` (nothing to worry about) and
 `.to_dict()` (JSON-ready). Bad input raises `AnalysisInputError` with a one-line message.

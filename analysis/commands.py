@@ -143,7 +143,8 @@ def threshold(
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Estimate the flow threshold ψ: hinge logistic of P(switch) on log wait (DESIGN §6.3)."""
+    """Estimate the flow threshold ψ: hinge logistic of P(switch) on log wait
+    (docs/concepts/analysis.md)."""
     from . import AnalysisInputError
     from .threshold import fit_threshold
 
@@ -179,3 +180,60 @@ def threshold(
     for model in ("flat", "smooth", "hinge"):
         console.print(f"  {model:6s} AIC {result.aic[model]:.1f}  BIC {result.bic[model]:.1f}")
     console.print(f"model choice: {result.model_choice}")
+
+
+def notebooks(
+    db: Annotated[str | None, typer.Option(
+        "--db", help="Study database the notebooks read (a SQLite path or a SQLAlchemy URL; "
+        "default: the demo's flowtrial-demo/flowtrial.db, here or in a folder above).")] = None,
+    port: Annotated[int, typer.Option(
+        "--port", help="Port for Jupyter (a nearby free one if it is taken).")] = 8888,
+    no_browser: Annotated[bool, typer.Option(
+        "--no-browser", help="Do not open a browser; print the URL only.")] = False,
+) -> None:
+    """Open the analysis notebooks (task effects, flow threshold, power) in JupyterLab on a
+    study database."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    from .notebook_db import ENV_VAR, find_demo_database
+
+    if importlib.util.find_spec("jupyterlab") is None:
+        raise ModuleNotFoundError("No module named 'jupyterlab'", name="jupyterlab")
+    folder = Path(__file__).resolve().parent / "notebooks"
+    if db is None:
+        found = find_demo_database(Path.cwd(), folder)
+        if found is None:
+            raise _fail("no study database: pass --db FILE, or run `flowtrial demo` here first "
+                        f"(looked for flowtrial-demo/flowtrial.db in {Path.cwd()} and above)")
+        db = str(found)
+    elif "://" not in db:
+        if not Path(db).is_file():
+            raise _fail(f"{db}: no such database; pass a study database made by flowtrial")
+        db = str(Path(db).resolve())  # Jupyter runs in the notebooks' folder
+    typer.echo(f"Notebooks in {folder}, reading {db}. Ctrl-C stops Jupyter.")
+    env = {**os.environ, ENV_VAR: db}
+    command = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={folder}",
+               "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+               # Nothing but loopback: no news feed, no update check, no PyPI extension search.
+               "--LabApp.news_url=None",
+               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+               "--LabApp.extension_manager=readonly"]
+    if no_browser:
+        command.append("--no-browser")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        # Containers often run as root, which Jupyter refuses unless told; it still listens
+        # on 127.0.0.1 only.
+        command.append("--ServerApp.allow_root=True")
+    process = subprocess.Popen(command, env=env)
+    while True:
+        try:
+            code = process.wait()
+            break
+        except KeyboardInterrupt:
+            # Jupyter got the same Ctrl-C: it asks to confirm, or stops on a second one.
+            # Wait for it, so that this command never leaves a server running behind it.
+            continue
+    raise typer.Exit(code)

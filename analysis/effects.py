@@ -1,4 +1,4 @@
-"""METR-style task-time effect (DESIGN §6.2).
+"""METR-style task-time effect (docs/concepts/analysis.md#task-time-effect).
 
 OLS of log(total task time) on the arm indicator and log(forecast) (the participant's
 pre-randomization estimate), optionally with participant fixed effects. The effect is

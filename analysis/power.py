@@ -1,5 +1,5 @@
-"""Power analysis by simulation (DESIGN.md §6.5): the report's own analysis, run on many
-simulated studies of each size.
+"""Power analysis by simulation (docs/concepts/analysis.md#power): the report's own analysis, run
+on many simulated studies of each size.
 
 For every cell (participants × prompts per participant) and replicate, the virtual simulator
 (``flowtrial.study.simulator.simulate_virtual_frames``, in memory, no database) generates a study

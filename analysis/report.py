@@ -1,4 +1,4 @@
-"""`flowtrial analyze`: the preregistered analysis of a study database (DESIGN.md §6).
+"""`flowtrial analyze`: the preregistered analysis of a study database (docs/concepts/analysis.md).
 
 ``run_analysis`` reads the database through the metrics layer (``flowtrial.analysis.metrics``), then
 runs, in this order:
@@ -69,8 +69,8 @@ def _wait_unit(cycles: Any) -> dict[str, Any]:
 def checks_section(
     config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks: pd.DataFrame
 ) -> dict[str, Any]:
-    """Checks first (DESIGN §6.1), with ``flowtrial.analysis.checks``; a check that does not apply
-    or cannot run says why in ``skipped``."""
+    """Checks first (docs/concepts/analysis.md#checks-first), with ``flowtrial.analysis.checks``; a
+    check that does not apply or cannot run says why in ``skipped``."""
     from . import checks
 
     def run(fn: Callable[[], Any]) -> dict[str, Any]:

@@ -166,15 +166,20 @@ def threshold_section(
 # ------------------------------------------------------------------------ secondary
 
 
+#: Closed cycle time a participant needs before their cycles per hour are reported.
+MIN_OBSERVED_S_PER_RATE = 600.0
+
+
 def _rates(g: pd.DataFrame, switch_col: str, persist_cols: list[str]) -> dict[str, Any]:
     decided = g["decision"] != "none"
     n_dec = int(decided.sum())
     sw = g[switch_col].to_numpy(dtype=bool)
     ct = g["cycle_time_s"].to_numpy(float)
-    per_part = (
-        g.assign(ct=ct).groupby("participant_id")["ct"].mean().dropna()
-    )
-    cph = 3600.0 / per_part[per_part > 0]
+    per_part = g.assign(ct=ct).groupby("participant_id")["ct"].agg(["mean", "sum"]).dropna()
+    # An hourly rate from a few seconds of work says nothing (4 scripted cycles gave
+    # "4,031 cycles / hour"): only participants with enough observed cycle time count.
+    per_part = per_part[(per_part["mean"] > 0) & (per_part["sum"] >= MIN_OBSERVED_S_PER_RATE)]
+    cph = 3600.0 / per_part["mean"]
     row: dict[str, Any] = {
         "n_cycles": int(len(g)),
         "n_participants": int(g["participant_id"].nunique()),

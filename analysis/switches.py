@@ -1,4 +1,5 @@
-"""Context-switch classification on focus-event timelines (DESIGN §2, §5).
+"""Context-switch classification on focus-event timelines (docs/concepts/timeline.md,
+docs/concepts/capture.md).
 
 A **context switch during a wait** is an *away episode* — foreground focus outside the
 participant's working apps — whose first not-AFK moment lies between ``t_request`` and

@@ -1,4 +1,4 @@
-"""The flow threshold ψ (DESIGN §6.3).
+"""The flow threshold ψ (docs/concepts/analysis.md#flow-threshold).
 
 Model: P(context switch during a wait of w seconds) follows a hinge logistic
 
@@ -27,10 +27,10 @@ The hinge is reported ("found") only when the existence test rejects at α, the 
 ψ is positive, the hinge beats the smooth model on both AIC and BIC, and the CI for ψ spans
 at most one decade and stays inside the observed wait range.
 
-Estimand: the pooled model describes the population-averaged curve. When individual
-thresholds vary (DESIGN §7: log-sd 0.35), its ψ is the onset of that averaged curve, which
-lies below the median individual threshold (≈ 6.8 s for a median of 8 s with the default
-simulator; `population_onset_psi` computes it for any simulator setting).
+Estimand: the pooled model describes the population-averaged curve. When individual thresholds
+vary (docs/concepts/simulated-participants.md: log-sd 0.35), its ψ is the onset of that
+averaged curve, which lies below the median individual threshold (≈ 6.8 s for a median of 8 s
+with the default simulator; `population_onset_psi` computes it for any simulator setting).
 
 Speed: the 2-parameter logistic fits are a vectorised Newton–Raphson over all grid points
 at once (one column per ψ), on binomial sufficient statistics: cycles are aggregated by
@@ -461,7 +461,7 @@ def fit_threshold(
     existence test (`n_null`) and AIC/BIC comparison with smooth and flat models.
 
     `median_response_tokens` N converts ψ to tokens/s: the generation wait is
-    TTFT + (N − 1)/tps (DESIGN §2: tokens after the first over t_last − t_first), so
+    TTFT + (N − 1)/tps (docs/concepts/timeline.md: tokens after the first over t_last − t_first), so
     tps(ψ) = (N − 1) / (ψ − ttft_s); `ttft_s` defaults to 0 (None when ψ ≤ ttft_s).
     Deterministic for a given `seed`.
     """

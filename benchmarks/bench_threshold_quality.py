@@ -1,7 +1,8 @@
 """Quality benchmark of the flow-threshold estimator (`flowtrial.analysis.threshold.fit_threshold`).
 
-Simulates many studies from known truths (DESIGN §7 defaults: ψ = 8 s, person-to-person
-log-sd 0.35, P(switch) 0.03 → 0.60, waits log-uniform 0.2–60 s) and prints:
+Simulates many studies from known truths (the defaults of
+docs/concepts/simulated-participants.md: ψ = 8 s, person-to-person log-sd 0.35, P(switch) 0.03
+→ 0.60, waits log-uniform 0.2–60 s) and prints:
 
 * hinge truth: 95 % CI coverage of ψ (target 0.90–0.98) — against the population median
   threshold ψ and against ψ*, the value the pooled hinge model converges to (they differ when

@@ -17,9 +17,15 @@ from dataclasses import dataclass
 import click
 import typer
 from rich.console import Console
-from typer.core import TyperGroup
+from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from .study.errors import FlowtrialError
+
+try:  # typer >= 0.25 carries its own copy of click; its exceptions are the ones raised
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover - older typer runs on click itself
+    from click.exceptions import NoArgsIsHelpError, UsageError
 
 
 @dataclass(frozen=True)
@@ -38,12 +44,17 @@ _STUDY, _RUN, _ANALYSE, _CAPTURE = "Set up a study", "Run it", "Analyse", "Captu
 COMMANDS: dict[str, CommandSpec] = {
     "demo": CommandSpec(
         "flowtrial.simulate_commands:demo",
-        "Run a whole latency trial offline in about a minute: proxy, simulated participants, "
+        "Run a whole latency trial offline in about two minutes: proxy, simulated participants, "
         "analysis, report.",
         _STUDY),
     "init": CommandSpec(
         "flowtrial.study.commands:init",
         "Write a commented example study file to edit.",
+        _STUDY),
+    "validate": CommandSpec(
+        "flowtrial.study.commands:validate",
+        "Check a study file without touching any database: one line per problem (exit code "
+        "2), or a short summary of the design when it is valid.",
         _STUDY),
     "enroll": CommandSpec(
         "flowtrial.study.commands:enroll",
@@ -101,13 +112,18 @@ COMMANDS: dict[str, CommandSpec] = {
         _ANALYSE),
     "threshold": CommandSpec(
         "flowtrial.analysis.commands:threshold",
-        "Estimate the flow threshold ψ: hinge logistic of P(switch) on log wait (DESIGN "
-        "§6.3).",
+        "Estimate the flow threshold ψ: hinge logistic of P(switch) on log wait "
+        "(docs/concepts/analysis.md).",
         _ANALYSE),
     "power": CommandSpec(
         "flowtrial.analysis.report_commands:power",
         "Power analysis by simulation: power to detect the flow threshold, CI coverage of the "
         "true ψ and power of the task-time effect, per participants × prompts cell.",
+        _ANALYSE),
+    "notebooks": CommandSpec(
+        "flowtrial.analysis.commands:notebooks",
+        "Open the analysis notebooks (task effects, flow threshold, power) in JupyterLab on a "
+        "study database.",
         _ANALYSE),
     "dashboard": CommandSpec(
         "flowtrial.dashboards.commands:dashboard",
@@ -127,7 +143,7 @@ EXTRA_OF_MODULE = {
     "httpx": "proxy", "jinja2": "analysis", "statsmodels": "analysis",
     "matplotlib": "analysis", "threadpoolctl": "analysis", "streamlit": "dashboard",
     "altair": "dashboard", "psycopg": "postgres", "openai": "demo", "pyarrow": "parquet",
-    "aw_client": "activitywatch",
+    "aw_client": "activitywatch", "jupyterlab": "notebooks",
 }
 
 err_console = Console(stderr=True)
@@ -136,7 +152,8 @@ err_console = Console(stderr=True)
 def fail(message: str) -> typer.Exit:
     """Print a one-line problem to stderr and return the exit to raise (code 2)."""
     for line in message.splitlines():
-        err_console.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)
+        # escape: a message may quote a table name such as [per_prompt], not markup
+        err_console.print(f"[red]error:[/red] {escape(line)}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -150,12 +167,54 @@ def missing_extra_message(exc: ModuleNotFoundError) -> str | None:
             f"pip install 'flowtrial[{extra}]'")
 
 
+def usage_error(exc: UsageError) -> typer.Exit:
+    """A usage error (missing or bad option, unknown command) as one line, exit code 2.
+
+    Typer would print click's usage block and a boxed message; the one line names the
+    problem and where the help is.
+    """
+    message = exc.format_message().strip().rstrip(".")
+    message = message[:1].lower() + message[1:]
+    path = exc.ctx.command_path if exc.ctx is not None else "flowtrial"
+    return fail(f"{path}: {message} (see `{path} --help`)")
+
+
+def _hide_flag_types(params: list[click.Parameter]) -> list[click.Parameter]:
+    """Typer's rich help shows an option's type next to it (``--db <str>``), flags included
+    (``--json <bool>``, ``--help <bool>``), although a flag takes no value: its plain help
+    leaves flags out, its rich help does not. An empty metavar shows nothing for them."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+def _parse_args(parse: object, ctx: click.Context, args: list[str]) -> list[str]:
+    """Parse, making sure a usage error knows its command (the option parser's do not)."""
+    try:
+        return parse(ctx, args)  # type: ignore[operator, no-any-return]
+    except UsageError as exc:
+        if exc.ctx is None:
+            exc.ctx = ctx
+        raise
+
+
+class Command(TyperCommand):
+    """A typer command whose help shows no type for flags and whose usage errors name it."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        return _hide_flag_types(super().get_params(ctx))
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return _parse_args(super().parse_args, ctx, args)
+
+
 def load_command(name: str) -> click.Command:
     """Import the command's module and build its click command (with typer, as usual)."""
     module_name, attr = COMMANDS[name].target.split(":")
     function = getattr(importlib.import_module(module_name), attr)
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    single.command(name)(function)
+    single.command(name, cls=Command)(function)
     return typer.main.get_command(single)
 
 
@@ -182,6 +241,21 @@ class LazyGroup(TyperGroup):
             return stub
         return load_command(cmd_name)
 
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        return _hide_flag_types(super().get_params(ctx))
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return _parse_args(super().parse_args, ctx, args)
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: object) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)  # type: ignore[arg-type]
+        except NoArgsIsHelpError:
+            raise
+        except UsageError as exc:
+            raise usage_error(exc) from None
+
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         self._listing = True
         try:
@@ -194,6 +268,8 @@ class LazyGroup(TyperGroup):
             return super().invoke(ctx)
         except FlowtrialError as exc:
             raise fail(str(exc)) from None
+        except UsageError as exc:
+            raise usage_error(exc) from None
         except ModuleNotFoundError as exc:
             advice = missing_extra_message(exc)
             if advice is None:

@@ -1,4 +1,4 @@
-"""``flowtrial demo``: a whole latency trial in about a minute, offline.
+"""``flowtrial demo``: a whole latency trial in about two minutes, offline.
 
 It writes a per-prompt study (TTFT drawn log-uniform over 1-40 s, spanning the 8 s
 threshold, with ``time_scale`` compressing everything so it runs in minutes), starts the

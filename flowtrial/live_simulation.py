@@ -382,7 +382,7 @@ def _proxy_window(database: Database, cycle_id: str | None, clock: _Clock
     A simulator's privilege, not a client's: on a busy machine the client sees tokens a few
     ms after the proxy sent them, and with time_scale 100 that is a sizeable part of a short
     wait. A switch placed by the client's view alone could then fall just after the proxy's
-    t_last_sent and not count as "during the wait" (DESIGN.md §2). The proxy makes the
+    t_last_sent and not count as "during the wait" (docs/concepts/timeline.md). The proxy makes the
     record durable before it closes the stream, so it is there to read.
     """
     if cycle_id is None:

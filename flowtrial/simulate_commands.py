@@ -131,7 +131,7 @@ def demo(
         "--participants", help="Number of simulated participants.")] = 12,
     seed: Annotated[int, typer.Option("--seed", help="Seed of study and behaviour.")] = 1,
 ) -> None:
-    """Run a whole latency trial offline in about a minute: proxy, simulated participants,
+    """Run a whole latency trial offline in about two minutes: proxy, simulated participants,
     analysis, report."""
     from rich.console import Console
 

@@ -2,7 +2,7 @@
 
 Sources: a running ``aw-server`` (read through the ``aw-client`` library, REST API
 ``/api/0/buckets/…/events``) or a JSON export (``GET /api/0/export`` →
-``{"buckets": {id: {…, "events": [...]}}}``). Buckets are read by type (DESIGN.md §5):
+``{"buckets": {id: {…, "events": [...]}}}``). Buckets are read by type (docs/concepts/capture.md):
 
 ``currentwindow`` (aw-watcher-window, ``{app, title}``)
     Every window event becomes one focus event at its start: ``focus_in`` (payload

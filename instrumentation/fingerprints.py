@@ -1,8 +1,8 @@
 """Winnowed k-gram fingerprints (MOSS-style) of prompts and answers.
 
 A study that does not keep content still needs to tell whether a completion *persisted*
-(DESIGN.md §5): a later prompt of the same participant contains most of an earlier answer.
-Fingerprints answer that without storing the text:
+(docs/concepts/capture.md): a later prompt of the same participant contains most of an earlier
+answer. Fingerprints answer that without storing the text:
 
 1. normalize: drop all whitespace (re-indentation and reflowing must not change the print);
 2. hash every k-gram of characters (k = 25) with a polynomial hash mod 2**64 (computed for all

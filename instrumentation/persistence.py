@@ -1,8 +1,8 @@
 """Passive acceptance: does a completion's text persist in the participant's later prompts?
 
 Clients such as Copilot and Cody check, 30 s, 2 min, 5 min and 10 min after a completion was
-shown, whether its text is still in the document (DESIGN.md §5). The proxy cannot see the
-document, but it sees every later prompt of the same participant — and prompts carry the code
+shown, whether its text is still in the document (docs/concepts/capture.md). The proxy cannot see
+the document, but it sees every later prompt of the same participant — and prompts carry the code
 around the cursor (inline completion) or the files the participant attached (chat). So, for
 each completion and each interval ``I`` of ``capture.persistence_intervals_s``:
 

@@ -1,4 +1,4 @@
-"""The study's own commands: init, enroll, status, export, migrate, turns.
+"""The study's own commands: init, validate, enroll, status, export, migrate, turns.
 
 Kept light at import time: each command imports what it needs inside its body, so that
 ``flowtrial CMD --help`` stays fast.
@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .errors import FlowtrialError
@@ -38,7 +39,28 @@ def init(
     from .config import example_study_text
 
     path.write_text(example_study_text(), encoding="utf-8")
-    console.print(f"Wrote {path}. Edit it, then enroll participants with `flowtrial enroll`.")
+    console.print(escape(f"Wrote {path}. Edit it, check it with `flowtrial validate --study "
+                         f"{path}`, then enroll participants with `flowtrial enroll`."),
+                  highlight=False, soft_wrap=True)
+
+
+def _warn(lines: list[str], source: Path) -> None:
+    err = Console(stderr=True)
+    for line in lines:
+        err.print(f"[yellow]warning:[/yellow] {escape(f'{source}: {line}')}", highlight=False,
+                  soft_wrap=True)
+
+
+def validate(study: StudyOpt) -> None:
+    """Check a study file without touching any database: one line per problem (exit code 2),
+    or a short summary of the design when it is valid."""
+    from .config import describe_study, load_study, study_warnings
+
+    config = load_study(study)  # raises ConfigError: one line per problem
+    _warn(study_warnings(config), study)
+    console.print(escape(f"{study}: valid."), highlight=False, soft_wrap=True)
+    for line in describe_study(config):
+        console.print(escape(f"  {line}"), highlight=False, soft_wrap=True)
 
 
 def enroll(
@@ -50,11 +72,12 @@ def enroll(
     ] = None,
 ) -> None:
     """Enroll a participant: assigns arms and prints their API key once (only a hash is kept)."""
-    from .config import load_study
+    from .config import load_study, study_warnings
     from .participants import enroll as do_enroll
     from .storage import init_db
 
     config = load_study(study)
+    _warn(study_warnings(config), study)
     consent = None
     if consent_at is not None:
         try:
@@ -64,11 +87,21 @@ def enroll(
             raise FlowtrialError(msg) from None
     database = init_db(db, config, study.read_text(encoding="utf-8"))
     p, key, assignments = do_enroll(database, config, participant, consent_at=consent)
-    arms = ", ".join(f"period {a.period}: {a.arm}" for a in assignments) or "per-prompt draws"
-    console.print(f"Enrolled [bold]{p.id}[/bold] ({arms}).")
+    assigned = _assignment_text(config.study.design, assignments)
+    console.print(f"Enrolled [bold]{p.id}[/bold]: {assigned}.")
     console.print("API key (shown once, give it to the participant):")
     # The key goes to stdout alone on its line so scripts can capture it.
     print(key)
+
+
+def _assignment_text(design: str, assignments: list) -> str:  # type: ignore[type-arg]
+    """What a participant was assigned, in the design's own words."""
+    if design == "per_prompt" or not assignments:
+        return "each prompt draws its own latency (per-prompt design)"
+    if design == "parallel":
+        return f"arm {assignments[0].arm}"
+    order = " → ".join(a.arm for a in sorted(assignments, key=lambda a: a.period))
+    return f"arms by period {order}"
 
 
 def status(

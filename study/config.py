@@ -362,6 +362,75 @@ def load_study(path: str | Path) -> StudyConfig:
     return parse_study(data, str(p))
 
 
+def study_warnings(config: StudyConfig) -> list[str]:
+    """Things in a valid study file that do nothing, one line each (naming the key).
+
+    A per-prompt study may keep ``[[arms]]`` (the example does, ready for switching the
+    design), but it does not use them: each request draws its latency from ``[per_prompt]``.
+    That is a warning, not an error, so that switching ``design`` back and forth needs no
+    other edit; ``flowtrial validate`` and ``flowtrial enroll`` print it.
+    """
+    out = []
+    if config.study.design == "per_prompt" and config.arms:
+        names = ", ".join(config.arm_names)
+        out.append(
+            f"arms: not used by design 'per_prompt' ({names}): each request draws its latency "
+            "from [per_prompt]; arms apply when design is 'parallel' or 'crossover'"
+        )
+    return out
+
+
+def describe_study(config: StudyConfig) -> list[str]:
+    """A short summary of a study's design, one line per part (``flowtrial validate``)."""
+
+    def profile(ttft: object, tps: object, delivery: str, jitter: float) -> str:
+        parts = [f"TTFT {ttft}", f"{tps} tokens/s"]
+        if delivery != "stream":
+            parts.append(delivery)
+        if jitter:
+            parts.append(f"jitter {jitter:g}")
+        return ", ".join(parts)
+
+    def rng(r: Range | None, unit: str) -> str:
+        if r is None:
+            return "upstream's own"
+        return f"{r.min:g}–{r.max:g} {unit} ({r.scale})"
+
+    s = config.study
+    lines = [
+        f"study {s.name!r}: design {s.design}, unit {s.unit}, seed {s.seed}, "
+        f"time_scale {s.time_scale:g}, idle limit {s.idle_limit_s:g} s"
+    ]
+    if s.design == "per_prompt" and config.per_prompt is not None:
+        pp = config.per_prompt
+        lines.append("per prompt: " + profile(rng(pp.ttft_ms, "ms"),
+                                             rng(pp.tokens_per_second, "").rstrip(),
+                                             pp.delivery, pp.jitter))
+    else:
+        for a in config.arms:
+            if not a.shaped:
+                desc = "unshaped (passes traffic through)"
+            else:
+                desc = profile(f"{a.ttft_ms:g} ms" if a.ttft_ms is not None else "upstream's own",
+                               f"{a.tokens_per_second:g}" if a.tokens_per_second else
+                               "upstream's own", a.delivery, a.jitter)
+            weight = f", weight {a.weight:g}" if a.weight != 1 else ""
+            lines.append(f"arm {a.name}: {desc}{weight}")
+        if s.design == "crossover":
+            lines.append(f"periods: {s.periods or len(config.arms)}")
+    up = config.upstream
+    where = {"mock": "the built-in simulated model (no key, no network)"}.get(
+        up.kind, up.base_url or "")
+    named = [f"[upstream.{f}] {getattr(up, f).base_url}" for f in ("openai", "anthropic")
+             if getattr(up, f) is not None]
+    lines.append(f"upstream: {up.kind}" + (f", {where}" if where else "")
+                 + "".join(f"; {n}" for n in named))
+    lines.append(f"capture: content {config.capture.content}, a switch is ≥ "
+                 f"{config.capture.switch_min_away_s:g} s away from the working apps")
+    lines.append(f"proxy: {config.proxy.host}:{config.proxy.port}")
+    return lines
+
+
 def example_study_text() -> str:
     """The commented example study file that `flowtrial init` writes."""
     return (Path(__file__).parent / "example_study.toml").read_text(encoding="utf-8")

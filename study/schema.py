@@ -127,7 +127,8 @@ class Cycle(SQLModel, table=True):
     model: str | None = None
     upstream: str = "mock"
     upstream_response_id: str | None = None
-    # The DESIGN.md timeline (monotonic ns) and the wall-clock anchor of the process.
+    # The cycle timeline (docs/concepts/timeline.md; monotonic ns) and the wall-clock
+    # anchor of the process.
     mono_anchor_ns: int = Field(sa_column=Column(BigInteger, nullable=False))
     wall_anchor_ns: int = Field(sa_column=Column(BigInteger, nullable=False))
     t_request_ns: int = Field(sa_column=Column(BigInteger, nullable=False))

@@ -1,4 +1,5 @@
-"""Shared definitions of the cycle timeline (DESIGN.md §2), used by simulator and analysis.
+"""Shared definitions of the cycle timeline (docs/concepts/timeline.md), used by simulator
+and analysis.
 
 Keeping them in one place means the simulator generates switches from exactly the wait the
 analysis later measures.

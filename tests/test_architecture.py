@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -34,16 +35,21 @@ def _package_copy(into: Path) -> Path:
     return into
 
 
+def lint_imports(site: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """import-linter (the [test] extra) on the package copy at ``site``, run by this Python
+    (its `lint-imports` script may be a shell shim that a bare PATH cannot run)."""
+    code = "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())"
+    return subprocess.run(
+        [sys.executable, "-c", code, "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=cwd, env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True, text=True, timeout=240)
+
+
 def test_imports_run_one_way(tmp_path: Path) -> None:
     """import-linter's contracts in pyproject.toml: root → dashboards → analysis |
     instrumentation → study, and no package imports the composition root."""
-    lint = shutil.which("lint-imports")
-    assert lint is not None, "import-linter is part of the [test] extra"
     site = _package_copy(tmp_path / "site")
-    proc = subprocess.run(
-        [lint, "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
-        cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": str(Path(lint).parent)},
-        capture_output=True, text=True, timeout=240)
+    proc = lint_imports(site, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     contracts = _pyproject()["tool"]["importlinter"]["contracts"]
     assert proc.stdout.count("KEPT") == len(contracts) >= 2, proc.stdout
@@ -51,15 +57,10 @@ def test_imports_run_one_way(tmp_path: Path) -> None:
 
 def test_import_linter_catches_a_wrong_way_import(tmp_path: Path) -> None:
     """The contracts can fail: a study module importing the analysis breaks them."""
-    lint = shutil.which("lint-imports")
-    assert lint is not None
     site = _package_copy(tmp_path / "site")
     (site / "flowtrial" / "study" / "wrong_way.py").write_text(
         "from flowtrial.analysis import metrics  # noqa: F401\n", encoding="utf-8")
-    proc = subprocess.run(
-        [lint, "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
-        cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": str(Path(lint).parent)},
-        capture_output=True, text=True, timeout=240)
+    proc = lint_imports(site, tmp_path)
     assert proc.returncode != 0
     assert "flowtrial.study.wrong_way -> flowtrial.analysis" in proc.stdout, proc.stdout
 

@@ -163,7 +163,7 @@ async def models(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     """``POST /v1/messages/count_tokens``: passed to the Anthropic upstream as is. Not a
-    cycle: it answers no prompt, so there is nothing to shape (DESIGN.md §4)."""
+    cycle: it answers no prompt, so there is nothing to shape (docs/internals/protocols.md)."""
     st = _state(request)
     st.requests += 1
     adapter = MessagesAdapter()

@@ -9,8 +9,8 @@ once the row is durable). HTTP + SSE (:class:`~flowtrial.instrumentation.proxy.r
 writes body chunks; the Responses WebSocket mode
 (:class:`~flowtrial.instrumentation.proxy.websocket.SocketTurn`) sends one text frame per event.
 
-Shaping rules (DESIGN.md §3): answer text is released on the schedule (split into token-sized
-whole events when there is a pace to keep; the TTFT floor holds the first text token).
+Shaping rules (docs/concepts/shaping.md): answer text is released on the schedule (split into
+token-sized whole events when there is a pace to keep; the TTFT floor holds the first text token).
 Tool-call / function-call events are passed on **as they arrive** — after any text already
 released, never re-split, never delayed by the floor — and counted in ``tool_calls``; they are
 not part of the text timeline (TTFT, pace, ``tokens_sent``). Everything else (structure,

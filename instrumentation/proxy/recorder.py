@@ -7,7 +7,7 @@ writer thread rather than on the event loop) to the shared
 transaction) and returns once the row is committed — or raises, in which case the relay must not
 send the final event ("nothing the client saw complete is lost").
 
-Definitions (ms from the monotonic timeline, see DESIGN.md §2):
+Definitions (ms from the monotonic timeline, see docs/concepts/timeline.md):
 experienced_ttft_ms = t_first_sent − t_request; generation_wait_ms = t_last_sent − t_request;
 achieved_tps = (output tokens after the first) / (t_last_sent − t_first_sent).
 ``t_done_ns`` is when the relay submitted the row (the stream had ended upstream and every

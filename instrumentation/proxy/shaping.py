@@ -1,4 +1,4 @@
-"""Latency shaping (DESIGN.md §3): when each output token may be released.
+"""Latency shaping (docs/concepts/shaping.md): when each output token may be released.
 
 A cycle's :class:`Target` (per arm, or per prompt from the draw) gives a floor on the first
 output token (``ttft_ms``), a pace after it (``tokens_per_second``), optional log-normal
@@ -9,7 +9,7 @@ written at t0, token k (k >= 1) may be released at
     due(k) = t0 + g_1 + … + g_k,   g_i = 1/tps · exp(σ·Z_i − σ²/2)
 
 and goes out at max(upstream arrival of k, due(k)): the shaper only ever slows delivery.
-When token 0 is on time, t0 = t_request + ttft and this is DESIGN.md's
+When token 0 is on time, t0 = t_request + ttft and this is the documented
 t_request + ttft + k/tps; pacing from the actual t0 keeps a few ms of lateness on the first
 token from being "caught up" by a burst, so the pace the participant sees is the target pace.
 Without ``ttft_ms`` token 0 goes out on arrival (a tokens/s-only arm is a pure rate limit).

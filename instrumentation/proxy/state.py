@@ -58,7 +58,8 @@ class ProxyState:
         self.recorder = Recorder(writer, config.capture.content, recorded_by=self.instance)
         self.keepalive_ns = int(config.proxy.keepalive_s * 1e9)
         self.max_body_bytes = config.proxy.max_body_bytes
-        # One anchor pair per process joins the monotonic timeline to UTC (DESIGN.md §2).
+        # One anchor pair per process joins the monotonic timeline to UTC
+        # (docs/concepts/timeline.md).
         self.mono_anchor_ns = time.monotonic_ns()
         self.wall_anchor_ns = time.time_ns()
         self.started_monotonic = time.monotonic()

@@ -1,4 +1,4 @@
-"""Simulated participants with known ground truth (DESIGN.md §7).
+"""Simulated participants with known ground truth (docs/concepts/simulated-participants.md).
 
 One behaviour model (:mod:`flowtrial.study.simulator.model`, parameters in
 :mod:`flowtrial.study.simulator.params`) drives two modes: **virtual** (no HTTP; numpy writes the

@@ -1,14 +1,16 @@
-"""Parameters of simulated participants and the truth models of switching (DESIGN.md §7).
+"""Parameters of simulated participants and the truth models of switching
+(docs/concepts/simulated-participants.md).
 
 Everything a simulated study depends on lives in :class:`SimParams`, with the literature
-anchors of DESIGN.md §7 as defaults. Durations are *real* seconds (as a person experiences
-them); a study with ``time_scale`` > 1 compresses them when they are acted out or recorded.
+anchors of docs/concepts/simulated-participants.md as defaults. Durations are *real* seconds
+(as a person experiences them); a study with ``time_scale`` > 1 compresses them when they are
+acted out or recorded.
 
 The truth models give P(context switch during a wait) as a function of the **idle wait** w
-(DESIGN.md §2: TTFT plus the time by which delivery lags behind the reader, computed by the
-one shared function :func:`flowtrial.study.timeline.idle_wait_s` from the experienced TTFT, the
-number of tokens and the achieved tokens/s, at the participant's own reading speed) and the
-person's threshold ψᵢ:
+(docs/concepts/timeline.md: TTFT plus the time by which delivery lags behind the reader,
+computed by the one shared function :func:`flowtrial.study.timeline.idle_wait_s` from the
+experienced TTFT, the number of tokens and the achieved tokens/s, at the participant's own
+reading speed) and the person's threshold ψᵢ:
 
 ``hinge``  logit p = a + b·max(0, log w − log ψᵢ)
            a = logit(p_low); b = (logit(p_high) − a) / log(m), so p = p_low for every
@@ -49,7 +51,8 @@ class LogNormal(BaseModel):
 
 
 class SimParams(BaseModel):
-    """Behaviour of simulated participants. Defaults follow DESIGN.md §7."""
+    """Behaviour of simulated participants. Defaults follow
+    docs/concepts/simulated-participants.md."""
 
     model_config = ConfigDict(extra="forbid")
 

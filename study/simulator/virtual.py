@@ -5,10 +5,11 @@ participants × 60 prompts takes a few tens of milliseconds in memory
 (:func:`simulate_virtual_frames`, what power analysis uses) and well under a second in the
 database (:func:`simulate_virtual`, which writes those frames with executemany).
 
-Times follow the DESIGN.md §2 timeline on a virtual clock: ``mono_anchor_ns`` = 0,
-``wall_anchor_ns`` = :data:`VIRTUAL_EPOCH_NS`, ``t_*_ns`` in virtual ns since that anchor.
-Like the proxy, everything is recorded *raw*: with ``study.time_scale`` = S every duration is
-the real one divided by S (tokens/s multiplied by S); analysis multiplies back.
+Times follow the cycle timeline (docs/concepts/timeline.md) on a virtual clock:
+``mono_anchor_ns`` = 0, ``wall_anchor_ns`` = :data:`VIRTUAL_EPOCH_NS`, ``t_*_ns`` in virtual ns
+since that anchor. Like the proxy, everything is recorded *raw*: with ``study.time_scale`` = S
+every duration is the real one divided by S (tokens/s multiplied by S); analysis multiplies
+back.
 """
 
 from __future__ import annotations

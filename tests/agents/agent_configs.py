@@ -1,7 +1,8 @@
-"""How the real agents are pointed at flowtrial: one source for the tests and docs/clients.md.
+"""How the real agents are pointed at flowtrial: one source for the tests and the
+client recipes (docs/clients/).
 
 `codex_config` is the Codex CLI `config.toml` (tests/agents/test_recipes.py checks that the
-recipe in docs/clients.md is the same); `claude_env` the Claude Code environment.
+recipe in docs/clients/codex.md is the same); `claude_env` the Claude Code environment.
 """
 
 from __future__ import annotations

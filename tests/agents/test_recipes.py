@@ -1,5 +1,6 @@
-"""The README's client recipes: every config snippet parses, and the Codex and Claude Code
-recipes are the configurations the real-agent tests run with (tests/agents/agent_configs.py)."""
+"""The client recipes (docs/clients/*.md, one page per client): every config snippet parses,
+and the Codex and Claude Code recipes are the configurations the real-agent tests run with
+(tests/agents/agent_configs.py)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,20 @@ import yaml
 
 from tests.agents.agent_configs import claude_env, codex_config, to_toml
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-SECTION = "## Point your assistant at flowtrial"
+CLIENTS = Path(__file__).resolve().parents[2] / "docs" / "clients"
 
 
-def _recipes() -> str:
-    """The README's client-recipe section (up to the next `## ` heading)."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index(SECTION)
-    end = text.find("\n## ", start + len(SECTION))
-    return text[start:] if end < 0 else text[start:end]
+def _pages() -> dict[str, str]:
+    """Each recipe page's text by its title (the page's `# ` heading); index.md is no recipe."""
+    out = {}
+    for page in sorted(CLIENTS.glob("*.md")):
+        if page.name == "index.md":
+            continue
+        text = page.read_text(encoding="utf-8")
+        title = re.match(r"# (.+)", text)
+        assert title, f"{page} has no '# ' title"
+        out[title.group(1).strip()] = text
+    return out
 PROXY = "http://127.0.0.1:8787"  # the proxy's default address
 OPENAI_BASE = PROXY + "/v1"
 KEY = "ft_your_participant_key"  # the placeholder the recipes use for the participant key
@@ -38,19 +43,15 @@ _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 
 
 def _sections() -> dict[str, list[tuple[str, str]]]:
-    """Fenced blocks (language tag, text) per `###` section of the README's client recipes."""
-    text = _recipes()
-    out: dict[str, list[tuple[str, str]]] = {}
-    for part in re.split(r"^### ", text, flags=re.MULTILINE)[1:]:
-        title, _, body = part.partition("\n")
-        out[title.strip()] = [(m.group(1).strip(), m.group(2)) for m in _FENCE.finditer(body)]
-    return out
+    """Fenced blocks (language tag, text) per client recipe page."""
+    return {title: [(m.group(1).strip(), m.group(2)) for m in _FENCE.finditer(text)]
+            for title, text in _pages().items()}
 
 
 def _blocks(section: str, language: str) -> list[Any]:
     """The parsed blocks of one language in one section."""
     found = [text for lang, text in _sections()[section] if lang == language]
-    assert found, f"the README's client recipes section {section!r} has no {language} block"
+    assert found, f"the client recipe page {section!r} has no {language} block"
     return [PARSERS[language](text) if language in PARSERS else text for text in found]
 
 
@@ -106,7 +107,7 @@ def test_openai_style_recipes_point_at_the_proxy_with_the_participant_key() -> N
     provider = zed["language_models"]["openai_compatible"]["flowtrial"]
     assert provider["api_url"] == OPENAI_BASE and provider["available_models"][0]["name"]
 
-    cline = _recipes().split("### Cline", 1)[1].split("###", 1)[0]
+    cline = _pages()["Cline"]
     assert f"`{OPENAI_BASE}`" in cline and f"`{KEY}`" in cline
 
 

@@ -99,3 +99,89 @@ def test_export_csv_and_deidentified(tmp_path: Path, study_file: Path) -> None:
     assert "content_text" not in cycles.columns and "prompt_fingerprint" not in cycles.columns
     r = runner.invoke(app, ["export", "--db", str(db), "--format", "xlsx"])
     assert r.exit_code == 2 and "use csv or parquet" in r.output
+
+
+def test_enroll_says_what_the_design_assigned(tmp_path: Path, parallel_file: Path,
+                                               study_file: Path) -> None:
+    r = runner.invoke(app, ["enroll", "--study", str(parallel_file), "--db",
+                            str(tmp_path / "p.db"), "--participant", "p01"])
+    assert r.exit_code == 0, r.output
+    assert "Enrolled p01: arm fast." in r.output and "period" not in r.output
+    r = runner.invoke(app, ["enroll", "--study", str(study_file), "--db",
+                            str(tmp_path / "pp.db"), "--participant", "p01"])
+    assert r.exit_code == 0, r.output
+    assert "Enrolled p01: each prompt draws its own latency" in r.output
+
+
+def test_the_init_template_promises_validate_and_validate_keeps_it(tmp_path: Path) -> None:
+    study = tmp_path / "study.toml"
+    assert runner.invoke(app, ["init", str(study)]).exit_code == 0
+    head = study.read_text().splitlines()[0]
+    assert f"flowtrial validate --study {study.name}" in head
+    r = runner.invoke(app, ["validate", "--study", str(study)])
+    assert r.exit_code == 0, r.output
+    assert f"{study}: valid." in r.output
+    assert "design per_prompt, unit prompt" in r.output
+    assert "per prompt: TTFT 200–30000 ms (log)" in r.output
+    # The template keeps [[arms]] for switching designs; a per-prompt study says they are unused.
+    assert "warning:" in r.output and "arms: not used by design 'per_prompt' (fast, slow)" in (
+        r.output) and "[per_prompt]" in r.output
+    assert not list(tmp_path.glob("*.db"))  # validate touches no database
+
+
+def test_validate_lists_every_problem_on_its_own_line(tmp_path: Path, parallel_file: Path) -> None:
+    r = runner.invoke(app, ["validate", "--study", str(parallel_file)])
+    assert r.exit_code == 0, r.output
+    assert "arm fast: TTFT 200 ms" in r.output and "warning" not in r.output
+    bad = tmp_path / "bad.toml"
+    bad.write_text(parallel_file.read_text().replace("tokens_per_second = 50",
+                                                     "tokens_per_second = 0")
+                   .replace('name = "fast"', 'name = "fast"\ncolour = "red"'))
+    r = runner.invoke(app, ["validate", "--study", str(bad)])
+    assert r.exit_code == 2
+    errors = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    assert errors == [f"error: {bad}: arms[0].colour: unknown key (check its spelling against "
+                      "`flowtrial init`'s example)",
+                      f"error: {bad}: arms[1].tokens_per_second: must be > 0"], r.output
+    r = runner.invoke(app, ["validate", "--study", str(tmp_path / "missing.toml")])
+    assert r.exit_code == 2 and "file not found" in r.output
+
+
+def test_usage_errors_are_one_line_with_exit_code_2() -> None:
+    for args, expected in [
+        (["status"], "error: flowtrial status: missing option '--db' "
+                     "(see `flowtrial status --help`)"),
+        (["status", "--db"], "error: flowtrial status: option '--db' requires an argument "
+                             "(see `flowtrial status --help`)"),
+        (["no-such-command"], "error: flowtrial: no such command 'no-such-command' "
+                              "(see `flowtrial --help`)"),
+        (["--bogus"], "error: flowtrial: no such option: --bogus (see `flowtrial --help`)"),
+    ]:
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert r.output.strip() == expected, (args, r.output)
+
+
+def test_flags_show_no_value_type_in_help() -> None:
+    """Typer's rich help printed ``--json <bool>`` and ``--help <bool>``: flags take no value."""
+    for args in (["--help"], ["status", "--help"], ["init", "--help"]):
+        r = runner.invoke(app, args, env={"COLUMNS": "100"})
+        assert r.exit_code == 0, r.output
+        assert "<bool>" not in r.output, r.output
+    r = runner.invoke(app, ["status", "--help"], env={"COLUMNS": "100"})
+    assert "--db" in r.output and "<str>" in r.output  # options that take a value keep their type
+    assert "--json" in r.output
+
+
+def test_enroll_in_a_crossover_names_the_arms_by_period(tmp_path: Path,
+                                                        parallel_file: Path) -> None:
+    crossover = tmp_path / "crossover.toml"
+    crossover.write_text(parallel_file.read_text().replace(
+        'design = "parallel"', 'design = "crossover"').replace(
+        'unit = "participant"', 'unit = "task"'))
+    r = runner.invoke(app, ["enroll", "--study", str(crossover), "--db",
+                            str(tmp_path / "c.db"), "--participant", "p01"])
+    assert r.exit_code == 0, r.output
+    line = r.output.splitlines()[0]
+    assert line in ("Enrolled p01: arms by period fast → slow.",
+                    "Enrolled p01: arms by period slow → fast."), r.output

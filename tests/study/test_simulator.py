@@ -137,7 +137,7 @@ def test_virtual_database_tables(tmp_path: Path) -> None:
     assert parts["simulated"].all() and len(parts) == 6
     assert cyc["simulated"].all() and (cyc["protocol"] == "chat").all()
     assert (cyc["mono_anchor_ns"] == 0).all() and cyc["wall_anchor_ns"].nunique() == 1
-    # The DESIGN.md timeline is ordered.
+    # The cycle timeline (docs/concepts/timeline.md) is ordered.
     assert (cyc["t_request_ns"] < cyc["t_first_sent_ns"]).all()
     assert (cyc["t_first_sent_ns"] <= cyc["t_last_sent_ns"]).all()
     assert (cyc["t_last_sent_ns"] < cyc["t_done_ns"]).all()

@@ -1,0 +1,61 @@
+"""Texts of the report on a tiny study (issue 20): nothing half-filled, no rate extrapolated
+from seconds of work."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from flowtrial.analysis.report import run_analysis
+from flowtrial.analysis.report_sections import MIN_OBSERVED_S_PER_RATE
+from flowtrial.study.config import example_study_text, parse_study
+from flowtrial.study.simulator import SimParams, simulate_virtual
+from flowtrial.study.storage import init_db
+
+
+def _study(path: Path, participants: int, prompts: int) -> Path:
+    data = tomllib.loads(example_study_text())
+    data["study"]["time_scale"] = 10
+    config = parse_study(data)
+    db = init_db(path, config)
+    simulate_virtual(db, config, SimParams(), participants, tasks=1, prompts_per_task=prompts,
+                     seed=5)
+    db.dispose()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    db = _study(tmp_path_factory.mktemp("tiny") / "study.db", participants=1, prompts=4)
+    out = db.parent / "report"
+    results = run_analysis(db, out, n_boot=10, seed=0, workers=1, figures=False)
+    return results, (out / "report.html").read_text(encoding="utf-8")
+
+
+def test_an_unfitted_threshold_says_why_instead_of_empty_replicates(tiny: tuple[dict, str]) -> None:
+    results, html = tiny
+    assert results["threshold"]["psi_s"] is None
+    assert "( replicates)" not in html and "(None replicates)" not in html
+    assert "Not fitted:" in html
+
+
+def test_cycles_per_hour_needs_enough_observed_time(tiny: tuple[dict, str]) -> None:
+    results, html = tiny
+    (arm,) = results["secondary"]["by_arm"]
+    assert arm["n_cycles"] <= 4
+    assert arm["cycles_per_hour"] is None  # a few minutes of cycles: no hourly rate
+    row = re.search(r"<tr><td>per_prompt</td>(.*?)</tr>", html, re.S)
+    assert row is not None and ",0" not in row.group(1)
+
+
+def test_cycles_per_hour_is_reported_with_enough_observed_time(tmp_path: Path) -> None:
+    db = _study(tmp_path / "study.db", participants=3, prompts=40)
+    results = run_analysis(db, None, n_boot=10, seed=0, workers=1, figures=False)
+    (arm,) = results["secondary"]["by_arm"]
+    assert arm["cycles_per_hour"] is not None
+    # 40 simulated cycles take far more than the minimum, and a person manages tens an hour.
+    assert MIN_OBSERVED_S_PER_RATE == 600.0
+    assert 5 < arm["cycles_per_hour"] < 300
