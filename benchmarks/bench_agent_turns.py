@@ -1,7 +1,7 @@
 """Does a simulated agent study recover its turn-level threshold as well as a chat study?
 
-Simulates studies with the full virtual simulator (`simulate_virtual_frames`, DESIGN §7
-defaults: ψ = 8 s, log-sd 0.35 across people) as chat (one call per prompt) and as agent
+Simulates studies with the full virtual simulator (`simulate_virtual_frames`, its defaults:
+ψ = 8 s, log-sd 0.35 across people) as chat (one call per prompt) and as agent
 turns (`--agent-steps K`: K − 1 tool calls with tool time between, then the answer), runs the
 analysis's own per-cycle table (which waits on turns where turns have several calls) and the
 threshold fit, and prints per case: median ψ̂, 95 % CI coverage of the population ψ, found

@@ -72,11 +72,6 @@ COMMANDS: dict[str, CommandSpec] = {
         "(opening it does this too; run it once before starting several proxies on one "
         "database).",
         _STUDY),
-    "turns": CommandSpec(
-        "flowtrial.study.commands:turns",
-        "Rebuild the agent turns from the recorded cycles (older or imported data gets "
-        "turns: kinds are inferred where the proxy recorded none).",
-        _ANALYSE),
     "proxy": CommandSpec(
         "flowtrial.instrumentation.proxy.commands:proxy",
         "Run the latency-shaping proxy: point participants' assistants at the URL it prints.",
@@ -105,6 +100,11 @@ COMMANDS: dict[str, CommandSpec] = {
         "flowtrial.analysis.report_commands:analyze",
         "Run the preregistered analysis: checks, task-time effect, flow threshold, secondary "
         "outcomes; write results.json and a self-contained report.html.",
+        _ANALYSE),
+    "turns": CommandSpec(
+        "flowtrial.study.commands:turns",
+        "Rebuild the agent turns from the recorded cycles (older or imported data gets "
+        "turns: kinds are inferred where the proxy recorded none).",
         _ANALYSE),
     "effect": CommandSpec(
         "flowtrial.analysis.commands:effect",
