@@ -14,7 +14,14 @@ from typing import Any
 
 from ..tokens import count_tokens
 from .generation import Job
-from .openai_wire import DONE, _response, _responses_usage, sse_data, sse_event
+from .openai_wire import (
+    DONE,
+    _response,
+    _responses_usage,
+    event_maker,
+    sse_data,
+    sse_event,
+)
 
 __all__ = [
     "chat_tool_body",
@@ -120,15 +127,7 @@ async def responses_tool_events(job: Job) -> AsyncIterator[dict[str, Any]]:
     """The Responses events of a function-call answer (SSE and WebSocket alike)."""
     call = job.tool_call
     assert call is not None
-    seq = 0
-
-    def event(type_: str, **fields: Any) -> dict[str, Any]:
-        nonlocal seq
-        out = {"type": type_, **fields, "sequence_number": seq}
-        if job.stream_id is not None:
-            out["stream_id"] = job.stream_id
-        seq += 1
-        return out
+    event = event_maker(job)
 
     yield event("response.created", response=_response(job, "in_progress"))
     yield event("response.in_progress", response=_response(job, "in_progress"))
