@@ -108,11 +108,6 @@ class TurnTracker:
 
         return WriteBatch(Turn, _LazyTurn(rec.turn_id, list(calls.values())), upsert=True)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The current row of every turn this tracker holds (for tests and the admin view)."""
-        return [summarize_turn(tid, list(calls.values())) for tid, calls in self._calls.items()
-                if any(c.kind != "side" for c in calls.values())]
-
     # ------------------------------------------------------------------ internals
     def _prune(self) -> None:
         """Forget the calls of turns the assigner no longer holds (idle past the limit);
