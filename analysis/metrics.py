@@ -76,6 +76,7 @@ from .switches import (
     classify_switches,
     switch_column,
 )
+from .turns import waiting_units
 
 DECISION_KINDS = {"accept": "accept", "reject": "reject", "partial_accept": "partial"}
 TASK_EVENT_KINDS = ("task_start", "task_end")
@@ -84,10 +85,11 @@ CYCLE_COLUMNS = [
     "id", "participant_id", "arm", "period", "task_id", "protocol", "status", "started_at",
     "mono_anchor_ns", "wall_anchor_ns", "t_request_ns", "t_first_sent_ns", "t_last_sent_ns",
     "target_ttft_ms", "target_tps", "target_delivery", "experienced_ttft_ms", "achieved_tps",
-    "violation", "violation_ms", "tokens_completion", "tokens_sent",
+    "violation", "violation_ms", "tokens_completion", "tokens_sent", "request_kind", "turn_id",
+    "tool_calls", "t_done_ns",
 ]
 _NS_COLUMNS = ["mono_anchor_ns", "wall_anchor_ns", "t_request_ns", "t_first_sent_ns",
-               "t_last_sent_ns"]
+               "t_last_sent_ns", "t_done_ns"]
 
 
 @dataclass
@@ -258,9 +260,13 @@ def working_overrides(participants: pd.DataFrame) -> dict[str, list[str]]:
 def cycle_table_from_frames(
     frames: StudyFrames, reading_tps: float = DEFAULT_READING_TPS
 ) -> pd.DataFrame:
-    """The per-cycle table (see the module docstring) from in-memory tables."""
+    """The per-cycle table (see the module docstring) from in-memory tables.
+
+    Where agents made multi-call turns or side calls exist, a row is an agent turn, not a
+    cycle (:func:`flowtrial.analysis.turns.waiting_units`); ``attrs["wait_unit"]`` says
+    which."""
     scale = frames.time_scale
-    c = frames.cycles
+    c, unit = waiting_units(frames.cycles)
     if "id" in c.columns:
         c = c.rename(columns={"id": "cycle_id"})
     n = len(c)
@@ -384,6 +390,7 @@ def cycle_table_from_frames(
     open_ended = same & (gap > frames.idle_limit_s)
     out["cycle_time_s"] = np.where(open_ended, np.nan, gap)
     out["open_ended"] = open_ended
+    out.attrs["wait_unit"] = unit.as_dict()
     return out
 
 

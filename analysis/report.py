@@ -59,6 +59,15 @@ MIN_CYCLES = 20  # below this, the report says there is too little data for wait
 # ------------------------------------------------------------------------------- checks
 
 
+def _wait_unit(cycles: Any) -> dict[str, Any]:
+    """Which unit of waiting the analysis used (cycle or agent turn) and what it set aside."""
+    unit = cycles.attrs.get("wait_unit")
+    if unit is None:
+        return {"wait_unit": "cycle", "wait_unit_note": None}
+    return {"wait_unit": unit["unit"], "side_calls_set_aside": unit["side_calls"],
+            "retries_merged": unit["retries"], "wait_unit_note": unit["note"]}
+
+
 def checks_section(
     config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks: pd.DataFrame
 ) -> dict[str, Any]:
@@ -262,6 +271,7 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
             "switch_min_away_s": frames.switch_min_away_s,
             "idle_limit_s": frames.idle_limit_s,
             "median_response_tokens": median_tokens,
+            **_wait_unit(cycles),
         },
         "wait_measure": PRIMARY_WAIT,
         "wait_measure_label": WAIT_MEASURES[PRIMARY_WAIT],

@@ -107,6 +107,11 @@ COMMANDS: dict[str, CommandSpec] = {
         "Run the preregistered analysis: checks, task-time effect, flow threshold, secondary "
         "outcomes; write results.json and a self-contained report.html.",
         _ANALYSE),
+    "turns": CommandSpec(
+        "flowtrial.study.commands:turns",
+        "Rebuild the agent turns from the recorded cycles (older or imported data gets "
+        "turns: kinds are inferred where the proxy recorded none).",
+        _ANALYSE),
     "effect": CommandSpec(
         "flowtrial.analysis.commands:effect",
         "Estimate the task-time effect (METR-style): OLS of log time on arm + log forecast.",

@@ -234,17 +234,22 @@ def init_db(db: str | Path, config: StudyConfig, config_toml: str | None = None)
 
 @dataclass
 class WriteBatch:
-    """Rows for one table. ``ignore_conflicts`` makes re-inserts no-ops (idempotent imports)."""
+    """Rows for one table. ``ignore_conflicts`` makes re-inserts no-ops (idempotent imports);
+    ``upsert`` replaces a row with the same primary key (the proxy's turn rows)."""
 
     table: Any
     rows: Sequence[dict[str, Any]]
     ignore_conflicts: bool = False
+    upsert: bool = False
 
 
 def insert_batch(conn: Any, b: WriteBatch) -> None:
     """Insert one batch on an open connection (idempotently if asked)."""
     table = b.table.__table__ if hasattr(b.table, "__table__") else b.table
     if not b.rows:
+        return
+    if b.upsert:
+        _upsert(conn, table, b.rows)
         return
     if not b.ignore_conflicts:
         conn.execute(table.insert(), list(b.rows))
@@ -257,6 +262,21 @@ def insert_batch(conn: Any, b: WriteBatch) -> None:
     else:  # pragma: no cover - other dialects are not supported for imports
         raise StorageError(f"idempotent insert not supported on {dialect}")
     conn.execute(stmt, list(b.rows))
+
+
+def _upsert(conn: Any, table: Any, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert, or update the row with the same primary key (SQLite and PostgreSQL)."""
+    dialect = conn.dialect.name
+    if dialect == "sqlite":
+        stmt: Any = sqlite_insert(table)
+    elif dialect == "postgresql":
+        stmt = pg_insert(table)
+    else:  # pragma: no cover - other dialects are not supported
+        raise StorageError(f"upsert not supported on {dialect}")
+    keys = [c.name for c in table.primary_key.columns]
+    stmt = stmt.on_conflict_do_update(index_elements=keys, set_={
+        c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys})
+    conn.execute(stmt, list(rows))
 
 
 @dataclass
@@ -275,11 +295,19 @@ def _merge(batches: list[WriteBatch]) -> list[WriteBatch]:
     keep the order in which their table first appears, so parents queued before children
     (a participant before its assignments) are still inserted first.
     """
-    groups: dict[tuple[Any, bool, frozenset[str]], list[dict[str, Any]]] = {}
+    groups: dict[tuple[Any, bool, bool, frozenset[str]], list[dict[str, Any]]] = {}
     for b in batches:
         for row in b.rows:
-            groups.setdefault((b.table, b.ignore_conflicts, frozenset(row)), []).append(row)
-    return [WriteBatch(t, rows, ignore) for (t, ignore, _), rows in groups.items()]
+            groups.setdefault((b.table, b.ignore_conflicts, b.upsert, frozenset(row)),
+                              []).append(row)
+    out = []
+    for (t, ignore, upsert, _), rows in groups.items():
+        if upsert:  # one row per key, the latest: a statement may not update a row twice
+            table = t.__table__ if hasattr(t, "__table__") else t
+            keys = [c.name for c in table.primary_key.columns]
+            rows = list({tuple(r[k] for k in keys): r for r in rows}.values())
+        out.append(WriteBatch(t, rows, ignore, upsert))
+    return out
 
 
 class RecordWriter:

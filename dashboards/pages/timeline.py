@@ -1,6 +1,7 @@
 """Flow timeline: one participant's day, each cycle as prompt → wait → review, with the
-time focus was away (switches) and the resumption lag shaded, and — from agent telemetry —
-the time the agent waited for the person and its tools ran.
+time focus was away (switches) and the resumption lag shaded. Where agents made multi-call
+turns the wait bar is the whole turn, with its model calls and tool runs drawn inside; from
+agent telemetry, the time the agent waited for the person and its tools ran.
 
 Only that participant-day is read (indexed range queries), and the cycle numbers come from
 ``flowtrial.analysis.metrics.cycle_table_from_frames`` on it, so they are the report's."""
@@ -14,9 +15,9 @@ import streamlit as st
 
 from flowtrial.dashboards import data, ui
 
-PHASE_COLORS = {"wait": "#f28e2b", "review": "#4e79a7", "resumption lag": "#e15759",
-                "away (switch)": "#9d9d9d", "agent waited for you": "#b07aa1",
-                "tool running": "#59a14f"}
+PHASE_COLORS = {"wait": "#f28e2b", "model call": "#edc948", "tool": "#76b7b2",
+                "review": "#4e79a7", "resumption lag": "#e15759", "away (switch)": "#9d9d9d",
+                "agent waited for you": "#b07aa1", "tool running": "#59a14f"}
 
 
 def agent_segments(ev: pd.DataFrame, cyc: pd.DataFrame, scale: float) -> pd.DataFrame | None:
@@ -69,6 +70,12 @@ def build(url: str, fresh: tuple[int, ...], participant: str, day: str
     ):
         seg = cyc.assign(phase=phase, start=start, end=end)
         segs.append(seg[seg["end"].notna() & seg["start"].notna()])
+    # Inside an agent turn's wait: its model calls and tool runs.
+    from flowtrial.analysis.turns import turn_segments
+
+    inner = turn_segments(tables["cycles"])
+    if len(inner):
+        segs.append(inner.merge(cyc.drop(columns=["arm"]), on="cycle_id", how="left"))
     # Away episodes (focus outside the working apps), as analysis.switches defines them.
     ev = tables["events"]
     focus = ev[ev["kind"].isin(FOCUS_KINDS)]
@@ -130,7 +137,8 @@ if not ui.no_cycles(ctx, "The timeline"):
                                "answer (a permission prompt) this day")
         n_sw = int(cyc["switched"].sum())
         m = st.columns(4)
-        m[0].metric("Cycles this day", len(cyc))
+        turns = (cyc.attrs.get("wait_unit") or {}).get("unit") == "turn"
+        m[0].metric("Agent turns this day" if turns else "Cycles this day", len(cyc))
         m[1].metric("Switched during the wait", n_sw)
         m[2].metric("Median total wait", ui.fmt(cyc["total_wait_s"].median(), ".1f", " s"))
         m[3].metric("Time waiting", ui.fmt(cyc["total_wait_s"].sum() / 60, ".1f", " min"))

@@ -100,8 +100,10 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
             return error(400, "the request body must be a JSON object", code="invalid_json",
                           adapter=adapter)
         info = adapter.read_request(obj)
-        return Exchange(st, adapter, participant, body, info, request.headers, t_request,
-                        request.scope.get("query_string", b"").decode("latin-1"))
+        exchange = Exchange(st, adapter, participant, body, info, request.headers, t_request,
+                            request.scope.get("query_string", b"").decode("latin-1"))
+        st.turns.arrive(exchange.rec, obj, body, request.headers)
+        return exchange
 
     endpoint.__name__ = f"proxy_{adapter_cls.name}"
     return endpoint

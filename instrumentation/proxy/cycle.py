@@ -116,7 +116,8 @@ class Cycle:
             self._task_lookup = None
         if self.rec.error:  # the last stop before cycles.error: no key gets past it
             self.rec.error = self.scrub().text(self.rec.error)
-        await self.recorder.record(self.rec)
+        # The turn's row (if this cycle opened or extended one) commits with the cycle's.
+        await self.recorder.record(self.rec, self.state.turns.recorded(self.rec))
 
     async def abandon(self, why: str, status: str = "abandoned", started: bool = True) -> None:
         rec = self.rec
@@ -183,7 +184,7 @@ class Cycle:
     async def relay(self, src: Direct) -> bytes:
         """Relay ``src`` up to its final event; returns the final frame to send once the row
         is durable (the terminal event, an error event, or b"" when the stream just ended)."""
-        adapter, out = self.adapter, self.out
+        adapter, out, rec = self.adapter, self.out, self.rec
         delivery: Delivery = delivery_for(self.pacer, out, adapter)
         # Bound once: these run per event.
         admit, note, content, other = self._admit, self._note, delivery.content, delivery.other
@@ -198,6 +199,7 @@ class Cycle:
                 if got is None:
                     break
                 arrival, batch = got
+                rec.t_upstream_last_ns = arrival
                 for ev, c in batch:
                     if not admit(ev, c):
                         continue

@@ -348,7 +348,7 @@ class Exchange:
             await self._fail(exc.status, exc.message, "upstream_error", code)
             return
         body = b"".join(chunks)
-        ready = _now()
+        ready = rec.t_upstream_last_ns = _now()
         try:
             obj = json.loads(body)
         except (ValueError, RecursionError):

@@ -11,6 +11,7 @@ import time
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.storage import Database, RecordWriter, create_db_engine
 
+from ..turns.tracker import TurnTracker
 from .arms import ArmResolver
 from .auth import Authenticator
 from .quiet_gc import QuietCollector
@@ -60,6 +61,8 @@ class ProxyState:
         self.mono_anchor_ns = time.monotonic_ns()
         self.wall_anchor_ns = time.time_ns()
         self.started_monotonic = time.monotonic()
+        #: Classifies requests and keeps the turns table (docs/concepts/turns.md).
+        self.turns = TurnTracker(self.mono_anchor_ns, self.wall_anchor_ns)
         self.requests = 0
         self.errors = 0
         self.open_cycles: dict[str, str] = {}  # cycle id -> participant id (in flight)

@@ -181,11 +181,12 @@ class MockUpstream(Upstream):
     name = "mock"
 
     def __init__(self, model: Any = None, *, tokens_per_second: float = 2000.0,
-                 ttft_ms: float = 20.0, seed: int = 0) -> None:
+                 ttft_ms: float = 20.0, seed: int = 0, tool_steps: int = 0) -> None:
         if model is None:
             from ..mock_model import MockModel
 
-            model = MockModel(tokens_per_second=tokens_per_second, ttft_ms=ttft_ms, seed=seed)
+            model = MockModel(tokens_per_second=tokens_per_second, ttft_ms=ttft_ms, seed=seed,
+                              tool_steps=tool_steps)
         self.model = model
 
     async def request(self, method: str, path: str, headers: dict[str, str],
@@ -471,7 +472,7 @@ class UpstreamRouter:
         if up.kind == "mock":
             m = up.mock
             mock = MockUpstream(tokens_per_second=m.tokens_per_second, ttft_ms=m.ttft_ms,
-                                seed=m.seed)
+                                seed=m.seed, tool_steps=up.tool_steps)
             return cls({"openai": mock, "anthropic": mock})
         fams: dict[str, Upstream] = {}
         for family in ("openai", "anthropic"):

@@ -48,7 +48,7 @@ from .arms import NoAssignmentError
 from .auth import ParticipantInfo, key_from_headers
 from .cycle import Cycle
 from .health import UNAVAILABLE_MESSAGE
-from .protocols.base import JsonFrames, openai_error
+from .protocols.base import JsonFrames, dumps, openai_error
 from .protocols.responses import ResponsesSocketAdapter, ws_error
 from .runtime_tuning import give_way
 from .scrub import Scrubber
@@ -150,6 +150,7 @@ class SocketTurn:
         self.rec = self.cycle.rec
         self.conn = conn
         self.message = message
+        conn.state.turns.arrive(self.rec, body, dumps(body).encode(), conn.headers)
 
     @property
     def finalizing(self) -> bool:
