@@ -125,6 +125,9 @@ class UpstreamSection(_Strict):
     timeout_s: float = Field(default=600.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
     mock: MockSettings = MockSettings()
+    # The simulated model answers a request offering tools with a harmless tool call for the
+    # first N steps of each turn (an agent's multi-step turn, docs/concepts/turns.md).
+    tool_steps: int = Field(default=0, ge=0, le=100)
     # Optional side-by-side endpoints: OpenAI-protocol paths go to `openai`, Anthropic
     # Messages to `anthropic` (issue: real agents speak different protocols).
     openai: Endpoint | None = None
@@ -142,6 +145,9 @@ class UpstreamSection(_Strict):
             what = ", ".join(f"[upstream.{f}]" for f in named) or "base_url"
             raise ValueError(f'kind = "mock" (the built-in simulated model) would ignore '
                              f"{what}: remove kind, or set it to the endpoint to use")
+        if self.kind != "mock" and self.tool_steps:
+            raise ValueError("tool_steps drives the built-in simulated model only: remove it, "
+                             'or use kind = "mock"')
         if self.kind != "mock":
             side = getattr(self, self.kind)
             if self.base_url is None and side is None:

@@ -15,6 +15,7 @@ from ..tokens import split_tokens
 from .corpus import Corpus, guess_language
 from .inbound import Turn
 from .structured import json_answer
+from .tool_steps import ToolCall
 
 __all__ = ["Generation", "Job", "Schedule", "generate"]
 
@@ -109,3 +110,4 @@ class Job:
     schedule: Schedule
     item_id: str = ""  # Responses: id of the output message item
     stream_id: str | None = None  # Responses WebSocket lane, echoed on every event
+    tool_call: ToolCall | None = None  # answer with this tool call instead of the text

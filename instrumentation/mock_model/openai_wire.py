@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from .generation import Job
@@ -21,6 +21,7 @@ __all__ = [
     "completions_body",
     "completions_stream",
     "dumps",
+    "event_maker",
     "openai_error",
     "responses_body",
     "responses_events",
@@ -233,11 +234,9 @@ def responses_body(job: Job) -> dict[str, Any]:
     return _response(job, status, [item], _responses_usage(job))
 
 
-async def responses_events(job: Job, *, generate: bool = True) -> AsyncIterator[dict[str, Any]]:
-    """The Responses streaming events as dicts (shared by SSE and WebSocket mode).
-
-    With `generate=False` (WebSocket warm-up) the response completes at once with no output.
-    """
+def event_maker(job: Job) -> Callable[..., dict[str, Any]]:
+    """Builds a stream's Responses events in order: `sequence_number` 0, 1, …, and the
+    WebSocket lane (`stream_id`) on each when there is one."""
     seq = 0
 
     def event(type_: str, **fields: Any) -> dict[str, Any]:
@@ -247,6 +246,16 @@ async def responses_events(job: Job, *, generate: bool = True) -> AsyncIterator[
             out["stream_id"] = job.stream_id
         seq += 1
         return out
+
+    return event
+
+
+async def responses_events(job: Job, *, generate: bool = True) -> AsyncIterator[dict[str, Any]]:
+    """The Responses streaming events as dicts (shared by SSE and WebSocket mode).
+
+    With `generate=False` (WebSocket warm-up) the response completes at once with no output.
+    """
+    event = event_maker(job)
 
     yield event("response.created", response=_response(job, "in_progress"))
     yield event("response.in_progress", response=_response(job, "in_progress"))

@@ -76,6 +76,13 @@ class CycleRecord:
     http_status: int | None = None
     error: str | None = None
     content_parts: list[str] = field(default_factory=list)
+    # Agent turns (set by the turn tracker at arrival; docs/concepts/turns.md).
+    request_kind: str | None = None
+    kind_rule: str | None = None
+    turn_id: str | None = None
+    conversation_key: str | None = None
+    client: str | None = None
+    t_upstream_last_ns: int | None = None  # the upstream's last event reached the proxy
 
     def sent(self, t_ns: int, first_due: int | None, last_due: int | None) -> None:
         """Output tokens due at ``first_due``..``last_due`` were written at ``t_ns``."""
@@ -154,6 +161,12 @@ class CycleRecord:
             "content_text": None,
             "content_chars": len(content),
             "simulated": self.simulated,
+            "request_kind": self.request_kind,
+            "kind_rule": self.kind_rule,
+            "turn_id": self.turn_id,
+            "conversation_key": self.conversation_key,
+            "client": self.client,
+            "t_upstream_last_ns": self.t_upstream_last_ns,
         }
         replaced = [name for name, bad in (("prompt", bad_prompt), ("content", bad_content))
                     if bad and capture != "none"]
@@ -231,8 +244,9 @@ class Recorder:
         #: Trips when the database fails: new requests are refused, failed rows held.
         self.gate = DatabaseGate(writer)
 
-    async def record(self, rec: CycleRecord) -> None:
-        """Make ``rec`` durable; raises if the write failed (the caller must fail loudly).
+    async def record(self, rec: CycleRecord, also: WriteBatch | None = None) -> None:
+        """Make ``rec`` durable (with ``also``, its turn's row, in the same transaction);
+        raises if the write failed (the caller must fail loudly).
 
         A failure that is the database's trips the gate and keeps the row (marked: its client
         got an error, not the end of the answer) to be written once the database is back;
@@ -245,7 +259,8 @@ class Recorder:
         batch = WriteBatch(Cycle, _LazyRow(rec, self.capture, self.recorded_by))
         t0 = time.monotonic_ns()
         try:
-            await asyncio.wrap_future(self.writer.submit(batch))
+            await asyncio.wrap_future(self.writer.submit(
+                *((batch, also) if also is not None else (batch,))))
         except Exception as exc:
             self.failed += 1
             if is_database_failure(exc):

@@ -14,10 +14,9 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
-import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -30,16 +29,12 @@ from flowtrial.study.errors import FlowtrialError
 from flowtrial.study.storage import Database, RecordWriter, init_db
 
 from .app import create_proxy_app
+from .extensions import ProxyExtension
 from .front_door import WS_FRAME_SLACK, FrontDoorStats, Limits, guarded_protocol
 from .state import ProxyState, close_writer, make_writer
 from .upstream import Upstream, UpstreamRouter
 
 __all__ = ["ProxyHandle", "ProxyStartError", "bind_socket", "make_server", "serve_proxy"]
-
-
-#: GIL hand-over interval while the proxy runs: the writer thread (SQLAlchemy) and the
-#: threads running database reads must not hold the event loop off for Python's default 5 ms.
-SWITCH_INTERVAL_S = 0.001
 
 
 class ProxyStartError(FlowtrialError):
@@ -125,11 +120,14 @@ class ProxyHandle:
 @contextlib.contextmanager
 def serve_proxy(db: str | Path, config: StudyConfig, host: str = "127.0.0.1", port: int = 0,
                 *, upstream: Upstream | UpstreamRouter | None = None,
-                grace_s: float = 10.0) -> Iterator[ProxyHandle]:
-    """Run the proxy for ``config`` on ``db`` in a background thread (see module doc)."""
+                grace_s: float = 10.0,
+                extensions: Sequence[ProxyExtension] | None = None) -> Iterator[ProxyHandle]:
+    """Run the proxy for ``config`` on ``db`` in a background thread (see module doc);
+    ``extensions`` as for :func:`~.app.create_proxy_app`."""
     database = init_db(db, config)
     writer = make_writer(database)
-    app = create_proxy_app(database, config, writer=writer, upstream=upstream, grace_s=grace_s)
+    app = create_proxy_app(database, config, writer=writer, upstream=upstream, grace_s=grace_s,
+                           extensions=extensions)
     try:
         sock = bind_socket(host, port)
     except BaseException:
@@ -150,12 +148,9 @@ def serve_proxy(db: str | Path, config: StudyConfig, host: str = "127.0.0.1", po
             raise ProxyStartError("the proxy failed to start: see the log above")
         time.sleep(0.005)
     handle = ProxyHandle(base_url_of(sock), database, writer, app, server, thread)
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
     try:
         yield handle
     finally:
-        sys.setswitchinterval(switch)
         server.should_exit = True
         thread.join(grace_s + 15)
         close_writer(writer)
