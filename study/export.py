@@ -3,8 +3,9 @@
 De-identified (``--deidentify``): no content (prompt and answer text and fingerprints, task
 descriptions, error texts, the study file as written), no titles, URLs, file or project names
 (event payloads keep only an allow-list of fields: app and category names, statuses, counts,
-fractions and flags), no raw identifiers: participant ids, cycle ids, connection ids, task
-names, Continue completion ids and the recording proxy's host are replaced by pseudonyms
+fractions and flags), no raw identifiers: participant ids, cycle ids, connection ids, turn ids
+and conversation keys, task names, Continue completion ids and the recording proxy's host are
+replaced by pseudonyms
 (``h_`` + a keyed hash), the upstream's response ids and the events' dedupe keys (which embed
 ids and host names) are dropped. The pseudonyms are keyed by a random secret drawn for each
 export and never written anywhere, so they cannot be reversed by hashing candidate ids; the
@@ -35,10 +36,12 @@ CONTENT_COLUMNS = {"prompt_text", "content_text", "prompt_fingerprint", "content
                    "error", "config_toml", "description"}
 SECRET_COLUMNS = {"key_hash", "key_salt", "key_id"}
 # Raw identifiers: pseudonymized (kept joinable) in a de-identified export.
-ID_COLUMNS = {"participant_id", "checked_against", "cycle_id", "connection_id", "recorded_by"}
+ID_COLUMNS = {"participant_id", "checked_against", "cycle_id", "connection_id", "recorded_by",
+              "turn_id", "conversation_key", "first_cycle_id", "last_cycle_id"}
 # ``cycles.model`` is whatever the client sent as the model name (free text: it can carry a
 # name, a path or a formula): pseudonymized like an id, so cycles still group by model.
-ID_COLUMNS_OF = {"participants": {"id"}, "cycles": {"id", "model"}, "tasks": {"name"}}
+ID_COLUMNS_OF = {"participants": {"id"}, "cycles": {"id", "model"}, "tasks": {"name"},
+                 "turns": {"id"}}
 # Dropped from a de-identified export: ids of other systems, keys that embed ids and hosts.
 DROP_COLUMNS = {"upstream_response_id", "dedupe_key", "working_apps_json"}
 # Event payload fields kept (as text) in a de-identified export; anything else is dropped,
