@@ -77,6 +77,7 @@ from .switches import (
     classify_switches,
     switch_column,
 )
+from .turns import waiting_units
 
 DECISION_KINDS = {"accept": "accept", "reject": "reject", "partial_accept": "partial"}
 TASK_EVENT_KINDS = ("task_start", "task_end")
@@ -85,10 +86,11 @@ CYCLE_COLUMNS = [
     "id", "participant_id", "arm", "period", "task_id", "protocol", "status", "started_at",
     "mono_anchor_ns", "wall_anchor_ns", "t_request_ns", "t_first_sent_ns", "t_last_sent_ns",
     "target_ttft_ms", "target_tps", "target_delivery", "experienced_ttft_ms", "achieved_tps",
-    "violation", "violation_ms", "tokens_completion", "tokens_sent",
+    "violation", "violation_ms", "tokens_completion", "tokens_sent", "request_kind", "turn_id",
+    "tool_calls", "t_done_ns",
 ]
 _NS_COLUMNS = ["mono_anchor_ns", "wall_anchor_ns", "t_request_ns", "t_first_sent_ns",
-               "t_last_sent_ns"]
+               "t_last_sent_ns", "t_done_ns"]
 
 
 @dataclass
@@ -132,9 +134,11 @@ def read_frames(database: Any) -> StudyFrames:
         kinds = [*FOCUS_KINDS, *AFK_KINDS, *DECISION_KINDS, *TASK_EVENT_KINDS]
         placeholders = ", ".join(f"'{k}'" for k in kinds)
         events = pd.read_sql(
-            # Only focus payloads (app, category) are used: skip the rest's text.
+            # Only focus payloads (app, category) and agent telemetry's decision payloads
+            # (who decided) are used: skip the rest's text.
             "SELECT participant_id, cycle_id, kind, ts_ns, source, CASE WHEN kind IN "
-            "('focus_out', 'focus_in') THEN payload_json END AS payload_json FROM events "
+            "('focus_out', 'focus_in') OR (source = 'otel' AND kind IN ('accept', 'reject', "
+            "'partial_accept')) THEN payload_json END AS payload_json FROM events "
             f"WHERE kind IN ({placeholders})", conn,
         )
         tasks = pd.read_sql("SELECT * FROM tasks", conn, dtype_backend="numpy_nullable")
@@ -196,6 +200,20 @@ def _int_ns(s: pd.Series) -> pd.array:
     return pd.array(pd.to_numeric(s, errors="coerce"), dtype="Int64")
 
 
+def person_decisions(dec: pd.DataFrame) -> pd.DataFrame:
+    """Decision events the person made: an agent's tool decision taken by its configuration
+    (a rule, mode or "always allow"; agent telemetry's ``payload.decided_by = "config"``) is
+    not the person's review of the answer, so it neither decides the cycle nor times a
+    review."""
+    if dec.empty or "source" not in dec.columns or "payload_json" not in dec.columns:
+        return dec
+    otel = (dec["source"].astype(object) == "otel").to_numpy(bool)
+    if not otel.any():
+        return dec
+    (by,) = _payload_fields(dec["payload_json"], ("decided_by",))
+    return dec[~(otel & (by == "config"))]
+
+
 def _payload_fields(payload: pd.Series, keys: tuple[str, ...]) -> list[np.ndarray]:
     """Keys from JSON payloads (str or already-parsed dict), parsed once; None where absent."""
     out = [np.full(len(payload), None, dtype=object) for _ in keys]
@@ -247,10 +265,14 @@ def cycle_table_from_frames(
     frames: StudyFrames, reading_tps: float | None = None
 ) -> pd.DataFrame:
     """The per-cycle table (see the module docstring) from in-memory tables. ``reading_tps``
-    overrides the study's reading speed (``frames.reading_tps``) in the idle wait."""
+    overrides the study's reading speed (``frames.reading_tps``) in the idle wait.
+
+    Where agents made multi-call turns or side calls exist, a row is an agent turn, not a
+    cycle (:func:`flowtrial.analysis.turns.waiting_units`); ``attrs["wait_unit"]`` says
+    which."""
     scale = frames.time_scale
     reading_tps = frames.reading_tps if reading_tps is None else float(reading_tps)
-    c = frames.cycles
+    c, unit = waiting_units(frames.cycles)
     if "id" in c.columns:
         c = c.rename(columns={"id": "cycle_id"})
     n = len(c)
@@ -334,7 +356,7 @@ def cycle_table_from_frames(
         out[col] = sw[col].to_numpy()
 
     # ---- decisions: the first accept / reject / partial_accept naming the cycle
-    dec = ev[ev["kind"].isin(list(DECISION_KINDS)) & ev["cycle_id"].notna()]
+    dec = person_decisions(ev[ev["kind"].isin(list(DECISION_KINDS)) & ev["cycle_id"].notna()])
     dec = dec.assign(ts_ns=pd.to_numeric(dec["ts_ns"]).astype(np.int64))
     dec = dec.sort_values("ts_ns", kind="stable").drop_duplicates("cycle_id")
     dmap = pd.Series(dec["kind"].map(DECISION_KINDS).to_numpy(object),
@@ -374,6 +396,7 @@ def cycle_table_from_frames(
     open_ended = same & (gap > frames.idle_limit_s)
     out["cycle_time_s"] = np.where(open_ended, np.nan, gap)
     out["open_ended"] = open_ended
+    out.attrs["wait_unit"] = unit.as_dict()
     return out
 
 

@@ -35,6 +35,7 @@ import pandas as pd
 
 from . import AnalysisInputError
 from . import report_figures as figs
+from .agent_telemetry import agent_section, read_agent_events
 from .metrics import (
     StudyFrames,
     cycle_table_from_frames,
@@ -42,6 +43,7 @@ from .metrics import (
     task_table_from_frames,
 )
 from .report_sections import (
+    WAIT_BANDS_S,
     WAIT_MEASURES,
     compare_truth,
     ground_truth,
@@ -60,6 +62,15 @@ MIN_CYCLES = 20  # below this, the report says there is too little data for wait
 
 
 # ------------------------------------------------------------------------------- checks
+
+
+def _wait_unit(cycles: Any) -> dict[str, Any]:
+    """Which unit of waiting the analysis used (cycle or agent turn) and what it set aside."""
+    unit = cycles.attrs.get("wait_unit")
+    if unit is None:
+        return {"wait_unit": "cycle", "wait_unit_note": None}
+    return {"wait_unit": unit["unit"], "side_calls_set_aside": unit["side_calls"],
+            "retries_merged": unit["retries"], "wait_unit_note": unit["note"]}
 
 
 def checks_section(
@@ -200,6 +211,7 @@ def run_analysis(
         say(f"read {len(frames.cycles)} cycles, {len(frames.events)} events, "
             f"{len(frames.tasks)} tasks")
         truth = ground_truth(database)
+        agent_events = read_agent_events(database)
     finally:
         database.dispose()
     cycles = cycle_table_from_frames(frames)
@@ -221,6 +233,8 @@ def run_analysis(
                                   seed=seed, say=say, workers=workers,
                                   while_fitting=other_figures if draw else None)
     results["study"]["database"] = str(db_path)
+    results["agent_telemetry"] = agent_section(cycles, agent_events, PRIMARY_WAIT,
+                                               WAIT_BANDS_S, frames.time_scale)
     if draw:
         fig_uris.update(_fit_figures(cycles, truth, fit))
     results["figures"] = sorted(k for k, v in fig_uris.items() if v)
@@ -272,6 +286,7 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
             "switch_min_away_s": frames.switch_min_away_s,
             "idle_limit_s": frames.idle_limit_s,
             "median_response_tokens": median_tokens,
+            **_wait_unit(cycles),
         },
         "wait_measure": PRIMARY_WAIT,
         "wait_measure_label": WAIT_MEASURES[PRIMARY_WAIT],

@@ -121,9 +121,9 @@ def _process(args: list[str], pattern: str, env: dict[str, str] | None = None,
 @contextmanager
 def proxy_process(study: Path, db: Path, env: dict[str, str] | None = None, *extra: str
                   ) -> Iterator[Served]:
-    """``python -m flowtrial.instrumentation.proxy`` on a free port (``extra``: options); yields
+    """``python -m flowtrial.proxy_assembly`` on a free port (``extra``: options); yields
     its base URL."""
-    args = [sys.executable, "-m", "flowtrial.instrumentation.proxy", "--study", str(study),
+    args = [sys.executable, "-m", "flowtrial.proxy_assembly", "--study", str(study),
             "--db", str(db), "--port", "0", *extra]
     with _process(args, r"^OPENAI_BASE_URL=(http://\S+)/v1", env,
                   ready="/flowtrial/v1/health") as url:

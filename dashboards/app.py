@@ -2,24 +2,48 @@
 
 Run directly with ``streamlit run dashboards/app.py -- --db study.db`` (flowtrial installed,
 e.g. ``pip install -e '.[dashboard]'``); the database may also
-come from ``FLOWTRIAL_DASHBOARD_DB``. Pages live in ``dashboards/pages``.
+come from ``FLOWTRIAL_DASHBOARD_DB`` (what ``flowtrial dashboard`` uses: a URL in argv would
+show a PostgreSQL password in the process list). Pages live in ``dashboards/pages``; a session
+sees them only past :func:`gate` (Host allow-list, password off loopback).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import streamlit as st
 
-from flowtrial.dashboards import data
+from flowtrial.dashboards import access, data
 from flowtrial.dashboards.ui import db_from_args
 from flowtrial.study.errors import FlowtrialError
 
 PAGES = Path(__file__).resolve().parent / "pages"
 
 
+def gate() -> None:
+    """Stop here unless this session may see the study (:mod:`flowtrial.dashboards.access`)."""
+    password, hosts = access.settings_from_env()
+    if not access.host_allowed(dict(st.context.headers or {}), hosts):
+        st.error("This dashboard is not served under this host name. Open it by this "
+                 "machine's name or address, or start it with --allow-host NAME.")
+        st.stop()
+    if not password or st.session_state.get("flowtrial_authenticated"):
+        return
+    with st.form("flowtrial_login"):
+        given = st.text_input("Dashboard password", type="password")
+        if st.form_submit_button("Open the dashboard"):
+            if access.password_ok(given, password):
+                st.session_state["flowtrial_authenticated"] = True
+                st.rerun()
+            time.sleep(1.0)  # slows guessing down
+            st.error("Wrong password.")
+    st.stop()
+
+
 def main() -> None:
     st.set_page_config(page_title="flowtrial", page_icon="⏱", layout="wide")
+    gate()
     db = db_from_args()
     if not db:
         st.error("No study database: start with `flowtrial dashboard --db PATH`.")

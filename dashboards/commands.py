@@ -2,26 +2,70 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
 APP = "app.py"
+#: How long the Streamlit child may take to stop after the signal is passed on.
+STOP_GRACE_S = 10.0
 
 
-def streamlit_command(db_url: str, port: int, host: str) -> tuple[list[str], dict[str, str]]:
-    """The ``streamlit run`` argv and extra environment for ``db_url`` (also used by tests)."""
+def streamlit_command(db_url: str, port: int, host: str, allow_hosts: Sequence[str] = ()
+                      ) -> tuple[list[str], dict[str, str]]:
+    """The ``streamlit run`` argv and extra environment for ``db_url`` (also used by tests).
+
+    The database URL travels in the environment, never in argv: a PostgreSQL URL carries its
+    password, and any user on the machine can read a process's arguments."""
     import sys
     from pathlib import Path
+
+    from .access import HOSTS_ENV, allowed_hosts
 
     app = Path(__file__).resolve().parent / APP
     argv = [sys.executable, "-m", "streamlit", "run", str(app),
             "--server.port", str(port), "--server.address", host,
-            "--server.headless", "true", "--browser.gatherUsageStats", "false",
-            "--", "--db", db_url]
+            "--server.headless", "true", "--browser.gatherUsageStats", "false"]
     # Streamlit must not phone home, whatever the user's config says.
-    env = {"FLOWTRIAL_DASHBOARD_DB": db_url, "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
+    env = {"FLOWTRIAL_DASHBOARD_DB": db_url, "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false",
+           HOSTS_ENV: ",".join(allowed_hosts(host, allow_hosts))}
     return argv, env
+
+
+def run_child(argv: list[str], env: dict[str, str]) -> int:
+    """Run the server and pass SIGINT/SIGTERM/SIGHUP on to it: it stops when this command
+    stops (and, on Linux, when this process dies without a word)."""
+    import signal
+    import subprocess
+    import sys
+
+    def die_with_parent() -> None:  # in the child, before exec
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    proc = subprocess.Popen(argv, env=env, preexec_fn=die_with_parent)  # noqa: PLW1509
+
+    def forward(signum: int, frame: object) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM,
+                                                       signal.SIGHUP)}
+    try:
+        return proc.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def dashboard(
@@ -29,18 +73,28 @@ def dashboard(
         "--db", help="Study database: a SQLite path or a PostgreSQL URL.")],
     port: Annotated[int, typer.Option("--port", help="Port to serve the dashboard on.")] = 8501,
     host: Annotated[str, typer.Option(
-        "--host", help="Address to listen on (default: this machine only).")] = "127.0.0.1",
+        "--host", help="Address to listen on (default: this machine only). Any other "
+                       "address needs FLOWTRIAL_DASHBOARD_PASSWORD set.")] = "127.0.0.1",
+    allow_host: Annotated[list[str] | None, typer.Option(
+        "--allow-host", help="A further host name the dashboard may be opened by (repeat "
+                             "for more); other Host headers see nothing.")] = None,
 ) -> None:
     """Open the study dashboard (Streamlit): overview, flow timeline, arms, flow threshold
     and team view, read live from the study database."""
     import os
-    import subprocess
 
     from flowtrial.study.errors import FlowtrialError
     from flowtrial.study.storage import open_db
 
+    from .access import PASSWORD_ENV, is_loopback
+
     if not 0 < port < 65536:
         typer.echo(f"error: --port {port}: use a port between 1 and 65535", err=True)
+        raise typer.Exit(2)
+    if not is_loopback(host) and not os.environ.get(PASSWORD_ENV):
+        typer.echo(f"error: --host {host} would show every participant's data beyond this "
+                   f"machine: set {PASSWORD_ENV} (each browser session must enter it) or "
+                   "listen on 127.0.0.1", err=True)
         raise typer.Exit(2)
     try:
         database = open_db(db)
@@ -49,10 +103,13 @@ def dashboard(
         raise typer.Exit(2) from None
     url = database.url
     database.dispose()
-    argv, env = streamlit_command(url, port, host)
-    typer.echo(f"flowtrial dashboard on http://{host}:{port} (Ctrl-C stops it)", err=True)
+    argv, env = streamlit_command(url, port, host, allow_host or ())
+    shown = f"[{host}]" if ":" in host else host
+    guard = "" if is_loopback(host) else ", password required"
+    typer.echo(f"flowtrial dashboard on http://{shown}:{port} (Ctrl-C stops it{guard})",
+               err=True)
     try:
-        code = subprocess.call(argv, env={**os.environ, **env})
+        code = run_child(argv, {**os.environ, **env})
     except KeyboardInterrupt:
         code = 0
     raise typer.Exit(code)

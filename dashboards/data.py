@@ -32,6 +32,8 @@ DAY_NS = 86_400 * NS
 WEEK_NS = 7 * DAY_NS
 MONDAY_SHIFT_NS = 3 * DAY_NS  # 1970-01-01 was a Thursday: +3 days makes weeks start Monday
 DECISIONS = {"accept": "accept", "reject": "reject", "partial_accept": "partial"}
+#: Agent telemetry drawn on the timeline: the agent waiting for the person, a tool running.
+AGENT_SPANS = ("agent_wait", "tool_result")
 # Log-spaced histogram edges for waits and times (seconds, real).
 WAIT_EDGES_S = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 TIME_EDGES_S = (0.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0)
@@ -205,7 +207,8 @@ def decisions_by_arm(url: str, fresh: tuple[int, ...], f: Filters) -> pd.DataFra
     kind = Event.kind
     q = (select(Cycle.arm, kind, func.count(Cycle.id.distinct()))
          .join(Event, Event.cycle_id == Cycle.id)
-         .where(kind.in_(list(DECISIONS)), *cycle_where(f)).group_by(Cycle.arm, kind))
+         .where(kind.in_(list(DECISIONS)), ~config_decision(), *cycle_where(f))
+         .group_by(Cycle.arm, kind))
     pq = (select(Cycle.arm, Persistence.interval_s, func.count(),
                  func.sum(case((Persistence.persisted.is_(True), 1), else_=0)))
           .join(Persistence, Persistence.cycle_id == Cycle.id).where(*cycle_where(f))
@@ -228,6 +231,62 @@ def decisions_by_arm(url: str, fresh: tuple[int, ...], f: Filters) -> pd.DataFra
                                         f"persisted_{float(iv):g}s_rate": rate}),
                           on="arm", how="left")
     return wide
+
+
+#: Agent telemetry's tool decisions taken by the agent's configuration (not the person):
+#: excluded from the person's decisions (as ``flowtrial.analysis.metrics.person_decisions``).
+def config_decision() -> ColumnElement[bool]:
+    return and_(Event.source == "otel", Event.payload_json.like('%"decided_by": "config"%'))
+
+
+def agent_events_by_arm(url: str, fresh: tuple[int, ...], scale: float, f: Filters
+                        ) -> pd.DataFrame:
+    """Agent telemetry on the filtered cycles, one row per event: arm, cycle_id, kind,
+    decided_by (person / config / None), decide_s (a decision − the proposing answer's last
+    token) and duration_s, in real seconds."""
+    last = Cycle.wall_anchor_ns + (Cycle.t_last_sent_ns - Cycle.mono_anchor_ns)
+    by = case((Event.payload_json.like('%"decided_by": "config"%'), "config"),
+              (Event.payload_json.like('%"decided_by": "person"%'), "person"), else_=None)
+    q = (select(Cycle.arm, Cycle.id, Event.kind, by, Event.ts_ns - last, Event.duration_s)
+         .join(Event, Event.cycle_id == Cycle.id)
+         .where(Event.source == "otel", Event.kind.in_(
+             ["turn_start", "accept", "reject", "partial_accept", "tool_result",
+              "agent_wait", "api_request"]), *cycle_where(f)))
+    with database(url).engine.connect() as conn:
+        df = _frame(conn.execute(q), ["arm", "cycle_id", "kind", "decided_by", "decide_ns",
+                                      "duration_s"])
+    df["decide_s"] = pd.to_numeric(df["decide_ns"]).astype(float) / NS * scale
+    df["duration_s"] = pd.to_numeric(df["duration_s"]).astype(float) * scale
+    return df.drop(columns=["decide_ns"])
+
+
+def agent_summary(events: pd.DataFrame) -> pd.DataFrame:
+    """Per arm: tool decisions by the person and by config, the person's acceptance rate and
+    median time to decide, cycles the agent waited for the person and the median wait."""
+    rows = []
+    for arm, g in events.groupby("arm", sort=True):
+        dec = g[g["kind"].isin(list(DECISIONS))]
+        person = dec[dec["decided_by"] == "person"]
+        waits = g[g["kind"] == "agent_wait"].groupby("cycle_id")["duration_s"].sum()
+        decide = person["decide_s"][person["decide_s"] >= 0]
+        rows.append({
+            "arm": arm, "prompts": int((g["kind"] == "turn_start").sum()),
+            "tool_decisions": len(dec), "by_person": len(person),
+            "by_config": int((dec["decided_by"] == "config").sum()),
+            "person_acceptance_rate": (person["kind"].isin(["accept", "partial_accept"]).mean()
+                                       if len(person) else None),
+            "median_time_to_decide_s": decide.median() if len(decide) else None,
+            "cycles_agent_waited": int((waits > 0).sum()),
+            "median_agent_wait_s": waits.median() if len(waits) else None,
+            "tool_time_s": g.loc[g["kind"] == "tool_result", "duration_s"].sum(),
+        })
+    return pd.DataFrame(rows)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def agent_by_arm(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> pd.DataFrame:
+    """:func:`agent_summary` of :func:`agent_events_by_arm` (cached)."""
+    return agent_summary(agent_events_by_arm(url, fresh, scale, f))
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -348,7 +407,7 @@ def participant_day_tables(url: str, fresh: tuple[int, ...], participant: str, d
 
     lo, hi = day_bounds_ns(day)
     cols = [getattr(Cycle, c) for c in CYCLE_COLUMNS]
-    kinds = [*FOCUS_KINDS, *AFK_KINDS, *DECISIONS]
+    kinds = [*FOCUS_KINDS, *AFK_KINDS, *DECISIONS, *AGENT_SPANS]
     margin = 3600 * NS
     with database(url).engine.connect() as conn:
         cyc = _frame(conn.execute(select(*cols).where(
@@ -356,10 +415,11 @@ def participant_day_tables(url: str, fresh: tuple[int, ...], participant: str, d
             .order_by(Cycle.t_request_ns)), list(CYCLE_COLUMNS))
         ev = _frame(conn.execute(select(
             Event.participant_id, Event.cycle_id, Event.kind, Event.ts_ns, Event.source,
-            Event.payload_json).where(
+            Event.payload_json, Event.duration_s).where(
             Event.participant_id == participant, Event.ts_ns >= lo - margin,
             Event.ts_ns < hi + margin, Event.kind.in_(kinds))),
-            ["participant_id", "cycle_id", "kind", "ts_ns", "source", "payload_json"])
+            ["participant_id", "cycle_id", "kind", "ts_ns", "source", "payload_json",
+             "duration_s"])
         part = _frame(conn.execute(select(Participant.id, Participant.working_apps_json,
                                           Participant.simulated)
                                    .where(Participant.id == participant)),

@@ -73,7 +73,7 @@ COMMANDS: dict[str, CommandSpec] = {
         "database).",
         _STUDY),
     "proxy": CommandSpec(
-        "flowtrial.instrumentation.proxy.commands:proxy",
+        "flowtrial.proxy_assembly:proxy",
         "Run the latency-shaping proxy: point participants' assistants at the URL it prints.",
         _RUN),
     "mock-model": CommandSpec(
@@ -90,6 +90,12 @@ COMMANDS: dict[str, CommandSpec] = {
         "Import a participant's ActivityWatch window, AFK, editor and browser data as focus "
         "events (idempotent: importing the same data twice adds nothing).",
         _CAPTURE),
+    "import-otel": CommandSpec(
+        "flowtrial.instrumentation.capture_commands:import_otel",
+        "Import a coding agent's OpenTelemetry (Claude Code, Codex CLI, Gemini CLI) from an "
+        "OTLP JSON file as events linked to the participant's cycles (idempotent: importing "
+        "the same records twice adds nothing).",
+        _CAPTURE),
     "persistence": CommandSpec(
         "flowtrial.instrumentation.capture_commands:persistence",
         "Check whether each completion's text persists in the participant's later prompts at "
@@ -100,6 +106,11 @@ COMMANDS: dict[str, CommandSpec] = {
         "flowtrial.analysis.report_commands:analyze",
         "Run the preregistered analysis: checks, task-time effect, flow threshold, secondary "
         "outcomes; write results.json and a self-contained report.html.",
+        _ANALYSE),
+    "turns": CommandSpec(
+        "flowtrial.study.commands:turns",
+        "Rebuild the agent turns from the recorded cycles (older or imported data gets "
+        "turns: kinds are inferred where the proxy recorded none).",
         _ANALYSE),
     "effect": CommandSpec(
         "flowtrial.analysis.commands:effect",

@@ -211,7 +211,7 @@ def proxy_process(study_path: Path, db_path: Path, log_path: Path) -> Iterator[s
     """
     log = log_path.open("w", encoding="utf-8")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flowtrial.instrumentation.proxy", "--study", str(study_path),
+        [sys.executable, "-m", "flowtrial.proxy_assembly", "--study", str(study_path),
          "--db", str(db_path), "--port", "0"],
         stdout=log, stderr=subprocess.STDOUT, text=True,
     )

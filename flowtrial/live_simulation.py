@@ -16,8 +16,6 @@ by the simulator; cycles are the proxy's.
 from __future__ import annotations
 
 import asyncio
-import gc
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +25,7 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import func, select
 
+from flowtrial.instrumentation.proxy.runtime_tuning import tuned_process
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.errors import FlowtrialError
 from flowtrial.study.participants import PER_PROMPT_ARM, assignments_for
@@ -155,10 +154,10 @@ def compression_warnings(config: StudyConfig) -> list[str]:
 
 def _require_proxy() -> Any:
     try:
-        from flowtrial.instrumentation.proxy.server import serve_proxy
+        from flowtrial.proxy_assembly import serve_proxy
     except ImportError as exc:
         raise LiveSimulationError(
-            f"live mode needs the flowtrial proxy (flowtrial.instrumentation.proxy.server): {exc}; "
+            f"live mode needs the flowtrial proxy (flowtrial.instrumentation.proxy): {exc}; "
             "use --mode virtual"
         ) from None
     return serve_proxy
@@ -207,15 +206,11 @@ def simulate_live(
     # The in-process proxy and the participants share the GIL. Python hands it over every
     # 5 ms by default, which would delay token writes and arrivals by up to 5 ms: a
     # manipulation violation at the proxy, and a wait error of 5 ms × time_scale for the
-    # participant. A short interval keeps both threads responsive.
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(min(switch_interval, 0.0002))
-    # A full garbage collection walks every object the process has imported (pandas,
-    # SQLAlchemy, the SDK, the proxy: ~200k objects, 0.1-0.3 s) with both threads stopped:
-    # freeze what exists now so the collector only looks at what the run allocates.
-    gc.collect()
-    gc.freeze()
-    try:
+    # participant. A short interval keeps both threads responsive. A full garbage collection
+    # walks every object the process has imported (pandas, SQLAlchemy, the SDK, the proxy:
+    # ~200k objects, 0.1-0.3 s) with both threads stopped: freeze what exists now so the
+    # collector only looks at what the run allocates.
+    with tuned_process(switch_interval_s=0.0002):
         with TimerProbe() as probe:
             if serve_proxy is not None:
                 with serve_proxy(database.url, config) as handle:
@@ -227,9 +222,6 @@ def simulate_live(
                 run = _Run(database, config, params, base_url.rstrip("/"), ids, keys, pop,
                            beh, tick)
                 asyncio.run(_run_all(run))
-    finally:
-        gc.unfreeze()
-        sys.setswitchinterval(switch_interval)
     elapsed = time.perf_counter() - started
     link_cycles_to_tasks(database, ids)
     with database.session() as s:

@@ -54,6 +54,10 @@ def simulate(
         "--threshold-sd", help="Log-sd of ψ across participants.")] = 0.35,
     seed: Annotated[int | None, typer.Option(
         "--seed", help="Seed of the simulated behaviour (default: random, recorded).")] = None,
+    agent_steps: Annotated[int, typer.Option(
+        "--agent-steps", help="Model calls per prompt: K > 1 simulates agent turns (K − 1 "
+                              "tool calls with tool time between, then the answer; the "
+                              "person waits for the whole turn). Virtual mode.")] = 1,
 ) -> None:
     """Add simulated participants with known ground truth to a study database."""
     from rich.console import Console
@@ -73,6 +77,11 @@ def simulate(
         raise _fail(f"--threshold-s {threshold_s:g}: must be > 0 (seconds of idle wait)")
     if not threshold_sd >= 0:
         raise _fail(f"--threshold-sd {threshold_sd:g}: must be >= 0")
+    if agent_steps < 1:
+        raise _fail(f"--agent-steps {agent_steps}: need at least 1 (model calls per prompt)")
+    if agent_steps > 1 and mode != "virtual":
+        raise _fail("--agent-steps needs --mode virtual (for live agent turns, run real agents "
+                    "against a study with [upstream] tool_steps)")
     with _user_errors():
         from flowtrial.live_simulation import simulate_live
         from flowtrial.study.config import load_study
@@ -98,8 +107,9 @@ def simulate(
                       MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                       transient=True) as bar:
             job = bar.add_task(f"simulating ({mode}, {total_label})", total=None)
+            extra = {"agent_steps": agent_steps} if agent_steps > 1 else {}
             res = run(database, config, params, participants, tasks, prompts_per_task, seed,
-                      progress=lambda d, t: bar.update(job, completed=d, total=t))
+                      progress=lambda d, t: bar.update(job, completed=d, total=t), **extra)
         glance = study_glance(database)
         database.dispose()
     out = Console()

@@ -111,3 +111,44 @@ def persistence(
         table.add_row(f"{iv:g} s", str(count), f"{(kept or 0) / count:.0%}",
                       f"{score or 0:.2f}")
     Console().print(table)
+
+
+def import_otel(
+    db: DbOpt,
+    participant: Annotated[str, typer.Option("--participant",
+                                             help="Participant id the telemetry belongs to.")],
+    file: Annotated[Path, typer.Argument(
+        help="OTLP JSON: a collector's file exporter output (one request per line) or one "
+             "export request.")],
+) -> None:
+    """Import a coding agent's OpenTelemetry (Claude Code, Codex CLI, Gemini CLI) from an OTLP
+    JSON file as events linked to the participant's cycles (idempotent: importing the same
+    records twice adds nothing)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from flowtrial.study.errors import FlowtrialError
+    from flowtrial.study.storage import open_db
+
+    try:
+        from .telemetry.importer import import_otel as run
+    except ImportError as exc:
+        raise _fail(f"{exc}: install the telemetry extra (pip install "
+                    "'flowtrial[telemetry]')") from None
+    try:
+        database = open_db(db)
+        try:
+            report = run(database, participant, file)
+        finally:
+            database.dispose()
+    except FlowtrialError as exc:
+        raise _fail(str(exc)) from None
+    table = Table(title=f"OpenTelemetry → {report.participant_id} ({report.records} records, "
+                        f"{report.new} new events, {report.linked} linked to cycles)")
+    table.add_column("event kind")
+    table.add_column("new", justify="right")
+    for kind, n in sorted(report.by_kind.items()):
+        table.add_row(kind, str(n))
+    Console().print(table)
+    if report.relinked:
+        Console().print(f"{report.relinked} earlier event(s) linked to their cycle")

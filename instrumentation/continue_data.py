@@ -59,7 +59,7 @@ from flowtrial.study.schema import Event
 from flowtrial.study.storage import Database, RecordWriter, WriteBatch, utcnow, write_rows
 
 from .fingerprints import fingerprint, similarity
-from .request_body import BodyTooLarge, read_body
+from .request_body import BodyTooLarge, read_body, unstorable_value
 
 __all__ = [
     "CONTINUE_PATH", "ContinueDecision", "KeyAuthenticator", "continue_routes",
@@ -315,6 +315,11 @@ def continue_routes(
         except RecursionError:
             return _error(400, "the request body is JSON nested too deeply to read",
                           "invalid_json")
+        bad = unstorable_value(obj)
+        if bad is not None:
+            where, what = bad
+            return _error(400 if "Unicode" in what else 422, f"{where}: {what}",
+                          "invalid_unicode" if "Unicode" in what else "invalid_number")
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return _error(422, "expected Continue's data body {\"name\", \"data\", \"schema\", "
                                "…}", "invalid_events")

@@ -1,4 +1,4 @@
-"""The study's own commands: init, validate, enroll, status, export, migrate.
+"""The study's own commands: init, validate, enroll, status, export, migrate, turns.
 
 Kept light at import time: each command imports what it needs inside its body, so that
 ``flowtrial CMD --help`` stays fast.
@@ -178,3 +178,17 @@ def migrate(db: DbOpt) -> None:
         console.print(f"{where}: already at schema version {after}; nothing to do.")
     else:
         console.print(f"{where}: upgraded from schema version {before} to {after}.")
+
+
+def turns(db: DbOpt) -> None:
+    """Rebuild the agent turns from the recorded cycles (older or imported data gets turns:
+    kinds are inferred where the proxy recorded none)."""
+    from .storage import database_url, display_url, open_db
+    from .turns import rebuild_turns
+
+    database = open_db(db)
+    try:
+        n = rebuild_turns(database)
+    finally:
+        database.dispose()
+    console.print(f"{display_url(database_url(db))}: {n} turns rebuilt from the cycles.")

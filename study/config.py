@@ -125,6 +125,9 @@ class UpstreamSection(_Strict):
     timeout_s: float = Field(default=600.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
     mock: MockSettings = MockSettings()
+    # The simulated model answers a request offering tools with a harmless tool call for the
+    # first N steps of each turn (an agent's multi-step turn, docs/concepts/turns.md).
+    tool_steps: int = Field(default=0, ge=0, le=100)
     # Optional side-by-side endpoints: OpenAI-protocol paths go to `openai`, Anthropic
     # Messages to `anthropic` (issue: real agents speak different protocols).
     openai: Endpoint | None = None
@@ -142,6 +145,9 @@ class UpstreamSection(_Strict):
             what = ", ".join(f"[upstream.{f}]" for f in named) or "base_url"
             raise ValueError(f'kind = "mock" (the built-in simulated model) would ignore '
                              f"{what}: remove kind, or set it to the endpoint to use")
+        if self.kind != "mock" and self.tool_steps:
+            raise ValueError("tool_steps drives the built-in simulated model only: remove it, "
+                             'or use kind = "mock"')
         if self.kind != "mock":
             side = getattr(self, self.kind)
             if self.base_url is None and side is None:
@@ -210,13 +216,35 @@ class ProxySection(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8787, ge=0, le=65535)
     max_body_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
+    # SSE keep-alive comments during injected waits longer than this (not a connection limit).
     keepalive_s: float = Field(default=5.0, gt=0)
+    # Limits on every way in (docs/operators/limits.md; instrumentation/proxy/front_door.py).
+    # Request line + headers: over this the proxy answers 431 at once, before parsing them.
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    # From connection (or the previous answer) to the end of the headers; then to the end of
+    # the body: past either the proxy answers 408 and closes the connection.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    # How long a keep-alive connection may sit idle between requests before it is closed.
+    idle_timeout_s: float = Field(default=30.0, gt=0)
+    # Open client connections (HTTP and WebSocket); beyond it a new one gets 503 (logged).
+    max_connections: int = Field(default=1000, ge=1)
+    # Bytes of WebSocket messages waiting while a turn runs; beyond it the socket is closed
+    # with 1008. One message over max_body_bytes (plus 64 KiB) is closed with 1009.
+    ws_inbox_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     # Run the garbage collector's older generations between timed releases rather than
     # wherever they fall (instrumentation/proxy/quiet_gc.py); off = CPython's own schedule.
     quiet_gc: bool = True
     # The *name* of the variable holding the admin token (GET /flowtrial/v1/admin/...);
     # unset variable = admin endpoints disabled. Never the token itself.
     admin_token_env: str = "FLOWTRIAL_ADMIN_TOKEN"
+
+    @model_validator(mode="after")
+    def _inbox_holds_a_message(self) -> ProxySection:
+        if self.ws_inbox_bytes < self.max_body_bytes:
+            raise ValueError("ws_inbox_bytes: must be >= max_body_bytes (the inbox must hold "
+                             "one message of the largest size the proxy accepts)")
+        return self
 
     @field_validator("admin_token_env")
     @classmethod

@@ -3,12 +3,17 @@
 De-identified (``--deidentify``): no content (prompt and answer text and fingerprints, task
 descriptions, error texts, the study file as written), no titles, URLs, file or project names
 (event payloads keep only an allow-list of fields: app and category names, statuses, counts,
-fractions and flags), no raw identifiers: participant ids, cycle ids, connection ids, task
-names, Continue completion ids and the recording proxy's host are replaced by pseudonyms
+fractions and flags), no raw identifiers: participant ids, cycle ids, connection ids, turn ids
+and conversation keys, task names, Continue completion ids and the recording proxy's host are
+replaced by pseudonyms
 (``h_`` + a keyed hash), the upstream's response ids and the events' dedupe keys (which embed
 ids and host names) are dropped. The pseudonyms are keyed by a random secret drawn for each
 export and never written anywhere, so they cannot be reversed by hashing candidate ids; the
-same id gets the same pseudonym in every table of one export, so joins still work.
+same id gets the same pseudonym in every table of one export, so joins still work. The model
+name a client sent (``cycles.model``, a payload's ``model``) is free text and pseudonymized too.
+
+CSV files never start a text cell with ``=``, ``+``, ``-``, ``@``, tab or CR (a spreadsheet
+would run it as a formula): such cells get a leading ``'``. Parquet keeps the values as they are.
 """
 
 from __future__ import annotations
@@ -31,14 +36,21 @@ CONTENT_COLUMNS = {"prompt_text", "content_text", "prompt_fingerprint", "content
                    "error", "config_toml", "description"}
 SECRET_COLUMNS = {"key_hash", "key_salt", "key_id"}
 # Raw identifiers: pseudonymized (kept joinable) in a de-identified export.
-ID_COLUMNS = {"participant_id", "checked_against", "cycle_id", "connection_id", "recorded_by"}
-ID_COLUMNS_OF = {"participants": {"id"}, "cycles": {"id"}, "tasks": {"name"}}
+ID_COLUMNS = {"participant_id", "checked_against", "cycle_id", "connection_id", "recorded_by",
+              "turn_id", "conversation_key", "first_cycle_id", "last_cycle_id"}
+# ``cycles.model`` is whatever the client sent as the model name (free text: it can carry a
+# name, a path or a formula): pseudonymized like an id, so cycles still group by model.
+ID_COLUMNS_OF = {"participants": {"id"}, "cycles": {"id", "model"}, "tasks": {"name"},
+                 "turns": {"id"}}
 # Dropped from a de-identified export: ids of other systems, keys that embed ids and hosts.
 DROP_COLUMNS = {"upstream_response_id", "dedupe_key", "working_apps_json"}
 # Event payload fields kept (as text) in a de-identified export; anything else is dropped,
 # except numbers and booleans under plain field names (counts, fractions, flags).
-PAYLOAD_TEXT_KEYS = {"app", "category", "status", "page", "continue_event", "model", "link"}
-PAYLOAD_ID_KEYS = {"completion_id", "cycle_id"}
+PAYLOAD_TEXT_KEYS = {"app", "category", "status", "page", "continue_event", "link"}
+PAYLOAD_ID_KEYS = {"completion_id", "cycle_id", "model"}
+# A CSV cell starting with one of these is a formula to a spreadsheet (=HYPERLINK(...) in a
+# model or task name would run when the file is opened): such text cells get a leading "'".
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _MAX_TEXT = 200
 
@@ -97,8 +109,24 @@ def export_tables(
                     lambda v: _deidentify_payload(v, key)).astype(object)
         path = out_dir / f"{table.name}.{fmt}"
         if fmt == "csv":
-            df.to_csv(path, index=False)
+            neutralize_formulas(df).to_csv(path, index=False)
         else:
             df.to_parquet(path, index=False)
         counts[table.name] = len(df)
     return counts
+
+
+def _defuse(value: object) -> object:
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
+def neutralize_formulas(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with every text cell a spreadsheet would read as a formula prefixed by ``'``
+    (OWASP's CSV injection advice); numbers (a negative one too) are left alone."""
+    out = df.copy()
+    for c in out.columns:
+        if out[c].dtype == object or pd.api.types.is_string_dtype(out[c].dtype):
+            out[c] = out[c].map(_defuse)
+    return out

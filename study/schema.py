@@ -17,7 +17,7 @@ from sqlalchemy import BigInteger, Column, Index, MetaData, Text, UniqueConstrai
 from sqlmodel import Field, SQLModel
 
 #: Bumped with every Alembic revision in ``study/migrations/versions`` (revision ``000N``).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def _big() -> Column:  # type: ignore[type-arg]
@@ -168,6 +168,51 @@ class Cycle(SQLModel, table=True):
     # Which proxy process recorded the cycle (``host:pid``, or the proxy's --instance name):
     # several proxies may record into one PostgreSQL database. Schema version 2.
     recorded_by: str | None = None
+    # Agent turns (schema version 4, docs/concepts/turns.md): what the request was
+    # (human | continuation | side | retry), the rule that decided it, the turn it belongs to,
+    # its conversation and client, and when the upstream's last event reached the proxy
+    # (so the latency the proxy injected is t_last_sent - t_upstream_last).
+    request_kind: str | None = None
+    kind_rule: str | None = None
+    turn_id: str | None = Field(default=None, index=True)
+    conversation_key: str | None = None
+    client: str | None = None
+    t_upstream_last_ns: int | None = Field(default=None, sa_column=_big())
+
+
+class Turn(SQLModel, table=True):
+    """One agent turn: a person's prompt and every model call it set off until the final
+    answer (schema version 4). Built by the proxy as requests arrive and rebuilt from the
+    cycles by :func:`flowtrial.study.turns.rebuild_turns`; durations are raw (not
+    time-scaled), in ms; ``wait_ms = model_ms + tool_ms + gap_ms``."""
+
+    __tablename__ = "turns"
+    id: str = Field(primary_key=True)
+    participant_id: str = Field(foreign_key="participants.id", index=True)
+    arm: str
+    period: int | None = None
+    task_id: int | None = None
+    protocol: str
+    client: str | None = None
+    conversation_key: str | None = None
+    mono_anchor_ns: int = Field(sa_column=Column(BigInteger, nullable=False))
+    wall_anchor_ns: int = Field(sa_column=Column(BigInteger, nullable=False))
+    t_start_ns: int = Field(sa_column=Column(BigInteger, nullable=False))
+    t_end_ns: int | None = Field(default=None, sa_column=_big())
+    started_at: datetime
+    model_calls: int = 0
+    side_calls: int = 0
+    retries: int = 0
+    tool_calls: int = 0
+    wait_ms: float | None = None
+    model_ms: float | None = None
+    injected_ms: float | None = None
+    tool_ms: float | None = None
+    gap_ms: float | None = None
+    status: str = "open"  # open | complete | error
+    first_cycle_id: str
+    last_cycle_id: str | None = None
+    simulated: bool = False
 
 
 class Event(SQLModel, table=True):
@@ -235,7 +280,7 @@ class DrawCounter(SQLModel, table=True):
 
 TABLES: list[type[SQLModel]] = [
     Meta, Study, Arm, Participant, Assignment, Task, Cycle, Event,
-    QuestionnaireAnswer, Persistence, GroundTruth, DrawCounter,
+    QuestionnaireAnswer, Persistence, GroundTruth, DrawCounter, Turn,
 ]
 
 

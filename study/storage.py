@@ -8,11 +8,9 @@ streams share a commit (group commit) instead of fighting over the write lock.
 from __future__ import annotations
 
 import json
-import os
 import queue
-import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -236,17 +234,22 @@ def init_db(db: str | Path, config: StudyConfig, config_toml: str | None = None)
 
 @dataclass
 class WriteBatch:
-    """Rows for one table. ``ignore_conflicts`` makes re-inserts no-ops (idempotent imports)."""
+    """Rows for one table. ``ignore_conflicts`` makes re-inserts no-ops (idempotent imports);
+    ``upsert`` replaces a row with the same primary key (the proxy's turn rows)."""
 
     table: Any
     rows: Sequence[dict[str, Any]]
     ignore_conflicts: bool = False
+    upsert: bool = False
 
 
 def insert_batch(conn: Any, b: WriteBatch) -> None:
     """Insert one batch on an open connection (idempotently if asked)."""
     table = b.table.__table__ if hasattr(b.table, "__table__") else b.table
     if not b.rows:
+        return
+    if b.upsert:
+        _upsert(conn, table, b.rows)
         return
     if not b.ignore_conflicts:
         conn.execute(table.insert(), list(b.rows))
@@ -259,6 +262,21 @@ def insert_batch(conn: Any, b: WriteBatch) -> None:
     else:  # pragma: no cover - other dialects are not supported for imports
         raise StorageError(f"idempotent insert not supported on {dialect}")
     conn.execute(stmt, list(b.rows))
+
+
+def _upsert(conn: Any, table: Any, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert, or update the row with the same primary key (SQLite and PostgreSQL)."""
+    dialect = conn.dialect.name
+    if dialect == "sqlite":
+        stmt: Any = sqlite_insert(table)
+    elif dialect == "postgresql":
+        stmt = pg_insert(table)
+    else:  # pragma: no cover - other dialects are not supported
+        raise StorageError(f"upsert not supported on {dialect}")
+    keys = [c.name for c in table.primary_key.columns]
+    stmt = stmt.on_conflict_do_update(index_elements=keys, set_={
+        c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys})
+    conn.execute(stmt, list(rows))
 
 
 @dataclass
@@ -277,23 +295,19 @@ def _merge(batches: list[WriteBatch]) -> list[WriteBatch]:
     keep the order in which their table first appears, so parents queued before children
     (a participant before its assignments) are still inserted first.
     """
-    groups: dict[tuple[Any, bool, frozenset[str]], list[dict[str, Any]]] = {}
+    groups: dict[tuple[Any, bool, bool, frozenset[str]], list[dict[str, Any]]] = {}
     for b in batches:
         for row in b.rows:
-            groups.setdefault((b.table, b.ignore_conflicts, frozenset(row)), []).append(row)
-    return [WriteBatch(t, rows, ignore) for (t, ignore, _), rows in groups.items()]
-
-
-def lower_thread_priority(by: int) -> None:
-    """Raise the calling thread's nice value by ``by`` (Linux schedules threads one by one;
-    elsewhere, and where it is refused, this does nothing)."""
-    if sys.platform != "linux" or by <= 0:
-        return
-    tid = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
-    except OSError:
-        pass
+            groups.setdefault((b.table, b.ignore_conflicts, b.upsert, frozenset(row)),
+                              []).append(row)
+    out = []
+    for (t, ignore, upsert, _), rows in groups.items():
+        if upsert:  # one row per key, the latest: a statement may not update a row twice
+            table = t.__table__ if hasattr(t, "__table__") else t
+            keys = [c.name for c in table.primary_key.columns]
+            rows = list({tuple(r[k] for k in keys): r for r in rows}.values())
+        out.append(WriteBatch(t, rows, ignore, upsert))
+    return out
 
 
 class RecordWriter:
@@ -303,17 +317,15 @@ class RecordWriter:
     (group commit), so many concurrent streams cost one fsync, not one each. A failed commit
     fails every future in it: the caller must then not pretend the record exists.
 
-    ``nice``: how much lower than its process the thread runs. The proxy's writer shares the
-    CPU with the event loop when the machine is busy (or the proxy has one core); a commit
-    that ran its time slice out held the loop off for 1-4 ms (``perf sched``), late first
-    tokens. Lower, it still commits whenever the loop is idle, which is most of the time.
+    ``on_start``: called first thing in the writer thread (its owner's tuning, e.g. the
+    proxy's thread priority: :mod:`flowtrial.instrumentation.proxy.runtime_tuning`).
     """
 
     def __init__(self, engine: Engine, max_batch: int = 2000, name: str = "flowtrial-writer",
-                 nice: int = 0):
+                 on_start: Callable[[], None] | None = None):
         self.engine = engine
         self.max_batch = max_batch
-        self.nice = nice
+        self.on_start = on_start
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed = False
@@ -360,7 +372,8 @@ class RecordWriter:
                 it.future.set_result(None)
 
     def _run(self) -> None:
-        lower_thread_priority(self.nice)
+        if self.on_start is not None:
+            self.on_start()
         while True:
             first = self._queue.get()
             if first is _STOP:

@@ -1,5 +1,6 @@
 """Arms: per-arm distributions of experienced wait, cycle time, task time, switch rate,
-resumption lag, acceptance and persistence, with effect estimates and CIs from analysis."""
+resumption lag, acceptance and persistence, agents' tool decisions, with effect estimates and
+CIs from analysis."""
 
 from __future__ import annotations
 
@@ -44,6 +45,18 @@ def decision_section() -> None:
         y=alt.Y("arm:N", title=None), color="arm:N", row=alt.Row("rate:N", title=None),
         tooltip=["arm", "rate", alt.Tooltip("value:Q", format=".1%")])
     ui.chart(ch, long, "acceptance and persistence rates")
+
+
+def agent_section() -> None:
+    agents = data.agent_by_arm(ctx.url, ctx.fresh, ctx.scale, ctx.filters)
+    if agents.empty:
+        return  # no agent telemetry in this study: nothing to show
+    st.subheader("Agent tool decisions")
+    ui.table(agents, "agent tool decisions per arm")
+    st.caption("From the coding agents' own OpenTelemetry (docs/clients/telemetry.md). "
+               "Decisions the agent's configuration took are counted apart; acceptance and "
+               "time to decide are the person's. The agent waited = time it sat waiting for "
+               "the person's answer.")
 
 
 def task_section() -> None:
@@ -118,6 +131,7 @@ if not ui.no_cycles(ctx, "Per-arm distributions"):
     st.subheader("Context switches and resumption lag")
     switch_box = st.container()  # filled last: its computation may run in the background
     decision_section()
+    agent_section()
     task_section()
     with switch_box:
         table = compute.switch_table(ctx.url, ctx.fresh)

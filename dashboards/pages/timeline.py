@@ -1,5 +1,7 @@
 """Flow timeline: one participant's day, each cycle as prompt → wait → review, with the
-time focus was away (switches) and the resumption lag shaded.
+time focus was away (switches) and the resumption lag shaded. Where agents made multi-call
+turns the wait bar is the whole turn, with its model calls and tool runs drawn inside; from
+agent telemetry, the time the agent waited for the person and its tools ran.
 
 Only that participant-day is read (indexed range queries), and the cycle numbers come from
 ``flowtrial.analysis.metrics.cycle_table_from_frames`` on it, so they are the report's."""
@@ -13,8 +15,32 @@ import streamlit as st
 
 from flowtrial.dashboards import data, ui
 
-PHASE_COLORS = {"wait": "#f28e2b", "review": "#4e79a7", "resumption lag": "#e15759",
-                "away (switch)": "#9d9d9d"}
+PHASE_COLORS = {"wait": "#f28e2b", "model call": "#edc948", "tool": "#76b7b2",
+                "review": "#4e79a7", "resumption lag": "#e15759", "away (switch)": "#9d9d9d",
+                "agent waited for you": "#b07aa1", "tool running": "#59a14f"}
+
+
+def agent_segments(ev: pd.DataFrame, cyc: pd.DataFrame, scale: float) -> pd.DataFrame | None:
+    """Agent telemetry as bars: the agent waiting for the person (from the wait's start),
+    a tool running (ending at its result); durations are raw, like the wall times."""
+    parts = []
+    for kind, phase in (("agent_wait", "agent waited for you"), ("tool_result", "tool running")):
+        g = ev[(ev["kind"] == kind) & ev["duration_s"].notna()]
+        if g.empty:
+            continue
+        ts = pd.to_datetime(pd.to_numeric(g["ts_ns"]).astype(np.int64), unit="ns", utc=True)
+        dur = pd.to_timedelta(pd.to_numeric(g["duration_s"]).astype(float), unit="s")
+        start, end = (ts, ts + dur) if kind == "agent_wait" else (ts - dur, ts)
+        parts.append(pd.DataFrame({
+            "phase": phase, "start": start.to_numpy(), "end": end.to_numpy(),
+            "cycle_id": g["cycle_id"].to_numpy(object),
+            "agent_s": pd.to_numeric(g["duration_s"]).to_numpy(float) * scale}))
+    if not parts:
+        return None
+    out = pd.concat(parts, ignore_index=True)
+    arms = cyc.set_index("cycle_id")["arm"] if len(cyc) else pd.Series(dtype=object)
+    out["arm"] = out["cycle_id"].map(arms)
+    return out
 
 
 def build(url: str, fresh: tuple[int, ...], participant: str, day: str
@@ -44,6 +70,12 @@ def build(url: str, fresh: tuple[int, ...], participant: str, day: str
     ):
         seg = cyc.assign(phase=phase, start=start, end=end)
         segs.append(seg[seg["end"].notna() & seg["start"].notna()])
+    # Inside an agent turn's wait: its model calls and tool runs.
+    from flowtrial.analysis.turns import turn_segments
+
+    inner = turn_segments(tables["cycles"])
+    if len(inner):
+        segs.append(inner.merge(cyc.drop(columns=["arm"]), on="cycle_id", how="left"))
     # Away episodes (focus outside the working apps), as analysis.switches defines them.
     ev = tables["events"]
     focus = ev[ev["kind"].isin(FOCUS_KINDS)]
@@ -70,6 +102,10 @@ def build(url: str, fresh: tuple[int, ...], participant: str, day: str
                 "time_away_s": ep["away_ns"].to_numpy(float) / 1e9 * scale,
             })
             segs.append(away)
+    if "duration_s" in ev.columns:
+        agent = agent_segments(ev, cyc, scale)
+        if agent is not None:
+            segs.append(agent)
     seg = pd.concat(segs, ignore_index=True) if segs else pd.DataFrame()
     return cyc, seg
 
@@ -92,16 +128,24 @@ if not ui.no_cycles(ctx, "The timeline"):
         if ctx.filters.arms:
             cyc = cyc[cyc["arm"].isin(ctx.filters.arms)]
             seg = seg[seg["arm"].isin(ctx.filters.arms) | seg["phase"].eq("away (switch)")]
+        if "agent_s" in seg.columns:
+            agent = seg[seg["phase"] == "agent waited for you"]
+            if len(agent):
+                st.metric("The agent waited for you", ui.fmt(agent["agent_s"].sum(), ".1f",
+                                                              " s"),
+                          help="Agent telemetry: time the coding agent sat waiting for your "
+                               "answer (a permission prompt) this day")
         n_sw = int(cyc["switched"].sum())
         m = st.columns(4)
-        m[0].metric("Cycles this day", len(cyc))
+        turns = (cyc.attrs.get("wait_unit") or {}).get("unit") == "turn"
+        m[0].metric("Agent turns this day" if turns else "Cycles this day", len(cyc))
         m[1].metric("Switched during the wait", n_sw)
         m[2].metric("Median total wait", ui.fmt(cyc["total_wait_s"].median(), ".1f", " s"))
         m[3].metric("Time waiting", ui.fmt(cyc["total_wait_s"].sum() / 60, ".1f", " min"))
         cols = ["cycle_id", "arm", "phase", "start", "end", "experienced_ttft_s",
                 "total_wait_s", "idle_wait_s", "tokens_completion", "switched",
                 "switch_category", "time_away_s", "resumption_lag_s", "decision",
-                "review_time_s"]
+                "review_time_s", "agent_s"]
         seg = seg.reindex(columns=cols)
         tips = [alt.Tooltip("phase:N"), alt.Tooltip("cycle_id:N"), alt.Tooltip("arm:N"),
                 alt.Tooltip("start:T", format="%H:%M:%S"),
@@ -113,7 +157,8 @@ if not ui.no_cycles(ctx, "The timeline"):
                 alt.Tooltip("time_away_s:Q", format=".1f", title="away (s)"),
                 alt.Tooltip("resumption_lag_s:Q", format=".1f", title="resumption lag (s)"),
                 alt.Tooltip("decision:N"),
-                alt.Tooltip("review_time_s:Q", format=".1f", title="review (s)")]
+                alt.Tooltip("review_time_s:Q", format=".1f", title="review (s)"),
+                alt.Tooltip("agent_s:Q", format=".1f", title="agent (s)")]
         lane = alt.Y("phase:N", title=None, sort=list(PHASE_COLORS))
         color = alt.Color("phase:N", scale=alt.Scale(domain=list(PHASE_COLORS),
                                                      range=list(PHASE_COLORS.values())))

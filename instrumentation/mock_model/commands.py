@@ -22,6 +22,9 @@ def mock_model(
     ] = 2000,
     ttft_ms: Annotated[float, typer.Option(help="Delay before the first content token.")] = 20,
     seed: Annotated[int, typer.Option(help="Seed: same seed and request, same answer.")] = 0,
+    tool_steps: Annotated[int, typer.Option(
+        help="Answer requests that offer tools with a harmless tool call (list a directory, "
+             "pwd) for the first N steps of each turn, then with text.")] = 0,
 ) -> None:
     """Serve the built-in simulated model: OpenAI (chat, completions, responses incl.
     WebSocket mode) and Anthropic Messages wire formats, offline, with no API key."""
@@ -31,6 +34,8 @@ def mock_model(
         _fail(f"--tokens-per-second must be > 0 (or inf), got {tokens_per_second}")
     if not (ttft_ms >= 0 and math.isfinite(ttft_ms)):
         _fail(f"--ttft-ms must be a number >= 0, got {ttft_ms}")
+    if tool_steps < 0:
+        _fail(f"--tool-steps must be >= 0, got {tool_steps}")
 
     import uvicorn
 
@@ -49,7 +54,8 @@ def mock_model(
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
 
-    model = MockModel(tokens_per_second=tokens_per_second, ttft_ms=ttft_ms, seed=seed)
+    model = MockModel(tokens_per_second=tokens_per_second, ttft_ms=ttft_ms, seed=seed,
+                      tool_steps=tool_steps)
     typer.echo(f"flowtrial simulated model at http://{shown}:{bound}/v1")
     typer.echo(f"  OpenAI clients:    base_url=http://{shown}:{bound}/v1  (any API key)")
     typer.echo(f"  Anthropic clients: ANTHROPIC_BASE_URL=http://{shown}:{bound}")

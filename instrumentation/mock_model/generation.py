@@ -15,6 +15,7 @@ from ..tokens import split_tokens
 from .corpus import Corpus, guess_language
 from .inbound import Turn
 from .structured import json_answer
+from .tool_steps import ToolCall
 
 __all__ = ["Generation", "Job", "Schedule", "generate"]
 
@@ -38,7 +39,9 @@ class Generation:
 
 def generate(turn: Turn, corpus: Corpus, seed: int) -> Generation:
     """Choose and cut the answer for `turn`; the same seed and request give the same text."""
-    digest = hashlib.blake2b(turn.key.encode("utf-8"), digest_size=16).hexdigest()
+    # surrogatepass: a prompt may hold a lone surrogate (JSON "\udfff"); it still has a digest.
+    digest = hashlib.blake2b(turn.key.encode("utf-8", "surrogatepass"),
+                             digest_size=16).hexdigest()
     rng = random.Random(f"{seed}/{digest}")
     if turn.schema is not None:  # structured output: JSON that fits the schema, not prose
         source = json_answer(turn.schema, turn.focus_text)
@@ -107,3 +110,4 @@ class Job:
     schedule: Schedule
     item_id: str = ""  # Responses: id of the output message item
     stream_id: str | None = None  # Responses WebSocket lane, echoed on every event
+    tool_call: ToolCall | None = None  # answer with this tool call instead of the text

@@ -35,7 +35,17 @@ from .openai_wire import (
     responses_body,
     responses_events,
     responses_sse,
+    sse_event,
     ws_error,
+)
+from .tool_steps import ToolCall, ToolPlanner
+from .tool_wire import (
+    chat_tool_body,
+    chat_tool_stream,
+    messages_tool_body,
+    messages_tool_stream,
+    responses_tool_body,
+    responses_tool_events,
 )
 
 __all__ = ["CYCLE_ID_HEADER", "MODEL_IDS", "MockModel", "MockReply"]
@@ -63,6 +73,9 @@ _BODIES = {
     "responses": responses_body,
     "messages": messages_body,
 }
+_TOOL_STREAMS = {"chat": chat_tool_stream, "messages": messages_tool_stream}
+_TOOL_BODIES = {"chat": chat_tool_body, "responses": responses_tool_body,
+                "messages": messages_tool_body}
 _CYCLE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _ALNUM = string.ascii_letters + string.digits
 _JSON = "application/json"
@@ -101,10 +114,13 @@ class MockModel:
     Answers are drawn from a shipped corpus of code answers, deterministically for a seed and
     request; the first content token comes after `ttft_ms` and the rest at
     `tokens_per_second` (`math.inf` sends everything at once after the TTFT).
+    With `tool_steps` N > 0, a request offering tools is answered with a call to a harmless
+    offered tool for the first N steps of the person's turn (tool_steps.py).
     """
 
     def __init__(
-        self, tokens_per_second: float = 2000.0, ttft_ms: float = 20.0, seed: int = 0
+        self, tokens_per_second: float = 2000.0, ttft_ms: float = 20.0, seed: int = 0,
+        tool_steps: int = 0,
     ) -> None:
         if not tokens_per_second > 0:
             raise ValueError(f"tokens_per_second must be > 0, got {tokens_per_second}")
@@ -113,6 +129,7 @@ class MockModel:
         self.tokens_per_second = float(tokens_per_second)
         self.ttft_ms = float(ttft_ms)
         self.seed = seed
+        self.tools = ToolPlanner(tool_steps, seed)
         self._corpus = load_corpus()
         # Ids come from their own seeded stream: unique per reply, reproducible per run,
         # and independent of the answer text (which depends on the request only).
@@ -149,13 +166,24 @@ class MockModel:
         if method != "POST":
             return _error(protocol, RequestError(f"Invalid method for URL ({method} {path})", 405))
         try:
-            turn = parse_turn(protocol, decode_body(body))
+            data = decode_body(body)
+            turn = parse_turn(protocol, data)
         except RequestError as exc:
             return _error(protocol, exc)
         if protocol == "count_tokens":
             return _json(200, {"input_tokens": turn.prompt_tokens})
 
-        job = self._job(turn, {k.lower(): v for k, v in headers.items()}, start)
+        call = self.tools.plan(protocol, data)
+        job = self._job(turn, {k.lower(): v for k, v in headers.items()}, start, tool_call=call)
+        if protocol == "responses":
+            self.tools.answered(job.id, call)
+        if call is not None:
+            if turn.stream:
+                stream = (_TOOL_STREAMS[protocol](job) if protocol != "responses"
+                          else _sse_of(responses_tool_events(job)))
+                return MockReply(200, {**_SSE, **self._request_id(protocol)}, stream)
+            await job.schedule.sleep_until(job.schedule.due(0))
+            return _json(200, _TOOL_BODIES[protocol](job), self._request_id(protocol))
         if turn.stream:
             return MockReply(200, {**_SSE, **self._request_id(protocol)}, _STREAMS[protocol](job))
         # Non-streaming: the whole answer exists only once its last token is generated.
@@ -191,8 +219,13 @@ class MockModel:
             yield ws_error(exc.message, exc.param, exc.code, exc.status)
             return
         lowered = {k.lower(): v for k, v in (headers or {}).items()}
-        job = self._job(turn, lowered, start, stream_id)
-        async for event in responses_events(job, generate=generate_flag):
+        call = self.tools.plan("responses", body) if generate_flag else None
+        job = self._job(turn, lowered, start, stream_id, tool_call=call)
+        if generate_flag:
+            self.tools.answered(job.id, call)
+        events = (responses_tool_events(job) if call is not None
+                  else responses_events(job, generate=generate_flag))
+        async for event in events:
             yield event
 
     # ------------------------------------------------------------------ helpers
@@ -217,7 +250,7 @@ class MockModel:
         return "".join(self._ids.choice(_ALNUM) for _ in range(29))
 
     def _job(self, turn: Turn, headers: Mapping[str, str], start: float,
-             stream_id: str | None = None) -> Job:
+             stream_id: str | None = None, tool_call: ToolCall | None = None) -> Job:
         gen = generate(turn, self._corpus, self.seed)
         cycle = headers.get(CYCLE_ID_HEADER, "")
         # The proxy passes its cycle id so clients see it in the response id.
@@ -225,13 +258,18 @@ class MockModel:
         item_id = "msg_" + self._random_id("responses") if turn.protocol == "responses" else ""
         schedule = Schedule(start, self.ttft_ms / 1000.0, self.tokens_per_second)
         return Job(turn, gen, _ID_PREFIX[turn.protocol] + suffix, int(time.time()), schedule,
-                   item_id, stream_id)
+                   item_id, stream_id, tool_call)
 
     def _request_id(self, protocol: Protocol) -> dict[str, str]:
         request_id = "req_" + "".join(self._ids.choice(_ALNUM) for _ in range(24))
         if protocol in ("messages", "count_tokens"):
             return {"request-id": request_id}
         return {"x-request-id": request_id}
+
+
+async def _sse_of(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    async for event in events:
+        yield sse_event(event["type"], event)
 
 
 def _json(status: int, obj: Any, headers: dict[str, str] | None = None) -> MockReply:

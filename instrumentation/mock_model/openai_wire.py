@@ -8,8 +8,9 @@ Shapes follow the official API (and what the `openai` SDK's types parse): chunk 
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from .generation import Job
@@ -20,6 +21,7 @@ __all__ = [
     "completions_body",
     "completions_stream",
     "dumps",
+    "event_maker",
     "openai_error",
     "responses_body",
     "responses_events",
@@ -32,8 +34,16 @@ __all__ = [
 DONE = b"data: [DONE]\n\n"
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    """Compact JSON text; a lone surrogate the request brought (a model name echoed back) is
+    escaped as ``\\udfff`` so that the text still encodes as UTF-8."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    if not text.isascii() and _LONE_SURROGATE.search(text):
+        return json.dumps(obj, separators=(",", ":"))
+    return text
 
 
 def sse_data(obj: Any) -> bytes:
@@ -224,11 +234,9 @@ def responses_body(job: Job) -> dict[str, Any]:
     return _response(job, status, [item], _responses_usage(job))
 
 
-async def responses_events(job: Job, *, generate: bool = True) -> AsyncIterator[dict[str, Any]]:
-    """The Responses streaming events as dicts (shared by SSE and WebSocket mode).
-
-    With `generate=False` (WebSocket warm-up) the response completes at once with no output.
-    """
+def event_maker(job: Job) -> Callable[..., dict[str, Any]]:
+    """Builds a stream's Responses events in order: `sequence_number` 0, 1, …, and the
+    WebSocket lane (`stream_id`) on each when there is one."""
     seq = 0
 
     def event(type_: str, **fields: Any) -> dict[str, Any]:
@@ -238,6 +246,16 @@ async def responses_events(job: Job, *, generate: bool = True) -> AsyncIterator[
             out["stream_id"] = job.stream_id
         seq += 1
         return out
+
+    return event
+
+
+async def responses_events(job: Job, *, generate: bool = True) -> AsyncIterator[dict[str, Any]]:
+    """The Responses streaming events as dicts (shared by SSE and WebSocket mode).
+
+    With `generate=False` (WebSocket warm-up) the response completes at once with no output.
+    """
+    event = event_maker(job)
 
     yield event("response.created", response=_response(job, "in_progress"))
     yield event("response.in_progress", response=_response(job, "in_progress"))

@@ -157,7 +157,10 @@ def participant_routes(database: Database, config: StudyConfig, *,
     def lookup(sess: Session) -> Participant | None:
         with database.session() as s:
             p = s.get(Participant, sess.participant_id)
-        return p if p is not None and p.key_id == sess.key_id else None
+            if p is None or p.key_id != sess.key_id or store.session_revoked(
+                    s.connection(), sess.participant_id, sess.nonce):
+                return None
+        return p
 
     async def session_of(request: Request) -> Session | None:
         sess = signer.verify(request.cookies.get(COOKIE))
@@ -228,6 +231,10 @@ def participant_routes(database: Database, config: StudyConfig, *,
         got = await authed_form(request)
         if isinstance(got, Response):
             return got
+        sess, _ = got
+        # Server-side: the cookie stops working now, wherever a copy of it is.
+        await asyncio.to_thread(store.revoke_session, database, sess.participant_id,
+                                sess.nonce)
         resp = redirect(login_url, "loggedout")
         resp.delete_cookie(COOKIE, path=prefix, httponly=True, samesite="strict")
         return resp

@@ -265,3 +265,23 @@ def submit_answers(database: Database, pid: str, task_id: int,
             {"participant_id": pid, "task_id": task_id, "instrument": ins, "item": item,
              "value": v, "answered_at": now} for ins, item, v in answers]))
     return True
+
+
+def _logout_key(pid: str, nonce: str) -> str:
+    return f"page:{pid}:logout:{nonce}"
+
+
+def revoke_session(database: Database, pid: str, nonce: str) -> None:
+    """Record a logout (an event ``logout`` whose dedupe key names the session): the
+    session's cookie is refused from now on, by every worker, across restarts."""
+    row = {"participant_id": pid, "cycle_id": None, "kind": "logout", "ts_ns": time.time_ns(),
+           "duration_s": None, "source": SOURCE, "payload_json": None,
+           "dedupe_key": _logout_key(pid, nonce), "received_at": utcnow()}
+    with database.engine.begin() as conn:
+        _insert_event_once(conn, row)
+
+
+def session_revoked(conn: Any, pid: str, nonce: str) -> bool:
+    """Whether the session with ``nonce`` was logged out (indexed: dedupe_key is unique)."""
+    found = conn.execute(select(_E.c.id).where(_E.c.dedupe_key == _logout_key(pid, nonce)))
+    return found.first() is not None

@@ -1,13 +1,16 @@
-"""The proxy's ASGI app (Starlette): routes, authentication, limits and lifecycle.
+"""The proxy's ASGI app (Starlette): the model routes, authentication, limits, lifecycle, and
+the extensions it is given.
 
-Routes: one per protocol adapter (``POST /v1/chat/completions``, ``/v1/completions``,
+Core routes: one per protocol adapter (``POST /v1/chat/completions``, ``/v1/completions``,
 ``/v1/responses``, ``/v1/messages``), the Responses WebSocket mode on ``ws://…/v1/responses``
 (:mod:`flowtrial.instrumentation.proxy.websocket`), ``POST /v1/messages/count_tokens``
 (authenticated, passed to the Anthropic upstream, not a cycle: no answer to shape), ``GET
-/v1/models`` (authenticated, arm-neutral), ``POST /flowtrial/v1/events`` (authenticated),
-``GET /flowtrial/v1/health`` and ``GET``/``HEAD /`` (open; Claude Code probes ``HEAD /``),
-``GET /flowtrial/v1/openapi.json`` (open) and ``GET /flowtrial/v1/admin/…`` (admin token,
-:mod:`flowtrial.instrumentation.proxy.admin`).
+/v1/models`` (authenticated, arm-neutral), ``GET /flowtrial/v1/health`` and ``GET``/``HEAD /``
+(open; Claude Code probes ``HEAD /``). Everything else comes from extensions
+(:mod:`flowtrial.instrumentation.proxy.extensions`: the event API ``POST
+/flowtrial/v1/events``, Continue's data destination, the participant page, ``GET
+/flowtrial/v1/admin/…``, ``GET /flowtrial/v1/openapi.json``, agents' OpenTelemetry on ``POST
+/flowtrial/otlp/v1/logs|traces|metrics``), chosen by the composition root.
 Unknown paths get 404 and every error comes back in the protocol's own error shape (OpenAI's
 by default, Anthropic's on the Messages paths).
 """
@@ -16,39 +19,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.storage import Database, RecordWriter
 
-from ..continue_data import continue_routes
-from ..participant_page import participant_routes
 from ..request_body import BodyTooLarge, read_body
-from .admin import admin_routes
-from .events_api import EventsRejected, accept_events
-from .health import RETRY_AFTER_S, UNAVAILABLE_MESSAGE
-from .openapi import openapi_routes
-from .protocols import (
-    ADAPTERS,
-    MessagesAdapter,
-    ProtocolAdapter,
-    openai_error,
-)
-from .quiet_gc import QuietCollector
+from .extensions import AppContext, ProxyExtension, builtin_extensions
+from .health import RETRY_AFTER_S
+from .openapi import health_paths
+from .protocols import ADAPTERS, MessagesAdapter, ProtocolAdapter
 from .relay import Exchange
-from .releases import give_way
+from .responses import (
+    error,
+    json_response,
+    proxy_state,
+    too_large,
+    unauthorized,
+    unavailable,
+)
+from .runtime_tuning import ProxyTuning, give_way
 from .state import ProxyState, close_writer, make_writer
 from .upstream import (
     CYCLE_HEADER,
@@ -65,72 +66,44 @@ log = logging.getLogger("flowtrial.proxy")
 GRACE_S = 30.0  # how long shutdown waits for open streams before recording them abandoned
 
 
-def _json(status: int, body: bytes | dict[str, Any], headers: dict[str, str] | None = None
-          ) -> Response:
-    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return Response(raw, status, headers=headers, media_type="application/json")
-
-
-def _error(status: int, message: str, type_: str = "invalid_request_error",
-           code: str | None = None, param: str | None = None,
-           adapter: ProtocolAdapter | None = None) -> Response:
-    body = (adapter.error_body(message, type_, code, param) if adapter
-            else openai_error(message, type_, code, param))
-    return _json(status, body)
-
-
-def _unauthorized(adapter: ProtocolAdapter | None = None) -> Response:
-    return _error(
-        401, "missing or unknown flowtrial participant key: send your own key as the API key "
-             "(Authorization: Bearer ft_… or x-api-key)", "invalid_request_error",
-        "invalid_api_key", adapter=adapter)
-
-
-def _too_large(limit: int, adapter: ProtocolAdapter | None = None) -> Response:
-    return _error(413, f"request body larger than the proxy's limit of {limit} bytes "
-                       "(proxy.max_body_bytes)", code="request_too_large", adapter=adapter)
-
-
-def _state(request: Request) -> ProxyState:
-    return request.app.state.proxy  # type: ignore[no-any-return]
-
-
 def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
     async def endpoint(request: Request) -> Any:
-        st = _state(request)
+        st = proxy_state(request)
         st.requests += 1
         adapter = adapter_cls()
         if not st.recorder.gate.ok:
-            return _unavailable(st, adapter)
+            return unavailable(st, adapter)
         participant = st.auth.cached(request.headers) or await st.auth.authenticate(
             request.headers)
         if participant is None:
             st.errors += 1
-            return _unauthorized(adapter)
+            return unauthorized(adapter)
         try:
             body = await read_body(request, st.max_body_bytes)
         except BodyTooLarge:
             st.errors += 1
-            return _too_large(st.max_body_bytes, adapter)
+            return too_large(st.max_body_bytes, adapter)
         t_request = time.monotonic_ns()
         await give_way()  # reading a large body must not hold up a due first token
         try:
             obj = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             st.errors += 1
-            return _error(400, f"the request body is not valid JSON: {exc}",
+            return error(400, f"the request body is not valid JSON: {exc}",
                           code="invalid_json", adapter=adapter)
         except RecursionError:
             st.errors += 1
-            return _error(400, "the request body is JSON nested too deeply to read",
+            return error(400, "the request body is JSON nested too deeply to read",
                           code="invalid_json", adapter=adapter)
         if not isinstance(obj, dict):
             st.errors += 1
-            return _error(400, "the request body must be a JSON object", code="invalid_json",
+            return error(400, "the request body must be a JSON object", code="invalid_json",
                           adapter=adapter)
         info = adapter.read_request(obj)
-        return Exchange(st, adapter, participant, body, info, request.headers, t_request,
-                        request.scope.get("query_string", b"").decode("latin-1"))
+        exchange = Exchange(st, adapter, participant, body, info, request.headers, t_request,
+                            request.scope.get("query_string", b"").decode("latin-1"))
+        st.turns.arrive(exchange.rec, obj, body, request.headers)
+        return exchange
 
     endpoint.__name__ = f"proxy_{adapter_cls.name}"
     return endpoint
@@ -138,14 +111,14 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
 
 async def models(request: Request) -> Response:
     """The arm-neutral model list, from the upstream (for the mock, its list)."""
-    st = _state(request)
+    st = proxy_state(request)
     st.requests += 1
     if await st.auth.authenticate(request.headers) is None:
         st.errors += 1
-        return _unauthorized()
+        return unauthorized()
     upstream = st.upstreams.for_family("openai") or st.upstreams.for_family("anthropic")
     if upstream is None:
-        return _error(501, "no upstream configured", "upstream_error", "no_upstream")
+        return error(501, "no upstream configured", "upstream_error", "no_upstream")
     try:
         reply = await upstream.models(forwardable_request_headers(request.headers))
         try:
@@ -155,35 +128,35 @@ async def models(request: Request) -> Response:
     except UpstreamError as exc:
         st.errors += 1
         code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-        return _error(exc.status, exc.message, "upstream_error", code)
+        return error(exc.status, exc.message, "upstream_error", code)
     return Response(body, reply.status, media_type=reply.content_type or "application/json")
 
 
 async def count_tokens(request: Request) -> Response:
     """``POST /v1/messages/count_tokens``: passed to the Anthropic upstream as is. Not a
     cycle: it answers no prompt, so there is nothing to shape (docs/internals/protocols.md)."""
-    st = _state(request)
+    st = proxy_state(request)
     st.requests += 1
     adapter = MessagesAdapter()
     if await st.auth.authenticate(request.headers) is None:
         st.errors += 1
-        return _unauthorized(adapter)
+        return unauthorized(adapter)
     try:
         body = await read_body(request, st.max_body_bytes)
     except BodyTooLarge:
         st.errors += 1
-        return _too_large(st.max_body_bytes, adapter)
+        return too_large(st.max_body_bytes, adapter)
     try:  # forwarded as is, but only a JSON object (the protocol's shape) goes upstream
         ok = isinstance(json.loads(body), dict)
     except (ValueError, UnicodeDecodeError, RecursionError):
         ok = False
     if not ok:
         st.errors += 1
-        return _error(400, "the request body must be a JSON object (Anthropic count_tokens "
+        return error(400, "the request body must be a JSON object (Anthropic count_tokens "
                            "request)", code="invalid_json", adapter=adapter)
     upstream = st.upstreams.for_family("anthropic")
     if upstream is None:
-        return _error(501, "this proxy has no upstream for Anthropic Messages: add "
+        return error(501, "this proxy has no upstream for Anthropic Messages: add "
                            "[upstream.anthropic] to the study file", "upstream_error",
                       "no_upstream", adapter=adapter)
     path = request.url.path
@@ -199,7 +172,7 @@ async def count_tokens(request: Request) -> Response:
     except UpstreamError as exc:
         st.errors += 1
         code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-        return _error(exc.status, exc.message, "upstream_error", code, adapter=adapter)
+        return error(exc.status, exc.message, "upstream_error", code, adapter=adapter)
     headers = {k: v for k, v in reply.headers if k.lower() not in ("content-type", CYCLE_HEADER)}
     return Response(out, reply.status, headers=headers,
                     media_type=reply.content_type or "application/json")
@@ -207,69 +180,51 @@ async def count_tokens(request: Request) -> Response:
 
 async def root(request: Request) -> Response:
     """``GET``/``HEAD /``: a quick 200 (Claude Code checks the base URL answers)."""
-    return _json(200, {"service": "flowtrial-proxy", "status": "ok"})
-
-
-async def events(request: Request) -> Response:
-    """``POST /flowtrial/v1/events``: see :mod:`flowtrial.instrumentation.proxy.events_api`."""
-    st = _state(request)
-    st.requests += 1
-    if not st.recorder.gate.ok:
-        return _unavailable(st)
-    participant = await st.auth.authenticate(request.headers)
-    if participant is None:
-        st.errors += 1
-        return _unauthorized()
-    try:
-        body = await read_body(request, st.max_body_bytes)
-        n = await accept_events(st, participant.id, body)
-    except BodyTooLarge:
-        st.errors += 1
-        return _too_large(st.max_body_bytes)
-    except EventsRejected as exc:
-        st.errors += 1
-        return _error(exc.status, exc.message, "invalid_request_error", exc.code, exc.param)
-    return _json(200, {"accepted": n})
+    return json_response(200, {"service": "flowtrial-proxy", "status": "ok"})
 
 
 async def health(request: Request) -> Response:
     """Liveness and load, no authentication (no participant data in it); 503 while the
-    database gate is tripped (the proxy is refusing requests)."""
-    st = _state(request)
+    database gate is tripped (the proxy is refusing requests); status ``degraded`` (200) once
+    a cycle's row failed for a reason not the database's or a held row was given up."""
+    st = proxy_state(request)
     gate = st.recorder.gate
-    body = {"status": "ok" if gate.ok else "unavailable", **st.snapshot(),
+    status = ("unavailable" if not gate.ok else "degraded" if gate.degraded else "ok")
+    body = {"status": status, **st.snapshot(),
             "database": gate.snapshot(),
-            "quiet_gc": st.collector.snapshot() if st.collector is not None else None}
+            "quiet_gc": st.collector.snapshot() if st.collector is not None else None,
+            "front_door": door.snapshot() if (door := getattr(request.app.state, "front_door",
+                                                               None)) is not None else None}
     if gate.ok:
-        return _json(200, body)
-    return _json(503, body, {"retry-after": str(RETRY_AFTER_S)})
-
-
-def _unavailable(st: ProxyState, adapter: ProtocolAdapter | None = None) -> Response:
-    """503 + Retry-After while the database gate is tripped (:mod:`.health`): a request the
-    proxy could not record is refused rather than served."""
-    st.errors += 1
-    st.recorder.gate.refused += 1
-    body = (adapter.error_body(UNAVAILABLE_MESSAGE, "server_error", "database_unavailable")
-            if adapter else openai_error(UNAVAILABLE_MESSAGE, "server_error",
-                                         "database_unavailable"))
-    return _json(503, body, {"retry-after": str(RETRY_AFTER_S)})
+        return json_response(200, body)
+    return json_response(503, body, {"retry-after": str(RETRY_AFTER_S)})
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     adapter = MessagesAdapter() if request.url.path.startswith("/v1/messages") else None
     if exc.status_code == 404:
-        return _error(404, f"unknown path {request.url.path}: the proxy serves "
+        return error(404, f"unknown path {request.url.path}: the proxy serves "
                            "/v1/chat/completions, /v1/completions, /v1/responses (HTTP and "
                            "WebSocket), /v1/messages, /v1/models and /flowtrial/v1/events",
                       code="unknown_url", adapter=adapter)
     if exc.status_code == 405:
-        resp = _error(405, f"method {request.method} not allowed on {request.url.path}",
+        resp = error(405, f"method {request.method} not allowed on {request.url.path}",
                       code="method_not_allowed", adapter=adapter)
         resp.headers.update(exc.headers or {})  # Allow: the methods it takes (RFC 9110)
         return resp
-    return _error(exc.status_code, str(exc.detail), adapter=adapter)
+    return error(exc.status_code, str(exc.detail), adapter=adapter)
+
+
+async def _client_disconnect(request: Request, exc: Exception) -> Response:
+    return _client_gone(request)
+
+
+def _client_gone(request: Request) -> Response:
+    """The client left (or was cut off by a front-door timeout) before its request was whole:
+    a quiet 400 nobody reads, no traceback."""
+    log.debug("client left mid-request on %s", request.url.path)
+    return error(400, "the request ended before its body was complete", code="incomplete_body")
 
 
 class ProxyApp(Starlette):
@@ -292,14 +247,16 @@ class ProxyApp(Starlette):
                 request = Request(scope, receive, send)
                 try:
                     response = await endpoint(request)
+                except ClientDisconnect:  # gone mid-body (or timed out: front_door)
+                    response = _client_gone(request)
                 except OperationalError as exc:  # a database read (key, arm) failed
                     st = self.state.proxy
                     st.recorder.gate.trip(exc)
-                    response = _unavailable(st, MessagesAdapter() if scope["path"].startswith(
+                    response = unavailable(st, MessagesAdapter() if scope["path"].startswith(
                         "/v1/messages") else None)
                 except Exception:  # noqa: BLE001 - a bug before the exchange: answer 500
                     log.exception("request to %s failed", scope["path"])
-                    response = _error(500, "flowtrial proxy error: see the proxy's log",
+                    response = error(500, "flowtrial proxy error: see the proxy's log",
                                       "server_error", "proxy_error")
                 await response(scope, receive, send)
                 return
@@ -310,7 +267,8 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
                      writer: RecordWriter | None = None,
                      upstream: Upstream | UpstreamRouter | None = None,
                      grace_s: float = GRACE_S, instance: str | None = None,
-                     page_secret: bytes | None = None) -> Starlette:
+                     page_secret: bytes | None = None,
+                     extensions: Sequence[ProxyExtension] | None = None) -> Starlette:
     """The proxy app for ``config`` recording into ``database``.
 
     ``instance`` names this proxy in ``cycles.recorded_by`` (default ``host:pid``).
@@ -320,8 +278,12 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
     ``writer``: a RecordWriter to share (its owner closes it); by default the app makes its
     own at startup and drains and closes it at shutdown. ``upstream``: an Upstream (serves
     every protocol family) or an UpstreamRouter; by default built from ``[upstream]``.
-    The lifespan opens/closes the upstream clients; at shutdown it waits up to ``grace_s``
-    for open cycles to be recorded before the writer is closed.
+    ``extensions``: what the app serves besides the model protocols and health
+    (:mod:`.extensions`; the composition root passes its set); by default
+    :func:`~.extensions.builtin_extensions`.
+    The lifespan opens/closes the upstream clients and applies the runtime tuning
+    (:mod:`.runtime_tuning`); at shutdown it waits up to ``grace_s`` for open cycles to be
+    recorded before the writer is closed.
     """
     if upstream is None:
         router = UpstreamRouter.from_config(config)
@@ -329,6 +291,7 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
         router = upstream
     else:
         router = UpstreamRouter({"openai": upstream, "anthropic": upstream})
+    exts = list(builtin_extensions() if extensions is None else extensions)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -338,29 +301,26 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
         app.state.proxy = state
         await router.start()
         await state.arms.start()
-        # A full collection walks every object the imports made (~140k: numpy, SQLAlchemy,
-        # pydantic ...) and stalls the event loop for ~100 ms, which would show up as TTFT
-        # misses. Freeze them out of the collector; later garbage is collected as usual.
-        gc.collect()
-        gc.freeze()
-        collector = QuietCollector() if config.proxy.quiet_gc else None
-        if collector is not None:
-            collector.start()
-            state.collector = collector
+        tuning = ProxyTuning(quiet_gc=config.proxy.quiet_gc)
+        await tuning.start()
+        state.collector = tuning.collector
         try:
+            for ext in exts:
+                await ext.startup(state)
             yield
         finally:
             try:
                 if not await state.wait_idle(grace_s):
                     log.warning("%d cycle(s) still open at shutdown", len(state.open_cycles))
+                for ext in reversed(exts):
+                    await ext.shutdown(state)
                 await state.recorder.gate.close()  # rows held through an outage: a last try
                 await router.stop()
                 state.arms.close()
                 if own_writer:
                     await asyncio.to_thread(close_writer, w)
             finally:
-                if collector is not None:  # after the drain: those streams are shaped too
-                    await collector.stop()
+                await tuning.stop()  # after the drain: those streams are shaped too
 
     fast = {a.path: _protocol_endpoint(a) for a in ADAPTERS.values()}
     routes = [Route(path, endpoint, methods=["POST"]) for path, endpoint in fast.items()]
@@ -368,13 +328,14 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
-        Route("/flowtrial/v1/events", events, methods=["POST"]),
         Route("/flowtrial/v1/health", health, methods=["GET"]),
     ]
-    # Capture endpoints served by the proxy: decisions from Continue, the participant page.
-    routes += [*continue_routes(database, config),
-               *participant_routes(database, config, secret=page_secret)]
-    # Read-only admin endpoints (admin token) and the OpenAPI document of /flowtrial/v1.
-    routes += [*admin_routes(database, config), *openapi_routes()]
+    paths = health_paths()
+    for ext in exts:
+        paths.update(ext.openapi())
+    ctx = AppContext(database, config, page_secret, paths)
+    for ext in exts:
+        routes += ext.routes(ctx)
     return ProxyApp(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: _http_error}, fast=fast)
+                    exception_handlers={HTTPException: _http_error,
+                                         ClientDisconnect: _client_disconnect}, fast=fast)

@@ -1,47 +1,72 @@
-"""``flowtrial proxy``: run the instrumented proxy in the foreground."""
+"""``flowtrial proxy``: run the instrumented proxy in the foreground.
+
+:func:`proxy_command` makes the command for a set of extensions: the composition root
+(``flowtrial/proxy_assembly.py``) registers it with the set it chooses.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flowtrial.study.errors import FlowtrialError
+
+if TYPE_CHECKING:
+    from .extensions import ProxyExtension
+
+#: Builds the extensions a proxy serves (called once the command runs).
+ExtensionsFactory = Callable[[], Sequence["ProxyExtension"]]
 
 
 class ProxyCommandError(FlowtrialError):
     """Bad input to ``flowtrial proxy`` (the CLI prints it on one line and exits 2)."""
 
 
-def proxy(
-    study: Annotated[Path, typer.Option("--study", help="The study file (study.toml).")],
-    db: Annotated[
-        str, typer.Option("--db", help="Study database: a SQLite path or a SQLAlchemy URL.")
-    ],
-    host: Annotated[
-        str | None,
-        typer.Option("--host", help="Interface to listen on (default: proxy.host, 127.0.0.1)."),
-    ] = None,
-    port: Annotated[
-        int | None,
-        typer.Option("--port", help="Port to listen on (default: proxy.port, 8787; 0 = any)."),
-    ] = None,
-    instance: Annotated[
-        str | None,
-        typer.Option("--instance", help="Name recorded with each cycle (cycles.recorded_by) "
-                     "when several proxies share one database (default: host:pid)."),
-    ] = None,
-    workers: Annotated[
-        int,
-        typer.Option("--workers", help="Worker processes serving the port (each its own event "
-                     "loop): more concurrent streams with precise timing on a multi-core "
-                     "machine. Per-prompt draws never repeat across workers."),
-    ] = 1,
-) -> None:
-    """Run the latency-shaping proxy: point participants' assistants at the URL it prints."""
+def proxy_command(extensions: ExtensionsFactory) -> Callable[..., None]:
+    """The ``flowtrial proxy`` command serving ``extensions()``."""
+
+    def proxy(
+        study: Annotated[Path, typer.Option("--study", help="The study file (study.toml).")],
+        db: Annotated[
+            str, typer.Option("--db", help="Study database: a SQLite path or a SQLAlchemy URL.")
+        ],
+        host: Annotated[
+            str | None,
+            typer.Option("--host",
+                         help="Interface to listen on (default: proxy.host, 127.0.0.1)."),
+        ] = None,
+        port: Annotated[
+            int | None,
+            typer.Option("--port",
+                         help="Port to listen on (default: proxy.port, 8787; 0 = any)."),
+        ] = None,
+        instance: Annotated[
+            str | None,
+            typer.Option("--instance", help="Name recorded with each cycle "
+                         "(cycles.recorded_by) when several proxies share one database "
+                         "(default: host:pid)."),
+        ] = None,
+        workers: Annotated[
+            int,
+            typer.Option("--workers", help="Worker processes serving the port (each its own "
+                         "event loop): more concurrent streams with precise timing on a "
+                         "multi-core machine. Per-prompt draws never repeat across workers."),
+        ] = 1,
+    ) -> None:
+        """Run the latency-shaping proxy: point participants' assistants at the URL it prints."""
+        run_proxy(study, db, host, port, instance, workers, extensions())
+
+    return proxy
+
+
+def run_proxy(study: Path, db: str, host: str | None, port: int | None,
+              instance: str | None, workers: int,
+              extensions: Sequence[ProxyExtension]) -> None:
+    """Run the proxy in the foreground until Ctrl-C (the body of ``flowtrial proxy``)."""
     import asyncio
-    import sys
     import time
 
     from rich.console import Console
@@ -52,12 +77,7 @@ def proxy(
     from flowtrial.study.storage import init_db
 
     from .app import GRACE_S, create_proxy_app
-    from .server import (
-        SWITCH_INTERVAL_S,
-        base_url_of,
-        bind_socket,
-        make_server,
-    )
+    from .server import base_url_of, bind_socket, make_server
     from .state import close_writer, make_writer
     from .upstream import missing_key_vars
     from .workers import MAX_WORKERS, run_workers
@@ -87,6 +107,7 @@ def proxy(
         _print_urls(out, url)
         try:
             code = run_workers(db, config, sock, workers, instance=instance, grace_s=GRACE_S,
+                               extensions=extensions,
                                log=lambda m: err.print(m, soft_wrap=True, highlight=False))
         finally:
             sock.close()
@@ -94,8 +115,9 @@ def proxy(
             raise typer.Exit(code)
         return
     writer = make_writer(database)
-    app = create_proxy_app(database, config, writer=writer, instance=instance)
-    server = make_server(app, GRACE_S)
+    app = create_proxy_app(database, config, writer=writer, instance=instance,
+                           extensions=extensions)
+    server = make_server(app, GRACE_S, config.proxy)
     _print_urls(out, url)
 
     def table() -> Table:
@@ -116,7 +138,6 @@ def proxy(
             return table()
 
     started = time.monotonic()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         if out.is_terminal:
             with Live(_Counter(), console=out, refresh_per_second=4, transient=False):

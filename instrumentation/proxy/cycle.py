@@ -1,13 +1,15 @@
 """One cycle's shaped relay, independent of the transport it is delivered over.
 
-:class:`CycleRun` holds what every proxied model answer shares: the cycle record, the arm
+:class:`Cycle` holds what every proxied model answer shares: the cycle record, the arm
 resolution (the only database reads, all before the upstream call), the pacer, and the relay
-of a stream of classified upstream events to the client on the pacer's schedule. What a
-transport adds is a *sink*: :meth:`CycleRun._emit` (output frames, in order),
-:meth:`CycleRun._emit_keepalive` and :meth:`CycleRun._emit_last` (the final frame, sent only
-once the row is durable). HTTP + SSE (:class:`~flowtrial.instrumentation.proxy.relay.Exchange`)
-writes body chunks; the Responses WebSocket mode
-(:class:`~flowtrial.instrumentation.proxy.websocket.SocketTurn`) sends one text frame per event.
+of a stream of classified upstream events to the client. It is assembled from parts given to
+it: the transport's sink (:class:`~flowtrial.instrumentation.proxy.delivery.Transport`: HTTP +
+SSE body chunks from :class:`~flowtrial.instrumentation.proxy.relay.Exchange`, one text frame
+per event from the Responses WebSocket mode's
+:class:`~flowtrial.instrumentation.proxy.websocket.SocketTurn`), the record sink
+(:class:`~flowtrial.instrumentation.proxy.recorder.Recorder`) and, once the arm is known, a
+delivery strategy (:mod:`~flowtrial.instrumentation.proxy.delivery`: unshaped, paced, held
+whole) that decides when text leaves. The final frame goes out only once the row is durable.
 
 Shaping rules (docs/concepts/shaping.md): answer text is released on the schedule (split into
 token-sized whole events when there is a pace to keep; the TTFT floor holds the first text token).
@@ -37,35 +39,35 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from ..tokens import count_tokens, split_tokens
 from .auth import ParticipantInfo
+from .delivery import Delivery, Output, Transport, delivery_for
 from .protocols.base import Classified, Kind, ProtocolAdapter, RequestInfo
-from .recorder import CycleRecord
+from .recorder import CycleRecord, Recorder
 from .scrub import Scrubber
-from .shaping import RELEASE_SPIN_NS, Pacer, sleep_until
+from .shaping import Pacer
 from .sources import Direct
 from .state import ProxyState, new_cycle_id
 from .upstream import UpstreamError
 
-__all__ = ["CycleRun"]
+__all__ = ["Cycle"]
 
 log = logging.getLogger("flowtrial.proxy")
 _now = time.monotonic_ns
 
 
-class CycleRun:
-    """The transport-independent part of one proxied answer (subclasses add the sink)."""
-
-    #: Whether the transport needs keep-alive bytes during injected waits (SSE: yes;
-    #: WebSocket: no, the server's own ping frames keep the socket alive).
-    keepalive_frames: bool = True
+class Cycle:
+    """One proxied answer: its record, arm, relay and recording (the transport and the
+    record sink are given to it)."""
 
     def __init__(self, state: ProxyState, adapter: ProtocolAdapter, participant: ParticipantInfo,
-                 info: RequestInfo, t_request_ns: int, *, transport: str = "http",
-                 turn: int = 1, connection_id: str | None = None) -> None:
+                 info: RequestInfo, t_request_ns: int, *, transport: Transport,
+                 recorder: Recorder, transport_name: str = "http", turn: int = 1,
+                 connection_id: str | None = None) -> None:
         self.state = state
         self.adapter = adapter
         self.info = info
+        self.transport = transport
+        self.recorder = recorder
         self.rec = CycleRecord(
             id=new_cycle_id(), participant_id=participant.id, protocol=adapter.name,
             stream=info.stream, model=info.model, upstream="", t_request_ns=t_request_ns,
@@ -73,50 +75,28 @@ class CycleRun:
             started_at=datetime.fromtimestamp(
                 (state.wall_anchor_ns + t_request_ns - state.mono_anchor_ns) / 1e9, UTC),
             simulated=participant.simulated, prompt_text=info.prompt_text,
-            transport=transport, turn=turn, connection_id=connection_id,
+            transport=transport_name, turn=turn, connection_id=connection_id,
         )
+        self.out = Output(transport, self.rec, state.keepalive_ns)
         self.pacer: Pacer | None = None
         self._task_lookup: asyncio.Future[int | None] | None = None
         self.finalizing = False  # the row is being made durable: a disconnect no longer cancels
-        self.last_write = t_request_ns
-        self._out: list[bytes] = []
-        self._pend_texts: list[str] = []
-        self._pend_tokens = 0
-        self._pend_output = False
-        self._pend_min: int | None = None
-        self._pend_max: int | None = None
         self._scrubber: Scrubber | None = None
 
     @property
-    def cycle_id(self) -> str:
+    def id(self) -> str:
         return self.rec.id
 
-    # ------------------------------------------------------------------ sink (transport)
-    async def _emit(self, frames: list[bytes]) -> None:
-        """Send output frames, in order."""
-        raise NotImplementedError
-
-    async def _emit_keepalive(self) -> None:
-        """Keep the connection alive during an injected wait."""
-
-    async def _emit_last(self, frame: bytes) -> None:
-        """Send the final frame (possibly empty) and end the answer."""
-        raise NotImplementedError
-
-    # ------------------------------------------------------------------ error text
-    def _client_key(self) -> str | None:
-        """The participant's key as their client sent it (redacted from error text)."""
-        return None
-
-    def _scrub(self) -> Scrubber:
+    def scrub(self) -> Scrubber:
         """Redacts keys from upstream-derived error text; built on first use, so only error
         paths read the key variables."""
         if self._scrubber is None:
-            self._scrubber = Scrubber.for_request(self.state.config, self._client_key())
+            self._scrubber = Scrubber.for_request(self.state.config,
+                                                  self.transport.client_key())
         return self._scrubber
 
     # ------------------------------------------------------------------ arm and record
-    async def _resolve(self) -> None:
+    async def resolve(self) -> None:
         """Resolve the arm and set up the pacer (raises NoAssignmentError)."""
         rec = self.rec
         res = await self.state.arms.resolve(rec.participant_id)
@@ -126,7 +106,7 @@ class CycleRun:
         if res.target is not None:
             self.pacer = Pacer(res.target, rec.t_request_ns, seed=rec.id)
 
-    async def _record(self) -> None:
+    async def record(self) -> None:
         """Make the cycle durable (raises if the write fails)."""
         if self._task_lookup is not None:
             try:
@@ -135,10 +115,12 @@ class CycleRun:
                 log.warning("task lookup failed for cycle %s", self.rec.id, exc_info=True)
             self._task_lookup = None
         if self.rec.error:  # the last stop before cycles.error: no key gets past it
-            self.rec.error = self._scrub().text(self.rec.error)
-        await self.state.recorder.record(self.rec)
+            self.rec.error = self.scrub().text(self.rec.error)
+        # The turn's row (if this cycle opened or extended one) commits with the cycle's.
+        await self.recorder.record(self.rec, self.state.turns.recorded(self.rec))
 
-    async def _abandon(self, why: str, status: str = "abandoned", started: bool = True) -> None:
+    async def abandon(self, why: str, status: str = "abandoned", started: bool = True) -> bool:
+        """Record the cycle as ended early; whether its row is durable."""
         rec = self.rec
         self.finalizing = True
         rec.status = status
@@ -146,87 +128,30 @@ class CycleRun:
         rec.http_status = rec.http_status or (200 if started else 499)
         rec.t_done_ns = _now()
         try:
-            await self._record()
+            await self.record()
         except Exception:  # noqa: BLE001 - nobody is left to tell; the counter shows it
             self.state.errors += 1
+            return False
+        return True
 
-    # ------------------------------------------------------------------ output buffer
-    async def _flush(self) -> None:
-        out = self._out
-        self._out = []
-        await self._emit(out)
-        now = _now()
-        self.last_write = now
-        if self._pend_output:
-            rec = self.rec
-            rec.sent(now, self._pend_min, self._pend_max)
-            rec.tokens_sent += self._pend_tokens
-            rec.content_parts.extend(self._pend_texts)
-            self._pend_texts = []
-            self._pend_tokens = 0
-            self._pend_output = False
-            self._pend_min = self._pend_max = None
-
-    def _push(self, raw: bytes, text: str, ntok: int, due: int | None) -> None:
-        self._out.append(raw)
-        self._pend_texts.append(text)
-        self._pend_tokens += ntok
-        self._pend_output = True
-        if due is not None:
-            if self._pend_min is None:
-                self._pend_min = due
-            self._pend_max = due  # dues only grow within a stream
-
-    async def _wait(self, due: int, spin_ns: int = 0) -> None:
-        """Flush what is pending, then wait for ``due``, keeping the stream alive."""
-        if self._out:
-            await self._flush()
-        if not self.keepalive_frames:
-            await sleep_until(due, spin_ns)
-            return
-        ka = self.state.keepalive_ns
-        while True:
-            now = _now()
-            if now >= due:
-                return
-            next_ka = self.last_write + ka
-            if next_ka >= due:
-                await sleep_until(due, spin_ns)
-                return
-            if next_ka > now:
-                await sleep_until(next_ka)
-            await self._emit_keepalive()
-            self.last_write = _now()
-
-    async def _paced(self, ev: Any, c: Classified, k: int, pacer: Pacer, arrival: int) -> int:
-        """Release one text event on schedule (split into tokens if pacing); next k."""
-        text = c.text
-        pieces = split_tokens(text) if text else []
-        n = len(pieces)
-        if n > 1 and pacer.splits and c.text_key is not None:
-            units: Any = zip(self.adapter.split(ev, c, pieces), pieces, strict=True)
-            width = 1
-        else:
-            units = ((self.adapter.restamp(ev, c), text),)
-            width = n
-        for raw, piece in units:
-            if k == 0 and pacer.base is None:
-                due = pacer.first_due(arrival)
-                if due > _now():
-                    await self._wait(due, RELEASE_SPIN_NS)
-                self._push(raw, piece, width, due)
-                pacer.start(_now())
-                # Out now: the source's next slice (or the next event) could yield first.
-                await self._flush()
-            else:
-                due = pacer.due(k + width - 1 if width else k)
-                if due > _now():
-                    await self._wait(due)
-                self._push(raw, piece, width, due)
-            k += width
-        return k
+    # ------------------------------------------------------------------ the stream
+    def _admit(self, ev: Any, c: Classified) -> bool:
+        """Whether an upstream event is relayed at all (raises on one that breaks the
+        stream)."""
+        if c.kind is not Kind.OTHER:
+            return True
+        if c.obj is None and ev.data and ev.data.strip():
+            # Data that is not JSON (cut short, garbage): clients would choke on it, so the
+            # stream ends here with the protocol's error event. The data itself is not
+            # quoted: it may be answer content.
+            raise UpstreamError(502, "upstream sent a malformed event (its data is not JSON): "
+                                     "the answer is cut there")
+        # No data: not an event of any of these protocols (a bare `id:` or `retry:`, junk);
+        # the openai SDK would choke on it. Comments (upstream keep-alives) still pass.
+        return ev.data is not None or ev.raw.startswith(b":")
 
     def _note(self, c: Classified) -> None:
+        """Take what the record keeps from an event (usage, ids, tool calls, errors)."""
         rec = self.rec
         if c.usage is not None:
             rec.usage = c.usage
@@ -235,117 +160,102 @@ class CycleRun:
         rec.tool_calls += c.tool_calls
         if c.error is not None:
             rec.status = "upstream_error"
-            rec.error = self._scrub().text(c.error)[:1000]  # redact before cutting
+            rec.error = self.scrub().text(c.error)[:1000]  # redact before cutting
 
-    # ------------------------------------------------------------------ the stream
-    async def _relay_events(self, src: Direct) -> bytes:
+    def _broken(self, exc: UpstreamError) -> bytes:
+        """The stream broke: record why; the protocol's error event ends it."""
+        rec = self.rec
+        rec.status = "upstream_error"
+        rec.error = self.scrub().text(exc.message)
+        code = "upstream_timeout" if exc.status == 504 else "upstream_error"
+        return self.adapter.error_event(rec.error, "server_error", code)
+
+    def _cut_short(self) -> bytes:
+        """The upstream ended cleanly but early (a close-delimited body cut, a chunked body
+        ended before [DONE] / message_stop / response.completed): not a complete answer."""
+        rec = self.rec
+        rec.status = "upstream_error"
+        rec.error = "upstream ended the stream without its final event"
+        return self.adapter.error_event(rec.error, "server_error", "upstream_error")
+
+    def _final_frame(self, terminal: tuple[Any, Classified]) -> bytes:
+        tail = self.adapter.restamp(*terminal)
+        if terminal[1].error is not None:  # response.failed quotes the upstream's error
+            tail = self.scrub().raw(tail)
+        return tail
+
+    async def relay(self, src: Direct) -> bytes:
         """Relay ``src`` up to its final event; returns the final frame to send once the row
         is durable (the terminal event, an error event, or b"" when the stream just ended)."""
-        rec, adapter, pacer = self.rec, self.adapter, self.pacer
+        adapter, out, rec = self.adapter, self.out, self.rec
+        delivery: Delivery = delivery_for(self.pacer, out, adapter)
+        # Bound once: these run per event.
+        admit, note, content, other = self._admit, self._note, delivery.content, delivery.other
         terminal: tuple[Any, Classified] | None = None
         tail = b""
         # The upstream's error event, held back: if nothing follows it, it is the stream's
         # final event and goes out only once the row is durable.
         held_error: bytes | None = None
-        hold: list[bytes] | None = None  # all_at_once: everything from the first text on
-        hold_texts: list[str] = []
-        hold_tokens = 0
-        k = 0
         try:
             while terminal is None:
                 got = await src.get()
                 if got is None:
                     break
                 arrival, batch = got
+                rec.t_upstream_last_ns = arrival
                 for ev, c in batch:
-                    kind = c.kind
-                    if kind is Kind.OTHER and c.obj is None and ev.data and ev.data.strip():
-                        # Data that is not JSON (cut short, garbage): clients would choke on
-                        # it, so the stream ends here with the protocol's error event. The
-                        # data itself is not quoted: it may be answer content.
-                        raise UpstreamError(502, "upstream sent a malformed event (its data "
-                                                 "is not JSON): the answer is cut there")
-                    if kind is Kind.OTHER and ev.data is None and not ev.raw.startswith(b":"):
-                        # No data: not an event of any of these protocols (a bare `id:` or
-                        # `retry:`, junk); the openai SDK would choke on it. Comments (upstream
-                        # keep-alives) still pass.
+                    if not admit(ev, c):
                         continue
-                    self._note(c)
+                    note(c)
                     if held_error is not None:  # more followed the error: pass it on, in order
-                        (hold if hold is not None else self._out).append(held_error)
+                        other(held_error)
                         held_error = None
+                    kind = c.kind
                     if kind is Kind.TERMINAL:
                         terminal = (ev, c)
                         break
                     if kind is Kind.CONTENT:
-                        if pacer is None:
-                            n = count_tokens(c.text) if c.text else 0
-                            self._push(adapter.restamp(ev, c), c.text, n, None)
-                        elif pacer.all_at_once:
-                            if hold is None:
-                                hold = []
-                            hold.append(adapter.restamp(ev, c))
-                            hold_texts.append(c.text)
-                            hold_tokens += count_tokens(c.text) if c.text else 0
-                        else:
-                            k = await self._paced(ev, c, k, pacer, arrival)
+                        await content(ev, c, arrival)
                     elif kind is Kind.ERROR:
-                        held_error = self._scrub().raw(adapter.restamp(ev, c))
-                    elif hold is not None:
-                        hold.append(adapter.restamp(ev, c))
+                        held_error = self.scrub().raw(adapter.restamp(ev, c))
                     else:
                         # Structure, tool-call deltas, unknown events: on arrival, in order.
-                        self._out.append(adapter.restamp(ev, c))
-                if self._out and not src.ready():
-                    await self._flush()
+                        other(adapter.restamp(ev, c))
+                if out.frames and not src.ready():
+                    await out.flush()
         except UpstreamError as exc:
-            rec.status = "upstream_error"
-            rec.error = self._scrub().text(exc.message)
-            code = "upstream_timeout" if exc.status == 504 else "upstream_error"
-            tail = adapter.error_event(rec.error, "server_error", code)
+            tail = self._broken(exc)
         finally:
             if terminal is not None:
                 await src.drain()
             await src.close()
         if held_error is not None:
             if tail:  # the connection broke after the error: both go out, in order
-                (hold if hold is not None else self._out).append(held_error)
+                delivery.other(held_error)
             else:
                 tail = held_error
-        if terminal is None and not tail and rec.status == "ok":
-            # The upstream ended cleanly but early (a close-delimited body cut, a chunked body
-            # ended before [DONE] / message_stop / response.completed): not a complete answer.
-            rec.status = "upstream_error"
-            rec.error = "upstream ended the stream without its final event"
-            tail = adapter.error_event(rec.error, "server_error", "upstream_error")
-        if hold is not None and pacer is not None:
-            _, completion = adapter.usage_counts(rec.usage)
-            due = pacer.due_all(completion if completion is not None else hold_tokens)
-            await self._wait(due, RELEASE_SPIN_NS)
-            self._out.extend(hold)
-            self._pend_texts, self._pend_tokens = hold_texts, hold_tokens
-            self._pend_output, self._pend_min, self._pend_max = True, due, due
-        if self._out:
-            await self._flush()
+        if terminal is None and not tail and self.rec.status == "ok":
+            tail = self._cut_short()
+        await delivery.finish()
+        if out.frames:
+            await out.flush()
         if terminal is not None and not tail:
-            tail = adapter.restamp(*terminal)
-            if terminal[1].error is not None:  # response.failed quotes the upstream's error
-                tail = self._scrub().raw(tail)
+            tail = self._final_frame(terminal)
         return tail
 
-    async def _finish_stream(self, tail: bytes) -> None:
+    async def finish_stream(self, tail: bytes) -> None:
         """Record the cycle, then send the final frame (an error event if the write fails)."""
         rec = self.rec
         self.finalizing = True
         rec.t_done_ns = _now()
         try:
-            await self._record()
+            await self.record()
         except Exception:  # noqa: BLE001 - the final event must not go out unrecorded
             self.state.errors += 1
-            await self._emit_last(self.adapter.error_event(
+            await self.transport.emit_last(self.adapter.error_event(
                 "flowtrial could not record this request, so the stream is ended without its "
                 "final event: check the proxy's database", "server_error", "recording_failed"))
             return
         if rec.status != "ok":
             self.state.errors += 1
-        await self._emit_last(tail)
+        await self.transport.emit_last(tail)

@@ -30,6 +30,7 @@ from sqlalchemy import bindparam, text
 from flowtrial.study.schema import Event
 from flowtrial.study.storage import WriteBatch, utcnow
 
+from ..request_body import unstorable_value
 from .state import ProxyState
 
 __all__ = ["ClientEvent", "EventBatch", "EventsRejected", "accept_events", "parse_batch"]
@@ -164,6 +165,12 @@ def parse_batch(body: bytes) -> EventBatch:
     except RecursionError:
         raise EventsRejected(400, "the request body is JSON nested too deeply to read: send "
                                   "flat event objects", None, "invalid_json") from None
+    bad = unstorable_value(data)
+    if bad is not None:
+        where, what = bad
+        status = 400 if "Unicode" in what else 422
+        raise EventsRejected(status, f"{where}: {what}: nothing of this batch was written",
+                             where, "invalid_unicode" if status == 400 else "invalid_number")
     try:
         return EventBatch.model_validate(data)
     except ValidationError as exc:

@@ -76,6 +76,7 @@ class DatabaseGate:
         self.refused = 0  # requests answered 503 while tripped
         self.recovered = 0  # held rows written after all
         self.dropped = 0  # held rows given up (over max_held, or a row that can never be written)
+        self.row_errors = 0  # rows that failed for a reason not the database's (health degraded)
         self._since: float | None = None
         self._held: collections.deque[WriteBatch] = collections.deque()
         self._task: asyncio.Task[None] | None = None
@@ -97,6 +98,18 @@ class DatabaseGate:
                       "it works again", self.reason)
         self._ensure_probe()
 
+    def row_failed(self, exc: BaseException) -> None:
+        """A row failed for a reason that is not the database's (a bug building it, a value
+        the database refuses): logged and counted; the row is held and retried like any."""
+        self.row_errors += 1
+        log.error("a cycle's row could not be written (%s): held for a retry", describe(exc),
+                  exc_info=exc)
+
+    @property
+    def degraded(self) -> bool:
+        """Serving, but a row has failed for a reason of its own or a held row was lost."""
+        return bool(self.row_errors or self.dropped)
+
     def hold(self, batch: WriteBatch) -> None:
         """Keep a row that could not be written, to write it once the database is back."""
         if len(self._held) >= self.max_held:
@@ -117,6 +130,7 @@ class DatabaseGate:
             "held_cycles": len(self._held),
             "recovered_cycles": self.recovered,
             "dropped_cycles": self.dropped,
+            "row_errors": self.row_errors,
             "refused_requests": self.refused,
             "trips": self.trips,
         }

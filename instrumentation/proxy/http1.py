@@ -15,21 +15,59 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import httptools
 import httpx
 
-__all__ = ["LeanResponse", "LeanTransport"]
+__all__ = ["HeaderInjectionError", "LeanResponse", "LeanTransport", "request_head"]
 
 _READ = 65536
+_FORBIDDEN = ("\r", "\n", "\0")
+#: Framing headers the head sets itself; a caller's are dropped.
+_FRAMING = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+
+
+class HeaderInjectionError(ValueError):
+    """A request line or header would carry CR, LF or NUL (header injection): not sent."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} contains a line break or NUL: the request is not sent")
+        self.what = what
+
+
+def _checked(value: str, what: str) -> str:
+    if any(c in value for c in _FORBIDDEN):
+        raise HeaderInjectionError(what)
+    return value
+
+
+def request_head(method: str, target: str, host: str,
+                 headers: Iterable[tuple[str, str]], body_length: int | None) -> bytes:
+    """The one place an HTTP/1.1 request head is written: request line, ``host``, the
+    caller's headers (framing headers dropped), ``content-length`` when ``body_length`` is
+    given. Raises :class:`HeaderInjectionError` rather than write a CR, LF or NUL from any
+    part (a value, a name, the target) into the head. Values are names only, never echoed:
+    a header value may be a key."""
+    lines = [_checked(method, "the method"), " ", _checked(target, "the request target"),
+             " HTTP/1.1\r\nhost: ", _checked(host, "the host"), "\r\n"]
+    for name, value in headers:
+        if name.lower() in _FRAMING:
+            continue
+        lines += (_checked(name, "a header name"), ": ",
+                  _checked(value, f"the value of header {name!r}"), "\r\n")
+    if body_length is not None:
+        lines += ("content-length: ", str(body_length), "\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("latin-1", "replace")
 
 
 class _Parser:
     """httptools callbacks, collecting one response."""
 
-    __slots__ = ("headers", "chunks", "headers_done", "complete", "keep_alive", "parser")
+    __slots__ = ("headers", "chunks", "headers_done", "complete", "keep_alive", "parser",
+                 "interim")
 
     def __init__(self) -> None:
         self.headers: list[tuple[bytes, bytes]] = []
@@ -37,12 +75,19 @@ class _Parser:
         self.headers_done = False
         self.complete = False
         self.keep_alive = False
+        self.interim = False  # a 1xx (100 Continue, 103 Early Hints) is being skipped
         self.parser: httptools.HttpResponseParser | None = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code() if self.parser else 200
+        if 100 <= status < 200 and status != 101:
+            # An interim response is never the answer (RFC 9110 §15.2): wait for the final one.
+            self.interim = True
+            self.headers = []
+            return
         self.headers_done = True
         # Ask now: after the message completes the parser resets and always says False.
         self.keep_alive = bool(self.parser and self.parser.should_keep_alive())
@@ -51,6 +96,9 @@ class _Parser:
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         self.complete = True
 
 
@@ -191,11 +239,12 @@ class LeanTransport(httpx.AsyncBaseTransport):
         key = (url.scheme, url.host, url.port or (443 if https else 80))
         timeouts = request.extensions.get("timeout", {})
         body = await request.aread()
-        head = [request.method.encode() + b" " + (url.raw_path or b"/") + b" HTTP/1.1\r\n"]
-        for name, value in request.headers.raw:
-            head.append(name + b": " + value + b"\r\n")
-        head.append(b"\r\n")
-        resp = await self.open(key, request.method, b"".join(head) + body,
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+        host = next((v for k, v in headers if k.lower() == "host"), url.netloc.decode("ascii"))
+        length = len(body) if body or request.method not in ("GET", "HEAD") else None
+        head = request_head(request.method, (url.raw_path or b"/").decode("latin-1"), host,
+                            headers, length)
+        resp = await self.open(key, request.method, head + body,
                                timeouts.get("connect"), timeouts.get("read"), request)
         return httpx.Response(resp.status, headers=resp.headers, stream=resp.body,
                               extensions={"http_version": b"HTTP/1.1"})

@@ -20,10 +20,11 @@ from starlette.routing import BaseRoute, Route
 
 from .events_api import _MAX_TS, _MIN_TS, EventBatch
 
-__all__ = ["OPENAPI_PATH", "openapi_routes", "openapi_schema"]
+__all__ = ["OPENAPI_PATH", "openapi_document", "openapi_routes", "openapi_schema"]
 
 OPENAPI_PATH = "/flowtrial/v1/openapi.json"
 _REF = "#/components/schemas/{model}"
+_PARTICIPANT = [{"participantKey": []}, {"participantApiKey": []}]
 
 
 def _error_response(description: str) -> dict[str, Any]:
@@ -152,79 +153,104 @@ def _components() -> dict[str, Any]:
     }
 
 
-@cache
-def _schema() -> dict[str, Any]:
-    participant = [{"participantKey": []}, {"participantApiKey": []}]
+def events_paths() -> dict[str, Any]:
+    """The event API's part of the document."""
+    return {"/flowtrial/v1/events": {"post": {
+        "operationId": "postEvents",
+        "summary": "Record decisions and context events of the authenticated participant "
+                   "(all or nothing).",
+        "security": _PARTICIPANT,
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/EventBatch"}}}},
+        "responses": {
+            "200": _ok("Accepted", "Every event is durable."),
+            "400": _error_response("Not JSON."),
+            "401": _error_response("Missing or unknown participant key."),
+            "413": _error_response("Body over proxy.max_body_bytes."),
+            "422": _error_response("An invalid event, or a cycle that is not the "
+                                   "participant's: nothing written."),
+            "503": _error_response("The database could not record them."),
+        },
+    }}}
+
+
+def continue_paths() -> dict[str, Any]:
+    """Continue's data destination's part of the document."""
+    return {"/flowtrial/v1/continue": {"post": {
+        "operationId": "postContinueData",
+        "summary": "Continue's development-data destination (decisions become events).",
+        "security": [{"participantKey": []}],
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/ContinueData"}}}},
+        "responses": {
+            "200": _ok("ContinueAccepted", "Recorded (accepted 1), a re-send of one already "
+                                           "recorded (duplicates 1) or ignored."),
+            "400": _error_response("Not JSON."),
+            "401": _error_response("Missing or unknown participant key."),
+            "413": _error_response("Body over proxy.max_body_bytes."),
+            "422": _error_response("Not a Continue data body."),
+            "503": _error_response("The database could not record it."),
+        },
+    }}}
+
+
+def health_paths() -> dict[str, Any]:
+    """The health endpoint's part of the document (the proxy's own, always served)."""
+    return {"/flowtrial/v1/health": {"get": {
+        "operationId": "getHealth", "summary": "Liveness and load (no participant data).",
+        "security": [],
+        "responses": {"200": _ok("Health", "Serving."),
+                      "503": _ok("Health", "Not serving: recording is unavailable.")},
+    }}}
+
+
+def document_paths() -> dict[str, Any]:
+    """This document's own entry."""
+    return {OPENAPI_PATH: {"get": {
+        "operationId": "getOpenApi", "summary": "This document.", "security": [],
+        "responses": {"200": {"description": "OpenAPI 3.1", "content": {
+            "application/json": {"schema": {"type": "object"}}}}},
+    }}}
+
+
+def admin_paths() -> dict[str, Any]:
+    """The admin endpoints' part of the document."""
     admin = [{"adminToken": []}]
     admin_errors = {"401": _error_response("No admin token."),
                     "403": _error_response("Admin endpoints disabled, or not the admin token.")}
     return {
+        "/flowtrial/v1/admin/status": {"get": {
+            "operationId": "getAdminStatus",
+            "summary": "Cycles per arm and status, violations, participants seen, writer.",
+            "security": admin,
+            "responses": {"200": _ok("AdminStatus", "Study and proxy status."),
+                          **admin_errors},
+        }},
+        "/flowtrial/v1/admin/participants": {"get": {
+            "operationId": "getAdminParticipants",
+            "summary": "Participants: id, arm(s), cycles, last seen (never key material).",
+            "security": admin,
+            "responses": {"200": _ok("AdminParticipants", "Every enrolled participant."),
+                          **admin_errors},
+        }},
+    }
+
+
+def openapi_document(paths: dict[str, Any]) -> dict[str, Any]:
+    """The document describing ``paths`` (the served extensions' fragments)."""
+    return {
         "openapi": "3.1.0",
         "info": {"title": "flowtrial proxy API", "version": "1",
                  "description": "The flowtrial proxy's own endpoints (events, health, admin)."},
-        "paths": {
-            "/flowtrial/v1/events": {"post": {
-                "operationId": "postEvents",
-                "summary": "Record decisions and context events of the authenticated "
-                           "participant (all or nothing).",
-                "security": participant,
-                "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/EventBatch"}}}},
-                "responses": {
-                    "200": _ok("Accepted", "Every event is durable."),
-                    "400": _error_response("Not JSON."),
-                    "401": _error_response("Missing or unknown participant key."),
-                    "413": _error_response("Body over proxy.max_body_bytes."),
-                    "422": _error_response("An invalid event, or a cycle that is not the "
-                                           "participant's: nothing written."),
-                    "503": _error_response("The database could not record them."),
-                },
-            }},
-            "/flowtrial/v1/continue": {"post": {
-                "operationId": "postContinueData",
-                "summary": "Continue's development-data destination (decisions become events).",
-                "security": [{"participantKey": []}],
-                "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/ContinueData"}}}},
-                "responses": {
-                    "200": _ok("ContinueAccepted", "Recorded (accepted 1), a re-send of "
-                                                "one already recorded (duplicates 1) or "
-                                                "ignored."),
-                    "400": _error_response("Not JSON."),
-                    "401": _error_response("Missing or unknown participant key."),
-                    "413": _error_response("Body over proxy.max_body_bytes."),
-                    "422": _error_response("Not a Continue data body."),
-                    "503": _error_response("The database could not record it."),
-                },
-            }},
-            "/flowtrial/v1/health": {"get": {
-                "operationId": "getHealth", "summary": "Liveness and load (no participant data).",
-                "security": [],
-                "responses": {"200": _ok("Health", "Serving."),
-                              "503": _ok("Health", "Not serving: recording is unavailable.")},
-            }},
-            "/flowtrial/v1/openapi.json": {"get": {
-                "operationId": "getOpenApi", "summary": "This document.", "security": [],
-                "responses": {"200": {"description": "OpenAPI 3.1", "content": {
-                    "application/json": {"schema": {"type": "object"}}}}},
-            }},
-            "/flowtrial/v1/admin/status": {"get": {
-                "operationId": "getAdminStatus",
-                "summary": "Cycles per arm and status, violations, participants seen, writer.",
-                "security": admin,
-                "responses": {"200": _ok("AdminStatus", "Study and proxy status."),
-                              **admin_errors},
-            }},
-            "/flowtrial/v1/admin/participants": {"get": {
-                "operationId": "getAdminParticipants",
-                "summary": "Participants: id, arm(s), cycles, last seen (never key material).",
-                "security": admin,
-                "responses": {"200": _ok("AdminParticipants", "Every enrolled participant."),
-                              **admin_errors},
-            }},
-        },
+        "paths": paths,
         "components": _components(),
     }
+
+
+@cache
+def _schema() -> dict[str, Any]:
+    return openapi_document({**events_paths(), **continue_paths(), **health_paths(),
+                             **document_paths(), **admin_paths()})
 
 
 def openapi_schema() -> dict[str, Any]:
@@ -232,9 +258,9 @@ def openapi_schema() -> dict[str, Any]:
     return copy.deepcopy(_schema())
 
 
-def openapi_routes() -> list[BaseRoute]:
-    """``GET /flowtrial/v1/openapi.json``."""
-    raw = json.dumps(_schema()).encode()
+def openapi_routes(paths: dict[str, Any] | None = None) -> list[BaseRoute]:
+    """``GET /flowtrial/v1/openapi.json``, describing ``paths`` (default: every endpoint)."""
+    raw = json.dumps(_schema() if paths is None else openapi_document(paths)).encode()
 
     async def endpoint(request: Request) -> Response:
         return Response(raw, media_type="application/json")

@@ -17,6 +17,8 @@ output token had been written); the final event follows as soon as the commit is
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,11 +29,13 @@ from flowtrial.study.schema import Cycle
 from flowtrial.study.storage import RecordWriter, WriteBatch
 
 from ..fingerprints import fingerprint_json
-from .health import DatabaseGate, DatabaseUnavailable, is_database_failure
+from .health import DatabaseGate, DatabaseUnavailable, describe, is_database_failure
 from .protocols.base import ProtocolAdapter
 from .shaping import VIOLATION_TOLERANCE_MS, Target
 
-__all__ = ["CycleRecord", "Recorder"]
+__all__ = ["TEXT_REPLACED_FLAG", "CycleRecord", "Recorder", "storable"]
+
+log = logging.getLogger("flowtrial.proxy")
 
 
 @dataclass(slots=True)
@@ -72,6 +76,13 @@ class CycleRecord:
     http_status: int | None = None
     error: str | None = None
     content_parts: list[str] = field(default_factory=list)
+    # Agent turns (set by the turn tracker at arrival; docs/concepts/turns.md).
+    request_kind: str | None = None
+    kind_rule: str | None = None
+    turn_id: str | None = None
+    conversation_key: str | None = None
+    client: str | None = None
+    t_upstream_last_ns: int | None = None  # the upstream's last event reached the proxy
 
     def sent(self, t_ns: int, first_due: int | None, last_due: int | None) -> None:
         """Output tokens due at ``first_due``..``last_due`` were written at ``t_ns``."""
@@ -101,7 +112,8 @@ class CycleRecord:
         lates = [x for x in (self.first_late_ns, self.last_late_ns) if x is not None]
         if target is not None and lates:
             violation_ms = max(0.0, max(lates) / 1e6)
-        content = "".join(self.content_parts)
+        content, bad_content = storable("".join(self.content_parts))
+        prompt, bad_prompt = storable(self.prompt_text)
         row: dict[str, Any] = {
             "id": self.id,
             "participant_id": self.participant_id,
@@ -149,16 +161,47 @@ class CycleRecord:
             "content_text": None,
             "content_chars": len(content),
             "simulated": self.simulated,
+            "request_kind": self.request_kind,
+            "kind_rule": self.kind_rule,
+            "turn_id": self.turn_id,
+            "conversation_key": self.conversation_key,
+            "client": self.client,
+            "t_upstream_last_ns": self.t_upstream_last_ns,
         }
+        replaced = [name for name, bad in (("prompt", bad_prompt), ("content", bad_content))
+                    if bad and capture != "none"]
         if capture in ("fingerprint", "full"):
-            row["prompt_fingerprint"] = fingerprint_json(self.prompt_text)
+            row["prompt_fingerprint"] = fingerprint_json(prompt)
             row["content_fingerprint"] = fingerprint_json(content)
         if capture == "full":
-            row["prompt_text"] = self.prompt_text
+            row["prompt_text"] = prompt
             row["content_text"] = content
         if capture == "none":
             row["content_chars"] = None
+        for key, value in row.items():
+            if isinstance(value, str) and key not in ("prompt_text", "content_text"):
+                row[key], bad = storable(value)
+                if bad and key != "error":
+                    replaced.append(key)
+        if replaced:  # flagged where the analyst reads what went wrong with a cycle
+            note = (f"{TEXT_REPLACED_FLAG}: {', '.join(replaced)} had text that cannot be "
+                    "stored (lone UTF-16 surrogates or NUL), kept with U+FFFD in its place")
+            row["error"] = f"{row['error']}; {note}" if row["error"] else note
         return row
+
+
+#: Lone UTF-16 surrogates (JSON's "\udfff" decodes to one; no encoding can store it) and NUL
+#: (PostgreSQL text cannot hold it).
+_UNSTORABLE = re.compile("[\ud800-\udfff\x00]")
+#: Starts the note in ``cycles.error`` when stored text had characters replaced.
+TEXT_REPLACED_FLAG = "text_replaced"
+
+
+def storable(text: str) -> tuple[str, bool]:
+    """``text`` with what no database can store replaced by U+FFFD, and whether any was."""
+    if _UNSTORABLE.search(text) is None:
+        return text, False
+    return _UNSTORABLE.sub("\ufffd", text), True
 
 
 class _LazyRow(Sequence[dict[str, Any]]):
@@ -201,8 +244,9 @@ class Recorder:
         #: Trips when the database fails: new requests are refused, failed rows held.
         self.gate = DatabaseGate(writer)
 
-    async def record(self, rec: CycleRecord) -> None:
-        """Make ``rec`` durable; raises if the write failed (the caller must fail loudly).
+    async def record(self, rec: CycleRecord, also: WriteBatch | None = None) -> None:
+        """Make ``rec`` durable (with ``also``, its turn's row, in the same transaction);
+        raises if the write failed (the caller must fail loudly).
 
         A failure that is the database's trips the gate and keeps the row (marked: its client
         got an error, not the end of the answer) to be written once the database is back;
@@ -215,23 +259,31 @@ class Recorder:
         batch = WriteBatch(Cycle, _LazyRow(rec, self.capture, self.recorded_by))
         t0 = time.monotonic_ns()
         try:
-            await asyncio.wrap_future(self.writer.submit(batch))
+            await asyncio.wrap_future(self.writer.submit(
+                *((batch, also) if also is not None else (batch,))))
         except Exception as exc:
             self.failed += 1
             if is_database_failure(exc):
                 gate.trip(exc)
                 self._hold(rec)
+            else:
+                # Not the database's fault (a row that could not be built or was refused):
+                # held and retried all the same, counted, and health says "degraded".
+                gate.row_failed(exc)
+                self._hold(rec, "the cycle's row could not be written at first ("
+                                f"{describe(exc)}): the client got an error instead of its "
+                                "end; written on retry")
             raise
         self.commit_ewma_ns += (time.monotonic_ns() - t0 - self.commit_ewma_ns) // 8
         self.recorded += 1
 
-    def _hold(self, rec: CycleRecord) -> None:
+    def _hold(self, rec: CycleRecord, note: str | None = None) -> None:
         if rec.status == "ok":
             rec.status = "error"
-            note = ("the database failed as the answer ended: the client got an error "
-                    "instead of its end; written once the database was back")
+            note = note or ("the database failed as the answer ended: the client got an error "
+                            "instead of its end; written once the database was back")
         else:
-            note = "written late: the database failed as the cycle ended"
+            note = note or "written late: the database failed as the cycle ended"
         rec.error = f"{rec.error}; {note}" if rec.error else note
         # A fresh lazy row (built when retried, so it has what the relay sets meanwhile, e.g.
         # the 503 sent instead of a whole answer), idempotent in case the failed commit did

@@ -5,13 +5,12 @@ authenticated and its body read (t_request). It resolves the arm (the only datab
 all before the upstream call), calls the upstream, relays the answer through the shaper and
 records the cycle:
 
-- streams (the shaped relay itself is :class:`~flowtrial.instrumentation.proxy.cycle.CycleRun`,
-shared
-  with the WebSocket mode; this class is its HTTP sink): headers and pre-content events (role
-  chunk, ``response.created``, ``message_start``) go out as they arrive; text events are
-  released on the :class:`~flowtrial.instrumentation.proxy.shaping.Pacer`'s schedule, split into
-  token-sized whole events when there is a pace to keep; tool-call deltas go out as they
-  arrive; keep-alives (``: keep-alive`` comments, Anthropic ``ping`` events) fill injected
+- streams (the shaped relay itself is :class:`~flowtrial.instrumentation.proxy.cycle.Cycle`,
+  shared with the WebSocket mode; :class:`HttpBody` is the sink this class gives it):
+  headers and pre-content events (role chunk, ``response.created``, ``message_start``) go
+  out as they arrive; text events leave as the cycle's delivery strategy says
+  (:mod:`~flowtrial.instrumentation.proxy.delivery`); tool-call deltas go out as they arrive;
+  keep-alives (``: keep-alive`` comments, Anthropic ``ping`` events) fill injected
   waits longer than ``proxy.keepalive_s``; the final event (``[DONE]``,
   ``response.completed``, ``message_stop``) is sent only after the cycle row is durable, and
   replaced by the protocol's error event if the write fails;
@@ -42,7 +41,7 @@ from typing import Any
 from ..tokens import count_tokens
 from .arms import NoAssignmentError
 from .auth import ParticipantInfo, key_from_headers
-from .cycle import CycleRun
+from .cycle import Cycle
 from .protocols.base import ProtocolAdapter, RequestInfo, SSEParser
 from .shaping import RELEASE_SPIN_NS, sleep_until
 from .sources import Direct, Prefetch
@@ -87,37 +86,54 @@ def _error_text(body: bytes) -> str:
     return body[:1000].decode("utf-8", "replace")
 
 
-class Exchange(CycleRun):
+class HttpBody:
+    """The HTTP + SSE sink of a cycle: output frames as response body chunks."""
+
+    keepalive_frames = True
+
+    def __init__(self, adapter: ProtocolAdapter, headers: Mapping[str, str]) -> None:
+        self.adapter = adapter
+        self.headers = headers
+        self.send: Any = None  # the ASGI send, once the exchange runs
+
+    async def emit(self, frames: list[bytes]) -> None:
+        body = frames[0] if len(frames) == 1 else b"".join(frames)
+        await self.send({"type": _BODY, "body": body, "more_body": True})
+
+    async def emit_keepalive(self) -> None:
+        await self.send({"type": _BODY, "body": self.adapter.keepalive(), "more_body": True})
+
+    async def emit_last(self, frame: bytes) -> None:
+        await self.send({"type": _BODY, "body": frame, "more_body": False})
+
+    def client_key(self) -> str | None:
+        return key_from_headers(self.headers)
+
+
+class Exchange:
     """ASGI callable that answers one proxied model request and records its cycle."""
 
     def __init__(self, state: ProxyState, adapter: ProtocolAdapter, participant: ParticipantInfo,
                  body: bytes, info: RequestInfo, headers: Mapping[str, str],
                  t_request_ns: int, query: str = "") -> None:
-        super().__init__(state, adapter, participant, info, t_request_ns)
+        self.state = state
+        self.adapter = adapter
+        self.info = info
+        self.sink = HttpBody(adapter, headers)
+        self.cycle = Cycle(state, adapter, participant, info, t_request_ns,
+                           transport=self.sink, recorder=state.recorder)
+        self.rec = self.cycle.rec
         self.body = body
         self.headers = headers
         self.path = adapter.path + ("?" + query if query else "")
         self.send: Any = None
         self.started = False  # response headers sent
-
-    def _client_key(self) -> str | None:
-        return key_from_headers(self.headers)
-
-    # ------------------------------------------------------------------ sink
-    async def _emit(self, frames: list[bytes]) -> None:
-        body = frames[0] if len(frames) == 1 else b"".join(frames)
-        await self.send({"type": _BODY, "body": body, "more_body": True})
-
-    async def _emit_keepalive(self) -> None:
-        await self.send({"type": _BODY, "body": self.adapter.keepalive(), "more_body": True})
-
-    async def _emit_last(self, frame: bytes) -> None:
-        await self.send({"type": _BODY, "body": frame, "more_body": False})
+        self.last_write = t_request_ns  # whole answers: when a keep-alive byte last went out
 
     # ------------------------------------------------------------------ ASGI entry
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        self.send = send
-        st, rec = self.state, self.rec
+        self.send = self.sink.send = send
+        st, rec, cycle = self.state, self.rec, self.cycle
         st.open_cycle(rec.id, rec.participant_id)
         main = asyncio.current_task()
         assert main is not None
@@ -129,7 +145,7 @@ class Exchange(CycleRun):
                 msg = await receive()
                 if msg["type"] == "http.disconnect":
                     disconnected = True
-                    if not self.finalizing:
+                    if not cycle.finalizing:
                         main.cancel()
                     return
 
@@ -137,23 +153,25 @@ class Exchange(CycleRun):
         try:
             await self._run()
         except asyncio.CancelledError:
-            if not self.finalizing:
+            if not cycle.finalizing:
                 why = "client disconnected" if disconnected else "proxy shut down mid-answer"
-                await self._abandon(why, started=self.started)
+                await cycle.abandon(why, started=self.started)
             if not disconnected:
                 raise
             main.uncancel()  # the client is gone; nothing left to cancel
         except Exception as exc:
             # A bug or an unexpected upstream shape: still record the cycle, answer 500.
             log.exception("cycle %s failed", rec.id)
-            if not self.finalizing:
-                await self._abandon(f"proxy error: {type(exc).__name__}: {exc}", "error",
-                                    started=self.started)
+            recorded = False
+            if not cycle.finalizing:
+                recorded = await cycle.abandon(f"proxy error: {type(exc).__name__}: {exc}",
+                                               "error", started=self.started)
             if self.started:
                 raise
+            # "recorded" only when a row exists (a held one is written later: not yet).
             await self._send_whole(500, self.adapter.error_body(
-                "flowtrial proxy error (recorded): see the proxy's log", "server_error",
-                "proxy_error"))
+                "flowtrial proxy error" + (" (recorded)" if recorded else "")
+                + ": see the proxy's log", "server_error", "proxy_error"))
         finally:
             watcher.cancel()
             st.close_cycle(rec.id)
@@ -162,7 +180,7 @@ class Exchange(CycleRun):
     async def _run(self) -> None:
         st, rec, adapter = self.state, self.rec, self.adapter
         try:
-            await self._resolve()
+            await self.cycle.resolve()
         except NoAssignmentError as exc:
             st.errors += 1
             await self._send_whole(403, adapter.error_body(str(exc), code="no_assignment"))
@@ -222,12 +240,12 @@ class Exchange(CycleRun):
     async def _record_then_send(self, status: int, body: bytes, content_type: str,
                                 reply_headers: list[tuple[str, str]] | None = None) -> None:
         """Record the cycle, then answer; a failed write answers 503 instead."""
-        self.finalizing = True
+        self.cycle.finalizing = True
         self.rec.t_done_ns = _now()
         if self.rec.http_status is None:
             self.rec.http_status = status
         try:
-            await self._record()
+            await self.cycle.record()
         except Exception:  # noqa: BLE001 - fail loudly, never pass traffic unrecorded
             self.state.errors += 1
             await self._send_whole(503, self._recording_failed_body())
@@ -241,7 +259,7 @@ class Exchange(CycleRun):
 
     async def _fail(self, status: int, message: str, type_: str, code: str) -> None:
         rec = self.rec
-        message = self._scrub().text(message)  # may quote the upstream (a close reason ...)
+        message = self.cycle.scrub().text(message)  # may quote the upstream (a close reason ...)
         rec.status = "upstream_error" if status >= 500 else "error"
         rec.http_status = status
         rec.error = message
@@ -258,7 +276,7 @@ class Exchange(CycleRun):
             return
         rec.t_upstream_first_ns = _now()
         # An upstream refusing a key may quote it: redact before recording, cutting or relaying.
-        body = self._scrub().raw(body)
+        body = self.cycle.scrub().raw(body)
         rec.status = _status_kind(reply.status)
         rec.http_status = reply.status
         rec.error = _error_text(body)
@@ -313,13 +331,14 @@ class Exchange(CycleRun):
     async def _relay_stream(self, reply: UpstreamReply) -> None:
         await self._start(reply.status, self._headers(
             reply.headers, reply.content_type or "text/event-stream", None, stream=True))
-        kind = Prefetch if self.pacer is not None else Direct
+        cycle = self.cycle
+        kind = Prefetch if cycle.pacer is not None else Direct
         src = kind(reply.body, self.adapter, self.rec, SSEParser())
-        await self._finish_stream(await self._relay_events(src))
+        await cycle.finish_stream(await cycle.relay(src))
 
     # ------------------------------------------------------------------ non-streaming
     async def _relay_whole(self, reply: UpstreamReply) -> None:
-        rec, adapter, pacer, st = self.rec, self.adapter, self.pacer, self.state
+        rec, adapter, pacer, st = self.rec, self.adapter, self.cycle.pacer, self.state
         chunks = []
         try:
             async for chunk in reply.body:
@@ -331,7 +350,7 @@ class Exchange(CycleRun):
             await self._fail(exc.status, exc.message, "upstream_error", code)
             return
         body = b"".join(chunks)
-        ready = _now()
+        ready = rec.t_upstream_last_ns = _now()
         try:
             obj = json.loads(body)
         except (ValueError, RecursionError):
@@ -368,11 +387,11 @@ class Exchange(CycleRun):
             await self._wait_whole(submit_at)
         elif submit_at > _now():
             await sleep_until(submit_at)
-        self.finalizing = True
+        self.cycle.finalizing = True
         rec.t_done_ns = release
         rec.http_status = reply.status
         try:
-            await self._record()
+            await self.cycle.record()
         except Exception:  # noqa: BLE001 - never release an unrecorded answer
             st.errors += 1
             if self.started:  # too late for a status: break the body so the client errors

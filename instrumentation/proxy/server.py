@@ -14,10 +14,9 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
-import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -25,20 +24,17 @@ from typing import Any
 
 import uvicorn
 
-from flowtrial.study.config import StudyConfig
+from flowtrial.study.config import ProxySection, StudyConfig
 from flowtrial.study.errors import FlowtrialError
 from flowtrial.study.storage import Database, RecordWriter, init_db
 
 from .app import create_proxy_app
+from .extensions import ProxyExtension
+from .front_door import WS_FRAME_SLACK, FrontDoorStats, Limits, guarded_protocol
 from .state import ProxyState, close_writer, make_writer
 from .upstream import Upstream, UpstreamRouter
 
 __all__ = ["ProxyHandle", "ProxyStartError", "bind_socket", "make_server", "serve_proxy"]
-
-
-#: GIL hand-over interval while the proxy runs: the writer thread (SQLAlchemy) and the
-#: threads running database reads must not hold the event loop off for Python's default 5 ms.
-SWITCH_INTERVAL_S = 0.001
 
 
 class ProxyStartError(FlowtrialError):
@@ -80,14 +76,23 @@ class _ProxyServer(uvicorn.Server):
             self.should_exit = True
 
 
-def make_server(app: Any, grace_s: float, log_level: str = "warning") -> uvicorn.Server:
-    """A uvicorn server for the proxy app (no access log: it costs time on every request)."""
+def make_server(app: Any, grace_s: float, settings: ProxySection | None = None,
+                log_level: str = "warning") -> uvicorn.Server:
+    """A uvicorn server for the proxy app (no access log: it costs time on every request),
+    behind the front door's limits from ``settings`` (the study's ``[proxy]``)."""
+    settings = settings or ProxySection()
+    limits = Limits.from_config(settings)
+    stats = FrontDoorStats()
+    app.state.front_door = stats  # the health endpoint shows what was refused
     config = uvicorn.Config(
         app, log_level=log_level, access_log=False, lifespan="on",
-        timeout_graceful_shutdown=max(1, round(grace_s)), timeout_keep_alive=75,
+        http=guarded_protocol(limits, stats),
+        timeout_graceful_shutdown=max(1, round(grace_s)),
+        timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
         # WebSocket turns are one small frame per token: compressing each costs the loop
         # ~7 µs a frame (15 % of its time at 100 streams) to save bytes on loopback/LAN.
         ws_per_message_deflate=False,
+        ws_max_size=settings.max_body_bytes + WS_FRAME_SLACK,  # larger: close 1009
     )
     return _ProxyServer(config)
 
@@ -115,18 +120,21 @@ class ProxyHandle:
 @contextlib.contextmanager
 def serve_proxy(db: str | Path, config: StudyConfig, host: str = "127.0.0.1", port: int = 0,
                 *, upstream: Upstream | UpstreamRouter | None = None,
-                grace_s: float = 10.0) -> Iterator[ProxyHandle]:
-    """Run the proxy for ``config`` on ``db`` in a background thread (see module doc)."""
+                grace_s: float = 10.0,
+                extensions: Sequence[ProxyExtension] | None = None) -> Iterator[ProxyHandle]:
+    """Run the proxy for ``config`` on ``db`` in a background thread (see module doc);
+    ``extensions`` as for :func:`~.app.create_proxy_app`."""
     database = init_db(db, config)
     writer = make_writer(database)
-    app = create_proxy_app(database, config, writer=writer, upstream=upstream, grace_s=grace_s)
+    app = create_proxy_app(database, config, writer=writer, upstream=upstream, grace_s=grace_s,
+                           extensions=extensions)
     try:
         sock = bind_socket(host, port)
     except BaseException:
         close_writer(writer)
         database.dispose()
         raise
-    server = make_server(app, grace_s)
+    server = make_server(app, grace_s, config.proxy)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                               name="flowtrial-proxy", daemon=True)
     thread.start()
@@ -140,12 +148,9 @@ def serve_proxy(db: str | Path, config: StudyConfig, host: str = "127.0.0.1", po
             raise ProxyStartError("the proxy failed to start: see the log above")
         time.sleep(0.005)
     handle = ProxyHandle(base_url_of(sock), database, writer, app, server, thread)
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
     try:
         yield handle
     finally:
-        sys.setswitchinterval(switch)
         server.should_exit = True
         thread.join(grace_s + 15)
         close_writer(writer)

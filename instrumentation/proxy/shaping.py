@@ -48,7 +48,8 @@ from typing import Literal
 
 from flowtrial.study.config import ArmConfig, PerPromptSection
 
-from .releases import give_way, precise_release
+from .releases import precise_release
+from .runtime_tuning import give_way
 
 __all__ = ["RELEASE_SPIN_NS", "Pacer", "Target", "VIOLATION_TOLERANCE_MS", "sleep_until"]
 

@@ -23,7 +23,7 @@ from .protocols.base import (
     SSEParser,
 )
 from .recorder import CycleRecord
-from .releases import give_way
+from .runtime_tuning import give_way
 from .upstream import UpstreamError
 
 __all__ = ["Direct", "Prefetch"]

@@ -11,24 +11,23 @@ import time
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.storage import Database, RecordWriter, create_db_engine
 
+from ..turns.tracker import TurnTracker
 from .arms import ArmResolver
 from .auth import Authenticator
 from .quiet_gc import QuietCollector
 from .recorder import Recorder
+from .runtime_tuning import writer_thread_started
 from .upstream import UpstreamRouter
 
 __all__ = ["ProxyState", "close_writer", "make_writer", "new_cycle_id"]
 
 
-#: The writer thread runs this much nicer than the event loop, which it must never hold off.
-WRITER_NICE = 5
-
-
 def make_writer(database: Database) -> RecordWriter:
     """The proxy's record writer, on its own pooled engine: the writer thread keeps one
-    connection open instead of reopening the database for every commit."""
+    connection open instead of reopening the database for every commit. It runs nicer than
+    the event loop (:mod:`.runtime_tuning`)."""
     return RecordWriter(create_db_engine(database.url, pooled=True),
-                        name="flowtrial-proxy-writer", nice=WRITER_NICE)
+                        name="flowtrial-proxy-writer", on_start=writer_thread_started)
 
 
 def close_writer(writer: RecordWriter) -> None:
@@ -57,11 +56,14 @@ class ProxyState:
         self.recorder = Recorder(writer, config.capture.content, recorded_by=self.instance)
         self.keepalive_ns = int(config.proxy.keepalive_s * 1e9)
         self.max_body_bytes = config.proxy.max_body_bytes
+        self.ws_inbox_bytes = config.proxy.ws_inbox_bytes
         # One anchor pair per process joins the monotonic timeline to UTC
         # (docs/concepts/timeline.md).
         self.mono_anchor_ns = time.monotonic_ns()
         self.wall_anchor_ns = time.time_ns()
         self.started_monotonic = time.monotonic()
+        #: Classifies requests and keeps the turns table (docs/concepts/turns.md).
+        self.turns = TurnTracker(self.mono_anchor_ns, self.wall_anchor_ns)
         self.requests = 0
         self.errors = 0
         self.open_cycles: dict[str, str] = {}  # cycle id -> participant id (in flight)

@@ -35,7 +35,7 @@ import httpx
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.errors import FlowtrialError
 
-from .http1 import LeanTransport
+from .http1 import HeaderInjectionError, LeanTransport, request_head
 from .scrub import Scrubber
 
 __all__ = [
@@ -63,7 +63,10 @@ _HOP = {
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "trailers", "transfer-encoding", "upgrade", "content-length", "host",
 }
-_REQUEST_DROP = _HOP | {"authorization", "x-api-key", "api-key", "accept-encoding", "cookie"}
+# ``expect``: the proxy has the whole body before it calls the upstream, so a client's
+# ``100-continue`` has been answered already (RFC 9110 §10.1.1) and is not passed on.
+_REQUEST_DROP = _HOP | {"authorization", "x-api-key", "api-key", "accept-encoding", "cookie",
+                        "expect"}
 _RESPONSE_DROP = _HOP | {"content-encoding", "set-cookie", "date", "server", CYCLE_HEADER}
 
 
@@ -181,11 +184,12 @@ class MockUpstream(Upstream):
     name = "mock"
 
     def __init__(self, model: Any = None, *, tokens_per_second: float = 2000.0,
-                 ttft_ms: float = 20.0, seed: int = 0) -> None:
+                 ttft_ms: float = 20.0, seed: int = 0, tool_steps: int = 0) -> None:
         if model is None:
             from ..mock_model import MockModel
 
-            model = MockModel(tokens_per_second=tokens_per_second, ttft_ms=ttft_ms, seed=seed)
+            model = MockModel(tokens_per_second=tokens_per_second, ttft_ms=ttft_ms, seed=seed,
+                              tool_steps=tool_steps)
         self.model = model
 
     async def request(self, method: str, path: str, headers: dict[str, str],
@@ -206,23 +210,20 @@ class MockUpstream(Upstream):
 
 
 class HttpUpstream(Upstream):
-    """A real OpenAI- or Anthropic-compatible API, streamed with httpx (over the lean
-    HTTP/1.1 transport of :mod:`flowtrial.instrumentation.proxy.http1` unless ``transport`` is
-    given, e.g. ``httpx.AsyncHTTPTransport()`` for httpx's own)."""
+    """A real OpenAI- or Anthropic-compatible API, streamed over the lean HTTP/1.1 client of
+    :mod:`flowtrial.instrumentation.proxy.http1` (benchmarks/bench_upstream_client.py: it
+    against httpx's own client in one run)."""
 
     def __init__(self, base_url: str, api_key_env: str | None, *, family: str = "openai",
-                 timeout_s: float = 600.0, connect_timeout_s: float = 10.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 timeout_s: float = 600.0, connect_timeout_s: float = 10.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key_env = api_key_env
         self.family = family
         url = httpx.URL(self.base_url)
         self.name = f"{family}:{url.host}"
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
-        self._transport = transport
-        self._client: httpx.AsyncClient | None = None
         self._lean: LeanTransport | None = None
-        # For the lean path: where to connect, the Host header and the base path, once.
+        # Where to connect, the Host header and the base path, once.
         https = url.scheme == "https"
         self._key_tuple = (url.scheme, url.host, url.port or (443 if https else 80))
         self._host_header = url.netloc.decode("ascii")
@@ -230,21 +231,10 @@ class HttpUpstream(Upstream):
         self._scrub_cache: tuple[str | None, Scrubber] | None = None
 
     async def start(self) -> None:
-        if self._transport is None:
-            if self._lean is None:
-                self._lean = LeanTransport()
-            return
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                timeout=self._timeout,
-                transport=self._transport,
-                trust_env=False,  # never route model traffic through an env-configured proxy
-            )
+        if self._lean is None:
+            self._lean = LeanTransport()
 
     async def stop(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
         if self._lean is not None:
             await self._lean.aclose()
             self._lean = None
@@ -292,42 +282,20 @@ class HttpUpstream(Upstream):
 
     async def request(self, method: str, path: str, headers: dict[str, str],
                       body: bytes) -> UpstreamReply:
-        await self.start()
-        if self._lean is not None:
-            return await self._request_lean(method, path, headers, body)
-        assert self._client is not None
-        request = self._client.build_request(
-            method, self.url_for(path), headers=self._request_headers(headers),
-            content=body or None,
-        )
-        try:
-            resp = await self._client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            raise UpstreamError(504, f"upstream timed out ({type(exc).__name__})") from None
-        except httpx.HTTPError as exc:
-            raise UpstreamError(502, f"upstream unreachable ({type(exc).__name__})") from None
-        return self._reply(resp.status_code, list(resp.headers.items()), resp.aiter_bytes(),
-                           resp.aclose)
-
-    async def _request_lean(self, method: str, path: str, headers: dict[str, str],
-                            body: bytes) -> UpstreamReply:
         """The request over the lean transport directly: httpx's client machinery (URL
         merging, cookies, auth and redirect hooks, Request/Response objects) costs ~0.25 ms
         before the request leaves, all of it added TTFT."""
+        await self.start()
         assert self._lean is not None
         if self.family == "openai" and path.startswith("/v1/"):
             path = path[3:]
-        # The base URL's own path (e.g. /v1) comes before the request's.
-        lines = [method, " ", self._base_path, path, " HTTP/1.1\r\nhost: ", self._host_header,
-                 "\r\n"]
-        for name, value in self._request_headers(headers).items():
-            if name in ("host", "content-length", "transfer-encoding", "connection"):
-                continue
-            lines += (name, ": ", value, "\r\n")
-        if body or method not in ("GET", "HEAD"):
-            lines += ("content-length: ", str(len(body)), "\r\n")
-        lines.append("\r\n")
-        head = "".join(lines).encode("latin-1", "replace")
+        try:
+            # The base URL's own path (e.g. /v1) comes before the request's.
+            head = request_head(method, self._base_path + path, self._host_header,
+                                self._request_headers(headers).items(),
+                                len(body) if body or method not in ("GET", "HEAD") else None)
+        except HeaderInjectionError as exc:
+            raise UpstreamError(502, f"not sent upstream: {exc}") from None
         try:
             resp = await self._lean.open(self._key_tuple, method, head + body,
                                          self._timeout.connect, self._timeout.read)
@@ -507,7 +475,7 @@ class UpstreamRouter:
         if up.kind == "mock":
             m = up.mock
             mock = MockUpstream(tokens_per_second=m.tokens_per_second, ttft_ms=m.ttft_ms,
-                                seed=m.seed)
+                                seed=m.seed, tool_steps=up.tool_steps)
             return cls({"openai": mock, "anthropic": mock})
         fams: dict[str, Upstream] = {}
         for family in ("openai", "anthropic"):

@@ -10,7 +10,8 @@ Responses request body without ``stream``), one turn at a time, later turns chai
 Each generating turn is a cycle (``transport = "websocket"``, ``turn`` = 1, 2, … on the
 connection, ``connection_id`` shared by the connection's cycles), shaped and recorded exactly
 as the SSE mode: the same adapter (:class:`ResponsesSocketAdapter`) and the same relay
-(:class:`~flowtrial.instrumentation.proxy.cycle.CycleRun`); the turn's ``response.completed`` is
+(:class:`~flowtrial.instrumentation.proxy.cycle.Cycle`, given a :class:`SocketFrames` sink);
+the turn's ``response.completed`` is
 sent only once its row is durable.
 
 Warm-ups (``generate: false``: no output, only ``response.created`` … ``response.completed``)
@@ -45,11 +46,11 @@ from starlette.datastructures import Headers
 
 from .arms import NoAssignmentError
 from .auth import ParticipantInfo, key_from_headers
-from .cycle import CycleRun
+from .cycle import Cycle
 from .health import UNAVAILABLE_MESSAGE
-from .protocols.base import JsonFrames, openai_error
+from .protocols.base import JsonFrames, dumps, openai_error
 from .protocols.responses import ResponsesSocketAdapter, ws_error
-from .releases import give_way
+from .runtime_tuning import give_way
 from .scrub import Scrubber
 from .sources import Direct, Prefetch
 from .state import ProxyState
@@ -89,7 +90,11 @@ class _Connection:
         self.closed = False
 
     async def send(self, frame: bytes) -> None:
-        await self._send({"type": "websocket.send", "text": _text(frame)})
+        try:
+            await self._send({"type": "websocket.send", "text": _text(frame)})
+        except OSError:  # uvicorn's ClientDisconnected: the socket is gone (or was closed)
+            self.closed = True
+            raise
 
     def upstream(self) -> UpstreamSocket:
         """The upstream session (opened on first use; raises UpstreamError)."""
@@ -107,10 +112,33 @@ class _Connection:
             await self._upstream.close()
 
 
-class SocketTurn(CycleRun):
-    """One generating ``response.create`` on a connection: a cycle."""
+class SocketFrames:
+    """The Responses WebSocket sink of a cycle: one text frame per output event."""
 
+    #: No keep-alive frames: the server's own ping frames keep the socket alive.
     keepalive_frames = False
+
+    def __init__(self, conn: _Connection) -> None:
+        self.conn = conn
+
+    async def emit(self, frames: list[bytes]) -> None:
+        send = self.conn.send
+        for f in frames:
+            await send(f)
+
+    async def emit_keepalive(self) -> None:
+        return None
+
+    async def emit_last(self, frame: bytes) -> None:
+        if frame:
+            await self.conn.send(frame)
+
+    def client_key(self) -> str | None:
+        return self.conn.client_key
+
+
+class SocketTurn:
+    """One generating ``response.create`` on a connection: a cycle."""
 
     def __init__(self, conn: _Connection, message: dict[str, Any], t_request_ns: int) -> None:
         adapter = ResponsesSocketAdapter()
@@ -118,51 +146,54 @@ class SocketTurn(CycleRun):
         info = adapter.read_request(body)
         info.stream = True
         conn.turns += 1
-        super().__init__(conn.state, adapter, conn.participant, info, t_request_ns,
-                         transport="websocket", turn=conn.turns, connection_id=conn.id)
+        self.state = conn.state
+        self.adapter = adapter
+        self.cycle = Cycle(conn.state, adapter, conn.participant, info, t_request_ns,
+                           transport=SocketFrames(conn), recorder=conn.state.recorder,
+                           transport_name="websocket", turn=conn.turns, connection_id=conn.id)
+        self.rec = self.cycle.rec
         self.conn = conn
         self.message = message
+        conn.state.turns.arrive(self.rec, body, dumps(body).encode(), conn.headers)
 
-    def _client_key(self) -> str | None:
-        return self.conn.client_key
-
-    async def _emit(self, frames: list[bytes]) -> None:
-        send = self.conn.send
-        for f in frames:
-            await send(f)
-
-    async def _emit_last(self, frame: bytes) -> None:
-        if frame:
-            await self.conn.send(frame)
+    @property
+    def finalizing(self) -> bool:
+        return self.cycle.finalizing
 
     async def run(self) -> None:
         """Answer the turn and record it; a cancellation (client gone) records it abandoned."""
-        st, rec = self.state, self.rec
+        st, rec, cycle = self.state, self.rec, self.cycle
         st.open_cycle(rec.id, rec.participant_id)
         try:
             await self._run()
         except asyncio.CancelledError:
-            if not self.finalizing:
-                await self._abandon("client disconnected" if self.conn.closed
+            if not cycle.finalizing:
+                await cycle.abandon("client disconnected" if self.conn.closed
                                     else "proxy shut down mid-answer")
             raise
         except Exception as exc:  # noqa: BLE001 - record it, tell the client, keep the socket
+            if self.conn.closed and not cycle.finalizing:  # the socket went away mid-send
+                await cycle.abandon("client disconnected")
+                return
             log.exception("cycle %s failed", rec.id)
-            if not self.finalizing:
-                await self._abandon(f"proxy error: {type(exc).__name__}: {exc}", "error")
+            recorded = False
+            if not cycle.finalizing:
+                recorded = await cycle.abandon(f"proxy error: {type(exc).__name__}: {exc}",
+                                               "error")
             if not self.conn.closed:
                 try:
-                    await self.conn.send(ws_error("flowtrial proxy error (recorded): see the "
-                                                  "proxy's log", "server_error", "proxy_error"))
+                    await self.conn.send(ws_error(
+                        "flowtrial proxy error" + (" (recorded)" if recorded else "")
+                        + ": see the proxy's log", "server_error", "proxy_error"))
                 except Exception:  # noqa: BLE001 - the socket died too
                     pass
         finally:
             st.close_cycle(rec.id)
 
     async def _run(self) -> None:
-        st, rec, adapter = self.state, self.rec, self.adapter
+        st, rec, adapter, cycle = self.state, self.rec, self.adapter, self.cycle
         try:
-            await self._resolve()
+            await cycle.resolve()
         except NoAssignmentError as exc:
             st.errors += 1
             await self.conn.send(ws_error(str(exc), "invalid_request_error", "no_assignment",
@@ -174,18 +205,18 @@ class SocketTurn(CycleRun):
             await sock.connect()
         except UpstreamError as exc:
             rec.upstream = self.conn.upstream_name
-            message = self._scrub().text(exc.message)
+            message = cycle.scrub().text(exc.message)
             rec.status, rec.http_status, rec.error = "upstream_error", exc.status, message
             code = {501: "no_upstream", 504: "upstream_timeout"}.get(exc.status,
                                                                      "upstream_unreachable")
-            await self._finish_stream(ws_error(message, "server_error", code, exc.status))
+            await cycle.finish_stream(ws_error(message, "server_error", code, exc.status))
             return
         events = sock.turn(self.message, {CYCLE_HEADER: rec.id})
         rec.http_status = 101
-        kind = Prefetch if self.pacer is not None else Direct
+        kind = Prefetch if cycle.pacer is not None else Direct
         src = kind(events, adapter, rec, JsonFrames())
         try:
-            tail = await self._relay_events(src)
+            tail = await cycle.relay(src)
         finally:
             # A turn the relay left unfinished must not leave its events to the next turn.
             aclose = getattr(events, "aclose", None)
@@ -194,7 +225,7 @@ class SocketTurn(CycleRun):
         status = adapter.last_error_status
         if rec.status == "upstream_error" and status is not None and 400 <= status < 500:
             rec.status = "error"  # the upstream refused the request: the client's fault
-        await self._finish_stream(tail)
+        await cycle.finish_stream(tail)
 
 
 async def _deny(send: Any, status: int, body: bytes) -> None:
@@ -228,11 +259,13 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
     conn = _Connection(state, participant, send, forwardable_request_headers(headers),
                        key_from_headers(headers))
     inbox: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
+    queued = 0  # bytes (characters) of the messages waiting in the inbox
     current: asyncio.Task[None] | None = None
     turn: SocketTurn | None = None
 
     async def read() -> None:
         # Reads concurrently with a running turn, so a disconnect cancels it at once.
+        nonlocal queued
         while True:
             msg = await receive()
             if msg["type"] == "websocket.disconnect":
@@ -246,12 +279,28 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
                 raw = msg.get("text")
                 if raw is None:
                     raw = (msg.get("bytes") or b"").decode("utf-8", "replace")
+                if queued + len(raw) > state.ws_inbox_bytes:
+                    # Messages sent faster than turns end would queue without bound: a
+                    # policy violation (1008); the running turn ends as abandoned.
+                    log.warning("websocket connection %s: more than %d bytes of messages "
+                                "waiting (proxy.ws_inbox_bytes): closed", conn.id,
+                                state.ws_inbox_bytes)
+                    conn.closed = True
+                    if current is not None and not current.done() and turn is not None \
+                            and not turn.finalizing:
+                        current.cancel()
+                    inbox.put_nowait(None)
+                    await send({"type": "websocket.close", "code": 1008,
+                                "reason": "too many queued messages (proxy.ws_inbox_bytes)"})
+                    return
+                queued += len(raw)
                 inbox.put_nowait((time.monotonic_ns(), raw))
 
     reader = asyncio.create_task(read())
     try:
-        while (item := await inbox.get()) is not None:
+        while (item := await inbox.get()) is not None and not conn.closed:
             t_request, raw = item
+            queued -= len(raw)
             await give_way()  # reading a large message must not hold up a due first token
             message = _check(raw, state.max_body_bytes)
             if isinstance(message, bytes):

@@ -28,10 +28,14 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from flowtrial.study.config import StudyConfig
+
+if TYPE_CHECKING:
+    from .extensions import ProxyExtension
 
 __all__ = ["MAX_WORKERS", "run_workers"]
 
@@ -42,12 +46,13 @@ MIN_UPTIME_S = 2.0
 
 
 def _worker_main(db: str, config: StudyConfig, sock: socket.socket, k: int,
-                 instance: str | None, page_secret: bytes, grace_s: float) -> int:
+                 instance: str | None, page_secret: bytes, grace_s: float,
+                 extensions: Sequence[ProxyExtension] | None) -> int:
     """Run one worker until it is told to stop (in the forked child)."""
     from flowtrial.study.storage import open_db
 
     from .app import create_proxy_app
-    from .server import SWITCH_INTERVAL_S, make_server
+    from .server import make_server
     from .state import close_writer, make_writer
 
     os.setpgid(0, 0)  # out of the terminal's process group: signals come via the supervisor
@@ -56,9 +61,8 @@ def _worker_main(db: str, config: StudyConfig, sock: socket.socket, k: int,
     writer = make_writer(database)
     name = f"{instance}/{k}" if instance else None
     app = create_proxy_app(database, config, writer=writer, instance=name,
-                           page_secret=page_secret)
-    server = make_server(app, grace_s)
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+                           page_secret=page_secret, extensions=extensions)
+    server = make_server(app, grace_s, config.proxy)
     try:
         server.run(sockets=[sock])
     finally:
@@ -86,7 +90,8 @@ def _fork(target: Callable[[], int]) -> int:
 
 def run_workers(db: str, config: StudyConfig, sock: socket.socket, n: int, *,
                 instance: str | None, grace_s: float,
-                log: Callable[[str], None]) -> int:
+                log: Callable[[str], None],
+                extensions: Sequence[ProxyExtension] | None = None) -> int:
     """Fork ``n`` workers serving ``sock`` and supervise them until SIGINT/SIGTERM.
 
     Call with no threads running and no database connection open (they would be forked).
@@ -98,7 +103,7 @@ def run_workers(db: str, config: StudyConfig, sock: socket.socket, n: int, *,
 
     def start(k: int) -> None:
         pid = _fork(lambda: _worker_main(db, config, sock, k, instance, page_secret,
-                                         grace_s))
+                                         grace_s, extensions))
         children[pid] = (k, time.monotonic())
 
     def stop(signum: int, frame: FrameType | None) -> None:

@@ -22,9 +22,11 @@ import numpy as np
 import pandas as pd
 
 from ..config import StudyConfig
-from ..schema import Cycle, DrawCounter, Event, GroundTruth, Task
+from ..schema import Cycle, DrawCounter, Event, GroundTruth, Task, Turn
 from ..storage import Database, WriteBatch, write_rows
 from ..timeline import idle_wait_s
+from ..turns import turn_rows_from_cycles
+from .agent import add_agent_calls, plan_agent_turns
 from .model import (
     Behaviour,
     Population,
@@ -92,6 +94,7 @@ def simulate_virtual_frames(
     first_task_id: int = 1,
     design_seed: int | None = None,
     protocol: str = "chat",
+    agent_steps: int = 1,
 ) -> dict[str, pd.DataFrame]:
     """Simulate a study in memory: DataFrames with the columns of the study tables.
 
@@ -117,11 +120,16 @@ def simulate_virtual_frames(
     tps_real = exp.tps_raw / s
     all_at_once = targets.delivery == "all_at_once"
     r = pop.reading_tps[:, None]
+    # Agent turns (agent.py): the final answer is requested `lead` real s into the turn, and
+    # the person waits for all of it.
+    plan = (plan_agent_turns(agent_steps, ttft_real, tps_real, seed) if agent_steps > 1
+            else None)
+    lead = plan.prefix_s if plan is not None else 0.0
     # The analysis's own definition, from what was experienced (all-at-once: NaN pace, the
     # hold is inside the experienced TTFT).
-    idle = idle_wait_s(ttft_real, beh.n_tokens, tps_real, r)
+    idle = idle_wait_s(ttft_real + lead, beh.n_tokens, tps_real, r)
     tl = cycle_timeline(
-        params, ttft_s=ttft_real, tps=tps_real, n_tokens=beh.n_tokens, idle_s=idle,
+        params, ttft_s=ttft_real + lead, tps=tps_real, n_tokens=beh.n_tokens, idle_s=idle,
         reading_tps=r, threshold_s=pop.threshold_s[:, None], u_switch=beh.u_switch,
         switch_frac=beh.switch_frac, away_s=beh.away_s, resume_z=beh.resume_z,
         verify_s=beh.verify_s, all_at_once=all_at_once,
@@ -139,7 +147,7 @@ def simulate_virtual_frames(
     def raw_ns(real_s: np.ndarray) -> np.ndarray:
         return np.rint(np.asarray(real_s) / s * 1e9).astype(np.int64)
 
-    req_ns = raw_ns(t_req)
+    req_ns = raw_ns(t_req + lead)  # the (final) call's request
     first_ns = req_ns + np.rint(exp.ttft_raw_s * 1e9).astype(np.int64)
     last_ns = req_ns + np.rint(exp.gen_wait_raw_s * 1e9).astype(np.int64)
     done_ns = last_ns + 1_000_000  # the record is made durable, then the stream closes
@@ -199,14 +207,24 @@ def simulate_virtual_frames(
         "content_chars": flat(beh.n_tokens) * CHARS_PER_TOKEN,
         "simulated": True,
         "recorded_by": "simulator",
+        # Chat cycles: each the person's own prompt, a single-call turn.
+        "request_kind": "human",
+        "kind_rule": "simulated",
+        "turn_id": ["trn_" + c for c in cycle_ids],
+        "conversation_key": None,
+        "client": "flowtrial-simulator",
+        "t_upstream_last_ns": None,
     })[CYCLE_COLUMNS]
+    if plan is not None:
+        cycles = add_agent_calls(cycles, plan, raw_ns)[CYCLE_COLUMNS]
 
     events = _events(params, beh, pop, tl, t_req, post, bg_resume, raw_ns, cycle_ids, ids,
                      task_ids, first_of_task, s)
     tasks_df = _tasks(params, beh, pop, targets, ids, task_ids, t_req, tl, post, raw_ns, s,
                       first_of_task)
     truth = _ground_truth(config, params, pop, seed, n_tasks=tasks,
-                          prompts_per_task=prompts_per_task)
+                          prompts_per_task=prompts_per_task,
+                          **({"agent_steps": agent_steps} if plan is not None else {}))
     cycle_truth = pd.DataFrame({
         "cycle_id": cycle_ids,
         "participant_id": pid,
@@ -217,6 +235,9 @@ def simulate_virtual_frames(
         "switched": flat(tl["switched"]),
         "time_away_s": np.where(flat(tl["switched"]), flat(beh.away_s), np.nan),
     })
+    if plan is not None:  # ground truth per turn: its calls and tool time
+        cycle_truth["turn_calls"] = agent_steps
+        cycle_truth["tool_s"] = flat(plan.tool_s)
     participants = pd.DataFrame({
         "id": ids, "enrolled_index": first_index + np.arange(p), "simulated": True,
     })
@@ -332,6 +353,7 @@ def simulate_virtual(
     seed: int | None = None,
     *,
     progress: ProgressFn | None = None,
+    agent_steps: int = 1,
 ) -> SimulationResult:
     """Enroll simulated participants and write their tasks, cycles, events and ground truth."""
     seed = new_seed() if seed is None else seed
@@ -344,15 +366,17 @@ def simulate_virtual(
         _, first_task = next_participant_index(database)
         frames = simulate_virtual_frames(
             config, params, n_participants, tasks, prompts_per_task, seed,
-            ids=ids, first_index=first, first_task_id=first_task,
+            ids=ids, first_index=first, first_task_id=first_task, agent_steps=agent_steps,
         )
         # Per-prompt draws used request indices 0 … k-1 of each participant: a proxy serving
         # them later must continue past those (the counter every proxy claims from).
         counters = ([{"participant_id": p, "next_index": tasks * prompts_per_task}
                      for p in ids] if config.study.design == "per_prompt" else [])
+        cycle_rows = frame_rows(frames["cycles"])
         write_rows(database, [
             WriteBatch(Task, frame_rows(frames["tasks"])),
-            WriteBatch(Cycle, frame_rows(frames["cycles"])),
+            WriteBatch(Cycle, cycle_rows),
+            WriteBatch(Turn, turn_rows_from_cycles(cycle_rows)),
             WriteBatch(Event, frame_rows(frames["events"], drop=("id",))),
             WriteBatch(GroundTruth, frame_rows(frames["ground_truth"], drop=("id",))),
             WriteBatch(DrawCounter, counters),

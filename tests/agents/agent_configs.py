@@ -16,9 +16,13 @@ __all__ = [
     "CODEX_PROVIDER_ID",
     "KEY_ENV",
     "MODEL",
+    "OTLP_PATH",
     "claude_env",
+    "claude_telemetry_env",
     "codex_config",
+    "codex_otel",
     "codex_provider",
+    "gemini_telemetry",
     "isolated_env",
     "to_toml",
 ]
@@ -127,4 +131,52 @@ def claude_env(base_url: str, key: str) -> dict[str, str]:
         "DISABLE_AUTOUPDATER": "1",
         "DISABLE_TELEMETRY": "1",
         "DISABLE_ERROR_REPORTING": "1",
+    }
+
+
+OTLP_PATH = "/flowtrial/otlp"  # the proxy's OTLP/HTTP receiver (exporters add /v1/<signal>)
+
+
+def claude_telemetry_env(base_url: str, key: str, *, protocol: str = "http/protobuf",
+                         fast: bool = True) -> dict[str, str]:
+    """Claude Code's OpenTelemetry settings (the recipe in docs/clients/telemetry.md): logs,
+    metrics and the beta spans to the proxy's receiver only, the participant key as the
+    OTLP header. ``fast``: export every second (tests), not every 5 s / 60 s."""
+    env = {
+        "CLAUDE_CODE_ENABLE_TELEMETRY": "1",
+        "CLAUDE_CODE_ENHANCED_TELEMETRY_BETA": "1",
+        "OTEL_LOGS_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": base_url + OTLP_PATH,
+        "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer {key}",
+    }
+    if fast:
+        env |= {"OTEL_LOGS_EXPORT_INTERVAL": "1000", "OTEL_METRIC_EXPORT_INTERVAL": "1000"}
+    return env
+
+
+def codex_otel(base_url: str, key: str, *, protocol: str = "json") -> dict[str, Any]:
+    """Codex's `[otel]` table: log events over OTLP/HTTP (`protocol` = "json" | "binary") to
+    the proxy's receiver only; prompts redacted (`log_user_prompt = false`)."""
+    return {
+        "log_user_prompt": False,
+        "exporter": {"otlp-http": {
+            "endpoint": base_url + OTLP_PATH + "/v1/logs",
+            "protocol": protocol,
+            "headers": {"authorization": f"Bearer {key}"},
+        }},
+    }
+
+
+def gemini_telemetry(base_url: str) -> dict[str, Any]:
+    """Gemini CLI's `telemetry` settings (settings.json) for the proxy's receiver; its HTTP
+    exporters take the key from OTEL_EXPORTER_OTLP_HEADERS (the OpenTelemetry JS variable)."""
+    return {
+        "enabled": True,
+        "target": "local",
+        "otlpEndpoint": base_url + OTLP_PATH,
+        "otlpProtocol": "http",
+        "logPrompts": False,
     }

@@ -84,17 +84,20 @@ def _serve_mock() -> Iterator[AgentServer]:
         yield AgentServer(base_url, "ft_agenttest_not-a-real-key", log)
 
 
-def _study_db(folder: Path) -> tuple[Path, Path, str]:
-    """PROXY_STUDY written to ``folder``, its database, and an enrolled participant's key."""
+def _study_db(folder: Path, tool_steps: int = 0) -> tuple[Path, Path, str]:
+    """PROXY_STUDY (with ``[upstream] tool_steps``) written to ``folder``, its database, and
+    an enrolled participant's key."""
     from flowtrial.study.config import load_study
     from flowtrial.study.participants import enroll
     from flowtrial.study.storage import init_db
 
+    text = PROXY_STUDY.replace("[upstream.mock]", f"[upstream]\ntool_steps = {tool_steps}\n"
+                                                  "[upstream.mock]")
     study = folder / "study.toml"
-    study.write_text(PROXY_STUDY, encoding="utf-8")
+    study.write_text(text, encoding="utf-8")
     db = folder / "study.db"
     config = load_study(study)
-    database = init_db(db, config, PROXY_STUDY)
+    database = init_db(db, config, text)
     key = enroll(database, config, "p01")[1]
     database.dispose()
     return study, db, key
@@ -135,10 +138,12 @@ def _serve_proxy() -> Iterator[AgentServer]:
 
 
 @contextmanager
-def flowtrial_proxy(folder: Path) -> Iterator[tuple[str, str, Callable[[str], list[Any]]]]:
+def flowtrial_proxy(folder: Path, tool_steps: int = 0
+                    ) -> Iterator[tuple[str, str, Callable[[str], list[Any]]]]:
     """`flowtrial proxy` as users run it (a subprocess of the CLI) on PROXY_STUDY in
-    ``folder``: yields (base URL, participant key, SQL runner on its database)."""
-    study, db, key = _study_db(folder)
+    ``folder`` (the simulated model taking ``tool_steps``): yields (base URL, participant
+    key, SQL runner on its database)."""
+    study, db, key = _study_db(folder, tool_steps)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "flowtrial.cli", "proxy", "--study", str(study), "--db", str(db),

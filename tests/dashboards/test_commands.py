@@ -35,5 +35,89 @@ def test_server_command_is_headless_and_private(host: str) -> None:
     assert argv[argv.index("--browser.gatherUsageStats") + 1] == "false"
     assert argv[argv.index("--server.headless") + 1] == "true"
     assert argv[argv.index("--server.address") + 1] == host
-    assert argv[-2:] == ["--db", "sqlite:////x/study.db"]
     assert env["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] == "false"
+    # The URL (a PostgreSQL one carries its password) goes by environment, not argv (ps).
+    assert not any("study.db" in a for a in argv)
+    assert env["FLOWTRIAL_DASHBOARD_DB"] == "sqlite:////x/study.db"
+    assert set(env["FLOWTRIAL_DASHBOARD_HOSTS"].split(",")) >= {"localhost", "127.0.0.1"}
+
+
+def test_listening_beyond_loopback_needs_a_password(small_study: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLOWTRIAL_DASHBOARD_PASSWORD", raising=False)
+    res = CliRunner().invoke(cli(), ["--db", str(small_study), "--host", "0.0.0.0"])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "FLOWTRIAL_DASHBOARD_PASSWORD" in lines[0]
+
+
+def test_host_allow_list() -> None:
+    from flowtrial.dashboards.access import allowed_hosts, host_allowed, is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
+    local = allowed_hosts("127.0.0.1")
+    assert host_allowed({"host": "localhost:8501"}, local)
+    assert host_allowed({"Host": "[::1]:8501"}, local)
+    # DNS rebinding: a page of another site whose name now points at 127.0.0.1.
+    assert not host_allowed({"host": "evil.example:8501"}, local)
+    assert not host_allowed({"user-agent": "x"}, local)  # a browser always sends Host
+    lan = allowed_hosts("10.1.2.3", ["dash.lab.example"])
+    assert host_allowed({"host": "10.1.2.3:8501"}, lan)
+    assert host_allowed({"host": "dash.lab.example"}, lan)
+    assert not host_allowed({"host": "evil.example"}, lan)
+
+
+def test_password_gate_before_any_page(small_study: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from tests.dashboards.conftest import APP
+
+    monkeypatch.setenv("FLOWTRIAL_DASHBOARD_DB", str(small_study))
+    monkeypatch.setenv("FLOWTRIAL_DASHBOARD_PASSWORD", "correct horse")
+    at = AppTest.from_file(str(APP), default_timeout=120).run()
+    assert not at.metric and len(at.text_input) == 1  # nothing of the study shown
+    at.text_input[0].input("wrong")  # a form: typed and submitted in one go
+    at.button[0].click().run()
+    assert at.error and not at.metric
+    at.text_input[0].input("correct horse")
+    at.button[0].click().run()
+    assert not at.exception and at.metric  # the overview page, with its numbers
+
+
+def test_dashboard_stops_when_the_command_is_terminated(small_study: Path,
+                                                        tmp_path: Path) -> None:
+    """SIGTERM to `flowtrial dashboard` reaches the Streamlit child: the port is free after."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "flowtrial.cli", "dashboard", "--db",
+                             str(small_study), "--port", str(port)], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"})
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "did not start"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health",
+                                            timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

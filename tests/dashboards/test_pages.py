@@ -98,3 +98,32 @@ def test_bad_database_is_one_error_line(tmp_path: Path, monkeypatch: pytest.Monk
     at.run()
     assert not at.exception
     assert len(at.error) == 1 and "no such database" in at.error[0].value
+
+
+def test_timeline_draws_agent_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent study (3 calls per prompt): the timeline counts turns (one wait bar each;
+    the segments inside are tests/analysis/test_turn_unit.py's)."""
+    import tomllib
+
+    from flowtrial.study.config import parse_study
+    from flowtrial.study.schema import Turn
+    from flowtrial.study.simulator import SimParams, simulate_virtual
+    from flowtrial.study.storage import init_db
+    from tests.dashboards.conftest import parallel_text
+
+    text = parallel_text()
+    config = parse_study(tomllib.loads(text))
+    path = tmp_path / "agent.db"
+    db = init_db(path, config, text)
+    simulate_virtual(db, config, SimParams(), 2, 1, 4, seed=5, agent_steps=3)
+    db.dispose()
+    at = app(path, monkeypatch)
+    render(at, PAGES[0])
+    render(at, "pages/timeline.py")
+    pid = at.selectbox(key="timeline_participant").value
+    database = open_db(path)
+    with database.engine.connect() as conn:
+        n = conn.execute(select(func.count()).select_from(Turn).where(
+            Turn.participant_id == pid)).scalar_one()
+    database.dispose()
+    assert int(metric(at, "Agent turns this day")) == n == 4

@@ -72,7 +72,9 @@ def test_dashboard_tables_agree_with_sqlite(small_study: Path, pg_small_study: s
 def test_every_page_renders_on_postgresql(pg_small_study: str,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLOWTRIAL_DASHBOARD_DB", pg_small_study)
-    at = AppTest.from_file(str(APP), default_timeout=60)
+    # Five pages against a real PostgreSQL server took ~50 s of a 60 s budget on a loaded
+    # 2-core machine: the budget is per script run, and a cold page may take most of it.
+    at = AppTest.from_file(str(APP), default_timeout=180)
     for page in PAGES:
         (at if page == PAGES[0] and not at.session_state else at.switch_page(page)).run()
         assert not at.exception, f"{page}: {[e.value for e in at.exception]}"

@@ -213,3 +213,83 @@ def test_lean_upstream_request_line_headers_and_compressed_answer(tmp_path, monk
                     "length": str(len(b'{"model": "m", "stream": true}')), "body_ok": True,
                     "accept_encoding": "identity", "beta": "x=1"}
     assert data.endswith(b"data: [DONE]\n\n")
+
+
+def test_interim_1xx_responses_are_skipped_for_the_final_one() -> None:
+    """A server that sends 100 Continue and 103 Early Hints before its answer (RFC 9110
+    §15.2): the transport returns the final 200 with its body, never a 1xx."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.01)
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n"
+                     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\n"
+                     b"final")
+        await writer.drain()
+        writer.close()
+
+    async def main() -> tuple[int, bytes, str | None]:
+        srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        async with srv, httpx.AsyncClient(transport=LeanTransport()) as client:
+            r = await client.post(f"http://127.0.0.1:{port}/x", content=b"{}",
+                                  headers={"expect": "100-continue"})
+            return r.status_code, r.content, r.headers.get("link")
+
+    status, body, link = asyncio.run(main())
+    assert (status, body, link) == (200, b"final", None)
+
+
+@pytest.mark.parametrize(("part", "args"), [
+    ("value", ("POST", "/v1/x", "h", [("x-a", "ok\r\nx-evil: 1")], 0)),
+    ("value", ("POST", "/v1/x", "h", [("x-a", "ok\nx-evil: 1")], 0)),
+    ("value", ("POST", "/v1/x", "h", [("x-a", "ok\0")], 0)),
+    ("name", ("POST", "/v1/x", "h", [("x-a\r\nx-evil", "1")], 0)),
+    ("target", ("POST", "/v1/x HTTP/1.1\r\nx-evil: 1\r\n\r\nGET /", "h", [], 0)),
+    ("host", ("GET", "/", "h\r\nx-evil: 1", [], None)),
+])
+def test_request_heads_refuse_line_breaks(part: str, args: tuple) -> None:
+    """Header injection: no part of a request head may carry CR, LF or NUL."""
+    from flowtrial.instrumentation.proxy.http1 import HeaderInjectionError, request_head
+
+    with pytest.raises(HeaderInjectionError) as exc:
+        request_head(*args)
+    assert "x-evil" not in str(exc.value) and "ok" not in str(exc.value)  # values not echoed
+    head = request_head("POST", "/v1/x", "h:1", [("x-a", "ok"), ("content-length", "9")], 3)
+    assert head == b"POST /v1/x HTTP/1.1\r\nhost: h:1\r\nx-a: ok\r\ncontent-length: 3\r\n\r\n"
+
+
+def test_an_upstream_key_with_a_line_break_is_never_sent(monkeypatch) -> None:
+    """A key variable holding CR/LF (a pasted file) cannot inject headers: the request fails
+    with an UpstreamError that does not quote the key, and the server sees no request."""
+    from flowtrial.instrumentation.proxy.upstream import HttpUpstream, UpstreamError
+
+    seen: list[str] = []
+
+    async def capture(request: Request) -> Response:
+        seen.append(request.url.path)
+        return Response(b"{}", media_type="application/json")
+
+    app = Starlette(routes=[Route("/v1/chat/completions", capture, methods=["POST"])])
+    monkeypatch.setenv("FT_TEST_UPSTREAM_KEY", "sk-secret\r\nx-evil: 1")
+    with run_asgi_server(app) as url:
+        up = HttpUpstream(url + "/v1", "FT_TEST_UPSTREAM_KEY")
+
+        async def go() -> UpstreamError:
+            try:
+                with pytest.raises(UpstreamError) as exc:
+                    await up.request("POST", "/v1/chat/completions", {}, b"{}")
+                # The same upstream still serves a clean request afterwards.
+                monkeypatch.setenv("FT_TEST_UPSTREAM_KEY", "sk-secret")
+                reply = await up.request("POST", "/v1/chat/completions", {}, b"{}")
+                await reply.close()
+                return exc.value
+            finally:
+                await up.stop()
+
+        err = asyncio.run(go())
+    assert err.status == 502 and "authorization" in err.message
+    assert "sk-secret" not in err.message and "x-evil" not in err.message
+    assert seen == ["/v1/chat/completions"]  # only the clean one arrived

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flowtrial.instrumentation.proxy.__main__ import main
+from flowtrial.proxy_assembly import main
 from flowtrial.study.config import load_study
 from flowtrial.study.participants import enroll
 from flowtrial.study.storage import init_db
@@ -53,7 +53,7 @@ def start_proxy(study: Path, db: Path | str, *extra: str) -> tuple[subprocess.Po
     """`flowtrial proxy` as a process on a free port (``extra``: more CLI options)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flowtrial.instrumentation.proxy", "--study", str(study),
+        [sys.executable, "-m", "flowtrial.proxy_assembly", "--study", str(study),
          "--db", str(db), "--port", "0", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         cwd=ROOT)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import Future
+from typing import Any
 
 import httpx
 import openai
@@ -152,6 +153,15 @@ def test_capture_modes(make_study, mode: str) -> None:
         assert all(isinstance(h, int) for h in json.loads(cf))
 
 
+def wait_open(px: Any, timeout: float = 20.0) -> None:
+    """Until the proxy has a cycle in flight: a fixed sleep is too short on a loaded machine
+    (the client thread may not even have connected when the server stops listening)."""
+    deadline = time.monotonic() + timeout
+    while not px.state.open_cycles:
+        assert time.monotonic() < deadline, "the request never reached the proxy"
+        time.sleep(0.01)
+
+
 def test_open_streams_finish_on_shutdown(make_study) -> None:
     """Leaving serve_proxy lets a running stream finish and records it."""
     import threading
@@ -169,7 +179,7 @@ def test_open_streams_finish_on_shutdown(make_study) -> None:
     with serve_proxy(s.db, s.config, grace_s=5) as px:
         t = threading.Thread(target=run, args=(px.base_url,))
         t.start()
-        time.sleep(0.1)  # the stream is open, held by the 300 ms floor
+        wait_open(px)  # the stream is open, held by the 300 ms floor
     t.join()
     assert out["text"].rstrip().endswith("data: [DONE]")
     assert s.rows("SELECT status FROM cycles")[0][0] == "ok"
@@ -196,7 +206,7 @@ def test_stream_outliving_the_grace_period_is_recorded_abandoned(make_study) -> 
     with serve_proxy(s.db, s.config, grace_s=1) as px:
         t = threading.Thread(target=run, args=(px.base_url,))
         t.start()
-        time.sleep(0.2)  # open, held by the 5 s floor
+        wait_open(px)  # open, held by the 5 s floor
     t.join()
     assert time.monotonic() - t0 < 4.5  # did not wait for the 5 s floor
     assert "[DONE]" not in str(out.get("text", ""))

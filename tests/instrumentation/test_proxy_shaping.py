@@ -19,7 +19,8 @@ from flowtrial.study.storage import utcnow
 from tests.instrumentation.proxy_servers import ScriptedUpstream, chat_stream
 from tests.instrumentation.servers import run_asgi_server
 
-pytestmark = pytest.mark.usefixtures("fine_gil_switching")
+# Millisecond timing: reruns on a busy machine, the reason logged (tests/conftest.py).
+pytestmark = [pytest.mark.usefixtures("fine_gil_switching"), pytest.mark.timing]
 
 MODEL = "flowtrial-sim-1"
 MSG = [{"role": "user", "content": "explain python generators with an example"}]

@@ -16,7 +16,8 @@ from flowtrial.instrumentation.proxy import serve_proxy
 from flowtrial.instrumentation.proxy.quiet_gc import QuietCollector
 from flowtrial.instrumentation.proxy.releases import precise_release, soonest_release
 
-pytestmark = pytest.mark.usefixtures("fine_gil_switching")
+# Millisecond timing: reruns on a busy machine, the reason logged (tests/conftest.py).
+pytestmark = [pytest.mark.usefixtures("fine_gil_switching"), pytest.mark.timing]
 
 
 def young_collections(n: int) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from flowtrial.instrumentation.proxy.releases import (
     GIVE_WAY_NS,
     STALE_NS,
@@ -14,6 +16,8 @@ from flowtrial.instrumentation.proxy.releases import (
 )
 from flowtrial.instrumentation.proxy.shaping import RELEASE_SPIN_NS, sleep_until
 
+# Millisecond timing: reruns on a busy machine, the reason logged (tests/conftest.py).
+pytestmark = pytest.mark.timing
 _now = time.monotonic_ns
 
 

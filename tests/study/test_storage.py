@@ -4,8 +4,6 @@ real PostgreSQL server (``both_backends``)."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -189,24 +187,16 @@ def test_group_commit_merges_rows_but_keeps_tables_in_order(
         assert s.execute(select(func.count()).select_from(Assignment)).scalar_one() == 1
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
-def test_proxy_writer_thread_runs_nicer_than_the_event_loop(tmp_path: Path) -> None:
-    """The proxy's writer yields the CPU to the event loop (and still writes)."""
-    from flowtrial.instrumentation.proxy.state import WRITER_NICE, close_writer, make_writer
-
+def test_writer_runs_its_thread_start_hook_in_the_writer_thread(tmp_path: Path) -> None:
+    """``on_start`` runs first thing in the writer's own thread (the owner's tuning)."""
     cfg = make_config()
     db = init_db(tmp_path / "s.db", cfg)
     enroll(db, cfg, "p01")
-    assert WRITER_NICE > 0
-    process_nice = os.getpriority(os.PRIO_PROCESS, 0)
-    writer = make_writer(db)
+    seen: list[int] = []
+    writer = RecordWriter(db.engine, on_start=lambda: seen.append(threading.get_native_id()))
     try:
-        writer.write(WriteBatch(Cycle, [cycle_row("p01", 1)]))  # the thread has started
-        tid = writer._thread.native_id
-        assert tid is not None
-        assert os.getpriority(os.PRIO_PROCESS, tid) == min(19, process_nice + WRITER_NICE)
-        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == process_nice
+        writer.write(WriteBatch(Cycle, [cycle_row("p01", 1)]))
+        assert seen == [writer._thread.native_id]
+        assert seen[0] != threading.get_native_id()
     finally:
-        close_writer(writer)
-    with db.session() as s:
-        assert s.execute(select(func.count()).select_from(Cycle)).scalar_one() == 1
+        writer.close()

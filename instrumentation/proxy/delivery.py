@@ -1,0 +1,232 @@
+"""How a cycle's answer text reaches the client: the output buffer and the delivery strategies.
+
+:class:`Output` holds the frames waiting to go out and what they carry, writes them through
+the cycle's :class:`Transport` (HTTP + SSE body chunks, or Responses WebSocket frames) and
+accounts each write on the cycle record (``sent``, ``tokens_sent``, content). It also waits
+for a deadline, keeping the connection alive meanwhile when the transport needs it.
+
+A :class:`Delivery` strategy decides *when* text events leave; everything else (structure,
+tool-call deltas, unknown events) is handed to :meth:`Delivery.other`:
+
+- :class:`Unshaped` (no target for the arm): text goes out as it arrives;
+- :class:`Paced` (a TTFT floor and/or a pace): text is released on the
+  :class:`~flowtrial.instrumentation.proxy.shaping.Pacer`'s schedule, split into token-sized
+  whole events when there is a pace to keep; other events pass on arrival, in order;
+- :class:`HeldWhole` (``all_at_once``): everything from the first text on is held and released
+  together at t_request + ttft + n/tps.
+
+:func:`delivery_for` picks the strategy for a pacer; a new one (e.g. frame-batched releases)
+is a new subclass and one line there.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from ..tokens import count_tokens, split_tokens
+from .protocols.base import Classified, ProtocolAdapter
+from .recorder import CycleRecord
+from .shaping import RELEASE_SPIN_NS, Pacer, sleep_until
+
+__all__ = ["Delivery", "HeldWhole", "Output", "Paced", "Transport", "Unshaped", "delivery_for"]
+
+_now = time.monotonic_ns
+
+
+class Transport(Protocol):
+    """Where a cycle's output frames go (the sink a transport gives the cycle)."""
+
+    #: Whether injected waits need keep-alive bytes (SSE: yes; WebSocket: no, the server's
+    #: own ping frames keep the socket alive).
+    keepalive_frames: bool
+
+    async def emit(self, frames: list[bytes]) -> None:
+        """Send output frames, in order."""
+
+    async def emit_keepalive(self) -> None:
+        """Keep the connection alive during an injected wait."""
+
+    async def emit_last(self, frame: bytes) -> None:
+        """Send the final frame (possibly empty) and end the answer."""
+
+    def client_key(self) -> str | None:
+        """The participant's key as their client sent it (redacted from error text)."""
+
+
+class Output:
+    """Frames waiting to go out, written through the transport and accounted on the record."""
+
+    def __init__(self, transport: Transport, rec: CycleRecord, keepalive_ns: int) -> None:
+        self.transport = transport
+        self.rec = rec
+        self.keepalive_ns = keepalive_ns
+        self.last_write = rec.t_request_ns
+        self.frames: list[bytes] = []
+        self._texts: list[str] = []
+        self._tokens = 0
+        self._output = False  # the pending frames carry answer text
+        self._min: int | None = None
+        self._max: int | None = None
+
+    def push(self, raw: bytes, text: str, ntok: int, due: int | None) -> None:
+        """Queue a text frame (``due``: its scheduled release, None when unshaped)."""
+        self.frames.append(raw)
+        self._texts.append(text)
+        self._tokens += ntok
+        self._output = True
+        if due is not None:
+            if self._min is None:
+                self._min = due
+            self._max = due  # dues only grow within a stream
+
+    def push_held(self, frames: list[bytes], texts: list[str], tokens: int, due: int) -> None:
+        """Queue a held answer released whole at ``due``."""
+        self.frames.extend(frames)
+        self._texts, self._tokens = texts, tokens
+        self._output, self._min, self._max = True, due, due
+
+    async def flush(self) -> None:
+        frames = self.frames
+        self.frames = []
+        await self.transport.emit(frames)
+        now = _now()
+        self.last_write = now
+        if self._output:
+            rec = self.rec
+            rec.sent(now, self._min, self._max)
+            rec.tokens_sent += self._tokens
+            rec.content_parts.extend(self._texts)
+            self._texts = []
+            self._tokens = 0
+            self._output = False
+            self._min = self._max = None
+
+    async def wait(self, due: int, spin_ns: int = 0) -> None:
+        """Flush what is pending, then wait for ``due``, keeping the stream alive."""
+        if self.frames:
+            await self.flush()
+        if not self.transport.keepalive_frames:
+            await sleep_until(due, spin_ns)
+            return
+        ka = self.keepalive_ns
+        while True:
+            now = _now()
+            if now >= due:
+                return
+            next_ka = self.last_write + ka
+            if next_ka >= due:
+                await sleep_until(due, spin_ns)
+                return
+            if next_ka > now:
+                await sleep_until(next_ka)
+            await self.transport.emit_keepalive()
+            self.last_write = _now()
+
+
+class Delivery:
+    """When text events leave (subclasses); other events pass on arrival, in order."""
+
+    def __init__(self, out: Output, adapter: ProtocolAdapter) -> None:
+        self.out = out
+        self.adapter = adapter
+
+    async def content(self, ev: Any, c: Classified, arrival: int) -> None:
+        """A text event that arrived at ``arrival`` (monotonic ns)."""
+        raise NotImplementedError
+
+    def other(self, raw: bytes) -> None:
+        """A frame that is not answer text (structure, tool calls, a passed-on error)."""
+        self.out.frames.append(raw)
+
+    async def finish(self) -> None:
+        """The stream has ended: release whatever the strategy still holds."""
+
+
+class Unshaped(Delivery):
+    """No target: text goes out as it arrives."""
+
+    async def content(self, ev: Any, c: Classified, arrival: int) -> None:
+        n = count_tokens(c.text) if c.text else 0
+        self.out.push(self.adapter.restamp(ev, c), c.text, n, None)
+
+
+class Paced(Delivery):
+    """Text on the pacer's schedule: the TTFT floor holds the first token, then the pace
+    (split into token-sized whole events when there is a pace to keep)."""
+
+    def __init__(self, out: Output, adapter: ProtocolAdapter, pacer: Pacer) -> None:
+        super().__init__(out, adapter)
+        self.pacer = pacer
+        self.k = 0  # tokens released so far
+
+    async def content(self, ev: Any, c: Classified, arrival: int) -> None:
+        out, pacer = self.out, self.pacer
+        text = c.text
+        pieces = split_tokens(text) if text else []
+        n = len(pieces)
+        if n > 1 and pacer.splits and c.text_key is not None:
+            units: Any = zip(self.adapter.split(ev, c, pieces), pieces, strict=True)
+            width = 1
+        else:
+            units = ((self.adapter.restamp(ev, c), text),)
+            width = n
+        k = self.k
+        for raw, piece in units:
+            if k == 0 and pacer.base is None:
+                due = pacer.first_due(arrival)
+                if due > _now():
+                    await out.wait(due, RELEASE_SPIN_NS)
+                out.push(raw, piece, width, due)
+                pacer.start(_now())
+                # Out now: the source's next slice (or the next event) could yield first.
+                await out.flush()
+            else:
+                due = pacer.due(k + width - 1 if width else k)
+                if due > _now():
+                    await out.wait(due)
+                out.push(raw, piece, width, due)
+            k += width
+            self.k = k
+
+
+class HeldWhole(Delivery):
+    """``all_at_once``: everything from the first text on is held, then released together
+    once the whole answer is due (its completion tokens at the arm's pace)."""
+
+    def __init__(self, out: Output, adapter: ProtocolAdapter, pacer: Pacer) -> None:
+        super().__init__(out, adapter)
+        self.pacer = pacer
+        self.hold: list[bytes] | None = None
+        self.texts: list[str] = []
+        self.tokens = 0
+
+    async def content(self, ev: Any, c: Classified, arrival: int) -> None:
+        if self.hold is None:
+            self.hold = []
+        self.hold.append(self.adapter.restamp(ev, c))
+        self.texts.append(c.text)
+        self.tokens += count_tokens(c.text) if c.text else 0
+
+    def other(self, raw: bytes) -> None:
+        if self.hold is not None:
+            self.hold.append(raw)
+        else:
+            self.out.frames.append(raw)
+
+    async def finish(self) -> None:
+        if self.hold is None:
+            return
+        _, completion = self.adapter.usage_counts(self.out.rec.usage)
+        due = self.pacer.due_all(completion if completion is not None else self.tokens)
+        await self.out.wait(due, RELEASE_SPIN_NS)
+        self.out.push_held(self.hold, self.texts, self.tokens, due)
+
+
+def delivery_for(pacer: Pacer | None, out: Output, adapter: ProtocolAdapter) -> Delivery:
+    """The strategy for a cycle's arm (its pacer; None: unshaped)."""
+    if pacer is None:
+        return Unshaped(out, adapter)
+    if pacer.all_at_once:
+        return HeldWhole(out, adapter, pacer)
+    return Paced(out, adapter, pacer)

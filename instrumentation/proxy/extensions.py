@@ -1,0 +1,208 @@
+"""Extensions: what the proxy serves besides the model protocols (mitmproxy's addons are the
+model).
+
+A :class:`ProxyExtension` brings routes, an OpenAPI fragment (the ``paths`` it adds to
+``/flowtrial/v1/openapi.json``) and start-up/shut-down hooks run in the app's lifespan (after
+the proxy's state is up; shut down before the writer closes). The composition root chooses
+the set (``flowtrial/proxy_assembly.py``) and passes it to
+:func:`~flowtrial.instrumentation.proxy.app.create_proxy_app`; :func:`builtin_extensions` is the
+set flowtrial ships: the event API, Continue's data destination, the participant page, the
+admin endpoints and the OpenAPI document. A new one (e.g. a telemetry receiver) is a class
+here or beside its feature, and one entry in the root's list.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from flowtrial.study.config import StudyConfig
+from flowtrial.study.storage import Database
+
+from ..request_body import BodyTooLarge, read_body
+from .events_api import EventsRejected, accept_events
+from .openapi import admin_paths, continue_paths, document_paths, events_paths, openapi_routes
+from .responses import error, json_response, proxy_state, too_large, unauthorized, unavailable
+from .state import ProxyState
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "AdminEndpoints", "AgentTelemetry", "AppContext", "ContinueDestination", "EventsApi",
+    "Extension",
+    "OpenApiDocument", "ParticipantPage", "ProxyExtension", "builtin_extensions",
+]
+
+
+@dataclass(frozen=True)
+class AppContext:
+    """What an extension's routes may use: the study, its database, shared secrets, and the
+    OpenAPI paths of everything the app serves."""
+
+    database: Database
+    config: StudyConfig
+    page_secret: bytes | None = None
+    openapi_paths: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class ProxyExtension(Protocol):
+    """The hook surface of one extension."""
+
+    name: str
+
+    def routes(self, ctx: AppContext) -> list[BaseRoute]:
+        """The routes it serves (checked after the model routes)."""
+        ...
+
+    def openapi(self) -> dict[str, Any]:
+        """Its entries in the OpenAPI document's ``paths``."""
+        ...
+
+    async def startup(self, state: ProxyState) -> None:
+        """Run once the proxy's state is up."""
+        ...
+
+    async def shutdown(self, state: ProxyState) -> None:
+        """Run at shutdown, after open cycles are recorded and before the writer closes."""
+        ...
+
+
+class Extension:
+    """A base with no routes, no document entries and no-op hooks."""
+
+    name = "extension"
+
+    def routes(self, ctx: AppContext) -> list[BaseRoute]:
+        return []
+
+    def openapi(self) -> dict[str, Any]:
+        return {}
+
+    async def startup(self, state: ProxyState) -> None:
+        return None
+
+    async def shutdown(self, state: ProxyState) -> None:
+        return None
+
+
+async def _events(request: Request) -> Response:
+    """``POST /flowtrial/v1/events``: see :mod:`flowtrial.instrumentation.proxy.events_api`."""
+    st = proxy_state(request)
+    st.requests += 1
+    if not st.recorder.gate.ok:
+        return unavailable(st)
+    participant = await st.auth.authenticate(request.headers)
+    if participant is None:
+        st.errors += 1
+        return unauthorized()
+    try:
+        body = await read_body(request, st.max_body_bytes)
+        n = await accept_events(st, participant.id, body)
+    except BodyTooLarge:
+        st.errors += 1
+        return too_large(st.max_body_bytes)
+    except EventsRejected as exc:
+        st.errors += 1
+        return error(exc.status, exc.message, "invalid_request_error", exc.code, exc.param)
+    return json_response(200, {"accepted": n})
+
+
+class EventsApi(Extension):
+    """``POST /flowtrial/v1/events``: decisions and context events from clients."""
+
+    name = "events"
+
+    def routes(self, ctx: AppContext) -> list[BaseRoute]:
+        return [Route("/flowtrial/v1/events", _events, methods=["POST"])]
+
+    def openapi(self) -> dict[str, Any]:
+        return events_paths()
+
+
+class ContinueDestination(Extension):
+    """``POST /flowtrial/v1/continue``: Continue's development-data destination."""
+
+    name = "continue"
+
+    def routes(self, ctx: AppContext) -> list[BaseRoute]:
+        from ..continue_data import continue_routes
+
+        return continue_routes(ctx.database, ctx.config)
+
+    def openapi(self) -> dict[str, Any]:
+        return continue_paths()
+
+
+class ParticipantPage(Extension):
+    """``/flowtrial/participant/``: tasks, forecasts, arm reveal, questionnaires."""
+
+    name = "participant_page"
+
+    def routes(self, ctx: AppContext) -> list[BaseRoute]:
+        from ..participant_page import participant_routes
+
+        return participant_routes(ctx.database, ctx.config, secret=ctx.page_secret)
+
+
+class AdminEndpoints(Extension):
+    """``GET /flowtrial/v1/admin/…``: read-only status for the study's admin (admin token)."""
+
+    name = "admin"
+
+    def routes(self, ctx: AppContext) -> list[BaseRoute]:
+        from .admin import admin_routes
+
+        return admin_routes(ctx.database, ctx.config)
+
+    def openapi(self) -> dict[str, Any]:
+        return admin_paths()
+
+
+class OpenApiDocument(Extension):
+    """``GET /flowtrial/v1/openapi.json``: the document of everything the app serves."""
+
+    name = "openapi"
+
+    def routes(self, ctx: AppContext) -> list[BaseRoute]:
+        return openapi_routes(ctx.openapi_paths)
+
+    def openapi(self) -> dict[str, Any]:
+        return document_paths()
+
+
+class AgentTelemetry(Extension):
+    """Agents' own OpenTelemetry (``POST /flowtrial/otlp/v1/logs|traces|metrics``); outside
+    ``/flowtrial/v1``, so not in its OpenAPI document (docs/clients/telemetry.md)."""
+
+    name = "agent_telemetry"
+
+    def routes(self, ctx: AppContext) -> list[BaseRoute]:
+        from ..telemetry.receiver import telemetry_routes
+
+        return telemetry_routes(ctx.database, ctx.config)
+
+
+def telemetry_available() -> bool:
+    """Whether the ``[telemetry]`` extra (opentelemetry-proto) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("opentelemetry.proto") is not None
+
+
+def builtin_extensions() -> list[ProxyExtension]:
+    """The extensions flowtrial ships, in the order their routes are matched; the OTLP
+    receiver when the ``[telemetry]`` extra is installed (without it those paths are 404 and
+    the proxy's log says why)."""
+    shipped: list[ProxyExtension] = [EventsApi(), ContinueDestination(), ParticipantPage(),
+                                     AdminEndpoints(), OpenApiDocument()]
+    if telemetry_available():
+        shipped.append(AgentTelemetry())
+    else:
+        log.info("agent telemetry (OTLP) off: pip install 'flowtrial[telemetry]' to receive it")
+    return shipped

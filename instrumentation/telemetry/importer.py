@@ -1,0 +1,120 @@
+"""``flowtrial import-otel``: agents' telemetry from OTLP JSON files, with the receiver's
+mapping and linking.
+
+A file holds OTLP/JSON export requests: one per line (the OpenTelemetry Collector's ``file``
+exporter), or one JSON document. Each names its signal by its top-level key
+(``resourceLogs``, ``resourceSpans``, ``resourceMetrics``). The whole file is read and
+checked before anything is written; rows are keyed by record digest, so importing a file
+twice — or a file whose records also arrived live at the proxy — adds nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import bindparam, text
+
+from flowtrial.study.errors import FlowtrialError
+from flowtrial.study.schema import Event, Participant
+from flowtrial.study.storage import Database, WriteBatch, utcnow, write_rows
+
+from .ingest import HORIZON_S, prepare_rows, relink
+from .otlp import OtelRecord, OtlpDecodeError, Signal, parse_json_request, records
+
+__all__ = ["OtelImportError", "OtelImportReport", "import_otel", "read_otlp_json"]
+
+_SIGNAL_KEYS: dict[str, Signal] = {
+    "resourceLogs": "logs", "resource_logs": "logs",
+    "resourceSpans": "traces", "resource_spans": "traces",
+    "resourceMetrics": "metrics", "resource_metrics": "metrics",
+}
+
+
+class OtelImportError(FlowtrialError):
+    """A file that cannot be imported (nothing of it was written)."""
+
+
+@dataclass
+class OtelImportReport:
+    participant_id: str
+    records: int
+    by_kind: dict[str, int]
+    new: int
+    linked: int
+    relinked: int
+
+
+def _documents(path: Path) -> Iterator[tuple[int, Any]]:
+    try:
+        content = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OtelImportError(f"{path}: cannot read it ({exc})") from None
+    try:  # one JSON document (pretty-printed or not)
+        yield 1, json.loads(content)
+        return
+    except ValueError:
+        pass
+    for n, line in enumerate(content.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except ValueError as exc:
+            raise OtelImportError(f"{path}:{n}: not JSON ({exc}): the file must hold OTLP "
+                                  "JSON export requests, one per line") from None
+
+
+def read_otlp_json(path: str | Path) -> list[OtelRecord]:
+    """Every record of an OTLP JSON file (refusing the whole file on the first bad line)."""
+    path = Path(path)
+    out: list[OtelRecord] = []
+    for n, doc in _documents(path):
+        signals = [s for k, s in _SIGNAL_KEYS.items() if isinstance(doc, dict) and k in doc]
+        if len(signals) != 1:
+            raise OtelImportError(f"{path}:{n}: not an OTLP JSON export request (expected one "
+                                  "of resourceLogs, resourceSpans, resourceMetrics)")
+        try:
+            out += records(signals[0], parse_json_request(signals[0], doc))
+        except OtlpDecodeError as exc:
+            raise OtelImportError(f"{path}:{n}: {exc}") from None
+    return out
+
+
+_EXISTING = text("SELECT dedupe_key FROM events WHERE dedupe_key IN :keys").bindparams(
+    bindparam("keys", expanding=True))
+
+
+def import_otel(database: Database, participant_id: str, path: str | Path
+                ) -> OtelImportReport:
+    """Import ``path`` for ``participant_id``; see the module docstring."""
+    with database.session() as s:
+        if s.get(Participant, participant_id) is None:
+            raise OtelImportError(f"no participant {participant_id!r} in this study: see "
+                                  "`flowtrial status` for the enrolled ids")
+    recs = read_otlp_json(path)
+    full = database.config().capture.content == "full"
+    rows = prepare_rows(database, participant_id, recs, full, time.time_ns(), utcnow())
+    keys = [r["dedupe_key"] for r in rows]
+    existing: set[str] = set()
+    with database.engine.connect() as conn:
+        for i in range(0, len(keys), 500):
+            existing |= {r[0] for r in conn.execute(_EXISTING, {"keys": keys[i:i + 500]})}
+    new = [r for r in rows if r["dedupe_key"] not in existing]
+    if new:
+        write_rows(database, [WriteBatch(Event, new, ignore_conflicts=True)])
+    relinked = 0
+    if rows:  # the new rows' own late links, now that they are stored
+        horizon = round(HORIZON_S * 1e9)
+        with database.engine.begin() as conn:
+            relinked = relink(conn, participant_id, min(r["ts_ns"] for r in rows) - horizon,
+                              max(r["ts_ns"] for r in rows) + horizon)
+    by_kind: dict[str, int] = {}
+    for r in new:
+        by_kind[r["kind"]] = by_kind.get(r["kind"], 0) + 1
+    return OtelImportReport(participant_id, len(recs), by_kind, len(new),
+                            sum(1 for r in new if r["cycle_id"]), relinked)

@@ -1,0 +1,140 @@
+"""The OTLP/HTTP receiver: agents' own telemetry (logs, traces, metrics) into ``events``.
+
+``POST /flowtrial/otlp/v1/logs``, ``/v1/traces``, ``/v1/metrics`` — set
+``OTEL_EXPORTER_OTLP_ENDPOINT=http://HOST:PORT/flowtrial/otlp`` (exporters append
+``/v1/<signal>``), with the participant's own key in the OTLP headers
+(``Authorization=Bearer ft_…``). Bodies: ``application/x-protobuf`` or ``application/json``,
+gzip or not. Answers as OTLP asks: 200 with an empty ``Export…ServiceResponse``; errors as
+a ``google.rpc.Status`` in the request's encoding (401 no key, 400 a body that is not an
+OTLP request — nothing of it written, 413 too large, 503 while rows cannot be written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from google.rpc import code_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceResponse,
+)
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from flowtrial.study.config import StudyConfig
+from flowtrial.study.schema import Event
+from flowtrial.study.storage import Database, RecordWriter, WriteBatch, utcnow, write_rows
+
+from ..proxy.auth import Authenticator
+from ..request_body import BodyTooLarge, read_body
+from .ingest import prepare_rows
+from .otlp import OtlpDecodeError, Signal, decode_request, records
+
+__all__ = ["OTLP_PREFIX", "telemetry_routes"]
+
+OTLP_PREFIX = "/flowtrial/otlp"
+_RESPONSES: dict[Signal, type[Message]] = {
+    "logs": ExportLogsServiceResponse,
+    "traces": ExportTraceServiceResponse,
+    "metrics": ExportMetricsServiceResponse,
+}
+Authenticate = Callable[[Mapping[str, str]], Awaitable[Any]]
+
+
+def _is_json(request: Request) -> bool:
+    ctype = request.headers.get("content-type") or ""
+    return ctype.split(";", 1)[0].strip().lower() == "application/json"
+
+
+def _message(msg: Message, as_json: bool, status: int = 200,
+             headers: dict[str, str] | None = None) -> Response:
+    if as_json:
+        return Response(json_format.MessageToJson(msg, indent=None), status, headers=headers,
+                        media_type="application/json")
+    return Response(msg.SerializeToString(), status, headers=headers,
+                    media_type="application/x-protobuf")
+
+
+def _status(http: int, code: int, message: str, as_json: bool,
+            headers: dict[str, str] | None = None) -> Response:
+    """OTLP's error body: a ``google.rpc.Status`` in the request's encoding."""
+    return _message(status_pb2.Status(code=code, message=message), as_json, http, headers)
+
+
+def telemetry_routes(database: Database, config: StudyConfig, *,
+                     authenticate: Authenticate | None = None,
+                     writer: RecordWriter | None = None) -> list[BaseRoute]:
+    """The three OTLP/HTTP routes under :data:`OTLP_PREFIX`.
+
+    Inside the proxy app they share its key cache, writer and database gate
+    (``app.state.proxy``); on their own they check keys and write here.
+    """
+    own = Authenticator(database)
+    full = config.capture.content == "full"
+    limit = config.proxy.max_body_bytes
+
+    def proxy_state(request: Request) -> Any:
+        return getattr(request.app.state, "proxy", None)
+
+    def make(signal: Signal) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            st = proxy_state(request)
+            as_json = _is_json(request)
+            if st is not None:
+                st.requests += 1
+                if not st.recorder.gate.ok:
+                    st.errors += 1
+                    return _status(503, code_pb2.UNAVAILABLE, "the study database is "
+                                   "unavailable: the exporter should retry", as_json,
+                                   {"retry-after": "5"})
+            auth = authenticate or (st.auth.authenticate if st is not None
+                                    else own.authenticate)
+            participant = await auth(request.headers)
+            if participant is None:
+                return _status(401, code_pb2.UNAUTHENTICATED,
+                               "missing or unknown flowtrial participant key: set the OTLP "
+                               "headers to Authorization=Bearer ft_… (your own key)", as_json)
+            try:
+                body = await read_body(request, limit)
+                message, as_json = decode_request(signal, body,
+                                                  request.headers.get("content-type"),
+                                                  request.headers.get("content-encoding"))
+            except BodyTooLarge:
+                return _status(413, code_pb2.RESOURCE_EXHAUSTED, f"request body larger than "
+                               f"the proxy's limit of {limit} bytes (proxy.max_body_bytes)",
+                               as_json)
+            except OtlpDecodeError as exc:
+                if st is not None:
+                    st.errors += 1
+                return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
+            rows = await asyncio.to_thread(prepare_rows, database, participant.id,
+                                           records(signal, message), full, time.time_ns(),
+                                           utcnow())
+            if rows:
+                batch = WriteBatch(Event, rows, ignore_conflicts=True)
+                w = writer or getattr(st, "writer", None)
+                try:
+                    if w is not None:
+                        await asyncio.wrap_future(w.submit(batch))
+                    else:
+                        await asyncio.to_thread(write_rows, database, [batch])
+                except Exception as exc:  # noqa: BLE001 - the exporter retries; nothing claimed
+                    return _status(503, code_pb2.UNAVAILABLE, "the records could not be "
+                                   f"written ({type(exc).__name__}): retry", as_json,
+                                   {"retry-after": "5"})
+            return _message(_RESPONSES[signal](), as_json)
+
+        endpoint.__name__ = f"otlp_{signal}"
+        return endpoint
+
+    return [Route(f"{OTLP_PREFIX}/v1/{signal}", make(signal), methods=["POST"])
+            for signal in ("logs", "traces", "metrics")]

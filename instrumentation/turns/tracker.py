@@ -1,0 +1,165 @@
+"""The proxy's turn tracker: classifies each request as it arrives and keeps the ``turns``
+table up to date as its cycles are recorded.
+
+Two hooks, nothing else in the request path: :meth:`TurnTracker.arrive` (once the body is
+parsed, before the upstream call: sets the cycle's kind, rule, turn, conversation and client)
+and :meth:`TurnTracker.recorded` (as the cycle is written: notes the call's end and returns
+the turn's row, recomputed from its calls, as an upsert committed in the cycle's own
+transaction; the row is built in the writer thread). The turn rows are what
+:func:`flowtrial.study.turns.rebuild_turns` would compute from the cycles.
+
+One tracker per proxy process: with several proxies (or workers) sharing a database, a
+continuation served by another process than its turn's start starts a turn of its own;
+``flowtrial turns`` rebuilds them from the cycles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
+
+from flowtrial.study.storage import WriteBatch
+from flowtrial.study.turns import Call, TurnAssigner, TurnRules, summarize_turn
+
+from .classify import Context, classify, client_name, features
+
+__all__ = ["TurnTracker"]
+
+_MAX_RESPONSE_IDS = 10_000
+
+
+class _Rec(Protocol):  # what the tracker reads and sets on a cycle record
+    id: str
+    participant_id: str
+    protocol: str
+    model: str | None
+    t_request_ns: int
+    request_kind: str | None
+    kind_rule: str | None
+    turn_id: str | None
+    conversation_key: str | None
+    client: str | None
+
+
+class TurnTracker:
+    """Per-process turn state: the assigner, each open turn's calls, response chains."""
+
+    def __init__(self, mono_anchor_ns: int, wall_anchor_ns: int,
+                 rules: TurnRules | None = None) -> None:
+        self.assigner = TurnAssigner(rules)
+        self._offset = wall_anchor_ns - mono_anchor_ns
+        self._calls: dict[str, dict[str, Call]] = {}  # turn id -> cycle id -> call
+        self._chains: dict[str, str | None] = {}  # Responses id -> conversation key
+        self._since_prune = 0
+
+    # ------------------------------------------------------------------ hooks
+    def arrive(self, rec: _Rec, body: Mapping[str, Any], raw: bytes,
+               headers: Mapping[str, str]) -> None:
+        """Classify the request and file it into a turn (sets the record's fields)."""
+        f = features(rec.protocol, dict(body))
+        now = rec.t_request_ns + self._offset
+        pid = rec.participant_id
+        client = client_name(headers.get("user-agent"))
+        conversation = f.conversation_key
+        if f.previous_response_id is not None:  # a Responses chain keeps its conversation
+            conversation = self._chains.get(f.previous_response_id) or _hash(
+                f.previous_response_id)
+        request_key = f"{len(raw)}:{hash(raw):x}"  # in memory only: the fast built-in hash
+        latest = self.assigner.latest(pid, now)
+        ctx = Context(
+            repeat=self.assigner.repeat_of(pid, request_key, now),
+            turn_open=latest is not None and not latest.closed,
+            turn_conversation=latest.conversation_key if latest else None,
+            turn_model=latest.model if latest else None,
+            turn_offers_tools=latest.offers_tools if latest else False,
+            turn_client=latest.client if latest else None,
+            client=client,
+        )
+        kind, rule = classify(replace(f, conversation_key=conversation), ctx)
+        rec.request_kind, rec.kind_rule = kind, rule
+        rec.conversation_key, rec.client = conversation, client
+        rec.turn_id = self.assigner.assign(
+            pid, rec.id, kind, now, conversation_key=conversation, request_key=request_key,
+            model=f.model, offers_tools=f.offers_tools, client=client)
+
+    def recorded(self, rec: Any) -> WriteBatch | None:
+        """The cycle is about to be written: note its end, and return its turn's row (an
+        upsert, built in the writer thread) to commit in the same transaction."""
+        if getattr(rec, "request_kind", None) is None:
+            return None
+        if rec.upstream_response_id and rec.conversation_key is not None:
+            if len(self._chains) >= _MAX_RESPONSE_IDS:
+                self._chains.pop(next(iter(self._chains)))
+            self._chains[rec.upstream_response_id] = rec.conversation_key
+        call = _call(rec, self._offset)
+        self.assigner.ended(rec.participant_id, rec.turn_id, rec.request_kind, call.final,
+                            (call.t_end_ns or rec.t_request_ns) + self._offset)
+        if rec.turn_id is None:
+            return None
+        calls = self._calls.setdefault(rec.turn_id, {})
+        calls[rec.id] = call
+        self._prune()
+        if not any(c.kind != "side" for c in calls.values()):
+            return None  # side calls alone make no turn (yet)
+        from flowtrial.study.schema import Turn
+
+        return WriteBatch(Turn, _LazyTurn(rec.turn_id, list(calls.values())), upsert=True)
+
+    # ------------------------------------------------------------------ internals
+    def _prune(self) -> None:
+        """Forget the calls of turns the assigner no longer holds (idle past the limit);
+        every 256 recorded cycles, so the sweep costs O(1) per cycle."""
+        self._since_prune += 1
+        if self._since_prune < 256:
+            return
+        self._since_prune = 0
+        now = time.monotonic_ns() + self._offset
+        live: set[str] = set()
+        for pid in {c.participant_id for calls in self._calls.values()
+                    for c in calls.values()}:
+            live |= self.assigner.held(pid, now)
+        for tid in [t for t in self._calls if t not in live]:
+            del self._calls[tid]
+
+
+class _LazyTurn(Sequence[dict[str, Any]]):
+    """A one-row batch whose turn row is computed on first use (by the writer thread)."""
+
+    __slots__ = ("_id", "_calls", "_row")
+
+    def __init__(self, turn_id: str, calls: list[Call]) -> None:
+        self._id = turn_id
+        self._calls = calls
+        self._row: dict[str, Any] | None = None
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
+        if i not in (0, -1):
+            raise IndexError(i)
+        if self._row is None:
+            self._row = summarize_turn(self._id, self._calls)
+        return self._row
+
+
+def _hash(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _call(rec: Any, offset: int) -> Call:
+    target = getattr(rec, "target", None)
+    end = rec.t_last_sent_ns if rec.t_last_sent_ns is not None else rec.t_done_ns
+    return Call(
+        cycle_id=rec.id, participant_id=rec.participant_id, kind=rec.request_kind,
+        t_request_ns=rec.t_request_ns, t_end_ns=end, offset_ns=offset,
+        t_upstream_last_ns=rec.t_upstream_last_ns, t_last_sent_ns=rec.t_last_sent_ns,
+        shaped=target is not None,
+        tool_calls=rec.tool_calls, status=rec.status, arm=rec.arm, period=rec.period,
+        task_id=rec.task_id, protocol=rec.protocol, client=rec.client,
+        conversation_key=rec.conversation_key, mono_anchor_ns=rec.mono_anchor_ns,
+        wall_anchor_ns=rec.wall_anchor_ns, simulated=rec.simulated,
+    )
