@@ -243,6 +243,27 @@ class WriteBatch:
     upsert: bool = False
 
 
+class LazyRow(Sequence[dict[str, Any]]):
+    """A one-row batch whose row is built on first use — by the writer thread, so the
+    caller (the proxy's event loop, which paces tokens) never spends time on it."""
+
+    __slots__ = ("_build", "_row")
+
+    def __init__(self, build: Callable[[], dict[str, Any]]) -> None:
+        self._build = build
+        self._row: dict[str, Any] | None = None
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
+        if i not in (0, -1):
+            raise IndexError(i)
+        if self._row is None:
+            self._row = self._build()
+        return self._row
+
+
 def insert_batch(conn: Any, b: WriteBatch) -> None:
     """Insert one batch on an open connection (idempotently if asked)."""
     table = b.table.__table__ if hasattr(b.table, "__table__") else b.table

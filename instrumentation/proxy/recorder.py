@@ -20,13 +20,13 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from flowtrial.study.schema import Cycle
-from flowtrial.study.storage import RecordWriter, WriteBatch
+from flowtrial.study.storage import LazyRow, RecordWriter, WriteBatch
 
 from ..fingerprints import fingerprint_json
 from .health import DatabaseGate, DatabaseUnavailable, describe, is_database_failure
@@ -204,28 +204,11 @@ def storable(text: str) -> tuple[str, bool]:
     return _UNSTORABLE.sub("\ufffd", text), True
 
 
-class _LazyRow(Sequence[dict[str, Any]]):
-    """A one-row batch whose row (fingerprints included) is built on first use — by the
-    writer thread, so the event loop that paces tokens never spends time on it."""
-
-    __slots__ = ("_rec", "_capture", "_by", "_row")
-
-    def __init__(self, rec: CycleRecord, capture: str, recorded_by: str | None = None) -> None:
-        self._rec = rec
-        self._capture = capture
-        self._by = recorded_by
-        self._row: dict[str, Any] | None = None
-
-    def __len__(self) -> int:
-        return 1
-
-    def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
-        if i not in (0, -1):
-            raise IndexError(i)
-        if self._row is None:
-            self._row = self._rec.row(self._capture)
-            self._row["recorded_by"] = self._by
-        return self._row
+def _cycle_row(rec: CycleRecord, capture: str, recorded_by: str | None) -> dict[str, Any]:
+    """The cycle's row (fingerprints included), built by the writer thread (``LazyRow``)."""
+    row = rec.row(capture)
+    row["recorded_by"] = recorded_by
+    return row
 
 
 class Recorder:
@@ -244,6 +227,10 @@ class Recorder:
         #: Trips when the database fails: new requests are refused, failed rows held.
         self.gate = DatabaseGate(writer)
 
+    def _lazy_row(self, rec: CycleRecord) -> LazyRow:
+        """The cycle's one-row batch, built later by the writer thread."""
+        return LazyRow(partial(_cycle_row, rec, self.capture, self.recorded_by))
+
     async def record(self, rec: CycleRecord, also: WriteBatch | None = None) -> None:
         """Make ``rec`` durable (with ``also``, its turn's row, in the same transaction);
         raises if the write failed (the caller must fail loudly).
@@ -256,7 +243,7 @@ class Recorder:
             self.failed += 1
             self._hold(rec)
             raise DatabaseUnavailable(gate.reason or "the study database is unavailable")
-        batch = WriteBatch(Cycle, _LazyRow(rec, self.capture, self.recorded_by))
+        batch = WriteBatch(Cycle, self._lazy_row(rec))
         t0 = time.monotonic_ns()
         try:
             await asyncio.wrap_future(self.writer.submit(
@@ -288,8 +275,7 @@ class Recorder:
         # A fresh lazy row (built when retried, so it has what the relay sets meanwhile, e.g.
         # the 503 sent instead of a whole answer), idempotent in case the failed commit did
         # land after all.
-        self.gate.hold(WriteBatch(Cycle, _LazyRow(rec, self.capture, self.recorded_by),
-                                  ignore_conflicts=True))
+        self.gate.hold(WriteBatch(Cycle, self._lazy_row(rec), ignore_conflicts=True))
 
     def lead_ns(self) -> int:
         """How long before a planned release to submit its row (2x the usual commit time,

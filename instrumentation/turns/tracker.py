@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any, Protocol
 
-from flowtrial.study.storage import WriteBatch
+from flowtrial.study.storage import LazyRow, WriteBatch
 from flowtrial.study.turns import Call, TurnAssigner, TurnRules, summarize_turn
 
 from .classify import Context, classify, client_name, features
@@ -106,7 +107,8 @@ class TurnTracker:
             return None  # side calls alone make no turn (yet)
         from flowtrial.study.schema import Turn
 
-        return WriteBatch(Turn, _LazyTurn(rec.turn_id, list(calls.values())), upsert=True)
+        row = LazyRow(partial(summarize_turn, rec.turn_id, list(calls.values())))
+        return WriteBatch(Turn, row, upsert=True)
 
     # ------------------------------------------------------------------ internals
     def _prune(self) -> None:
@@ -123,27 +125,6 @@ class TurnTracker:
             live |= self.assigner.held(pid, now)
         for tid in [t for t in self._calls if t not in live]:
             del self._calls[tid]
-
-
-class _LazyTurn(Sequence[dict[str, Any]]):
-    """A one-row batch whose turn row is computed on first use (by the writer thread)."""
-
-    __slots__ = ("_id", "_calls", "_row")
-
-    def __init__(self, turn_id: str, calls: list[Call]) -> None:
-        self._id = turn_id
-        self._calls = calls
-        self._row: dict[str, Any] | None = None
-
-    def __len__(self) -> int:
-        return 1
-
-    def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
-        if i not in (0, -1):
-            raise IndexError(i)
-        if self._row is None:
-            self._row = summarize_turn(self._id, self._calls)
-        return self._row
 
 
 def _hash(text: str) -> str:
