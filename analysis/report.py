@@ -51,6 +51,7 @@ from .report_sections import (
     order_arms,
     personal_section,
     secondary_outcomes,
+    threshold_headline,
     threshold_section,
 )
 from .switches import switch_column
@@ -236,7 +237,7 @@ def run_analysis(
     results["agent_telemetry"] = agent_section(cycles, agent_events, PRIMARY_WAIT,
                                                WAIT_BANDS_S, frames.time_scale)
     if draw:
-        fig_uris.update(_fit_figures(cycles, truth, fit))
+        fig_uris.update(_fit_figures(cycles, truth, fit, results["threshold"]))
     results["figures"] = sorted(k for k, v in fig_uris.items() if v)
     results = jsonable(results)
     if out_dir is not None:
@@ -320,6 +321,7 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
     thr = {**thr, "pooled_found": thr.get("found"), "pooled_reason": thr.get("reason"),
            "personal": personal, "found": bool(personal.get("found")),
            "reason": personal.get("reason")}
+    thr["headline"] = threshold_headline(thr, WAIT_MEASURES[PRIMARY_WAIT])
     results["threshold"] = thr
     results["threshold_sensitivity"] = sens
     results["threshold_sensitivity_note"] = (
@@ -399,12 +401,15 @@ def _independent_figures(cycles: pd.DataFrame, truth: dict[str, Any] | None, see
     }
 
 
-def _fit_figures(cycles: pd.DataFrame, truth: dict[str, Any] | None, res: Any
-                 ) -> dict[str, str | None]:
+def _fit_figures(cycles: pd.DataFrame, truth: dict[str, Any] | None, res: Any,
+                 threshold: dict[str, Any]) -> dict[str, str | None]:
     t = truth or {}
     true_psi = t.get("threshold_s") if t.get("has_threshold") else None
+    pt = threshold.get("personal") or {}
+    reported = (pt["median_psi_s"], *pt["ci_s"]) if threshold.get("found") else None
     return {"switch_vs_wait": figs.switch_vs_wait(cycles, PRIMARY_WAIT, "switched", res,
-                                                  WAIT_MEASURES[PRIMARY_WAIT], true_psi)}
+                                                  WAIT_MEASURES[PRIMARY_WAIT], true_psi,
+                                                  reported)}
 
 
 # --------------------------------------------------------------------------------- HTML
@@ -432,6 +437,21 @@ def _signed_pct(x: Any) -> str:
     return "—" if x is None else f"{100 * float(x):+.1f} %"
 
 
+def _seconds(x: Any) -> str:
+    """A duration with its unit, or a bare dash when there is none."""
+    text = _fmt(x)
+    return text if text == "—" else f"{text} s"
+
+
+def _count(n: Any, noun: str) -> str:
+    """``1 participant``, ``4 participants``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _capitalize_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def render_html(results: dict[str, Any], figures: dict[str, str | None]) -> str:
     """The self-contained report (jinja2 template ``analysis/templates/report.html.j2``)."""
     from jinja2 import Environment, PackageLoader, select_autoescape
@@ -441,6 +461,9 @@ def render_html(results: dict[str, Any], figures: dict[str, str | None]) -> str:
     env.filters["fmt"] = _fmt
     env.filters["pct"] = _pct
     env.filters["spct"] = _signed_pct
+    env.filters["sec"] = _seconds
+    env.filters["count"] = _count
+    env.filters["capitalize_first"] = _capitalize_first
     template = env.get_template("report.html.j2")
     clean = {k: v for k, v in results.items() if not k.startswith("_")}
     return template.render(r=clean, fig=figures,

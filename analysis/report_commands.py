@@ -78,18 +78,17 @@ def _print_summary(r: dict[str, Any], out: Path) -> None:
         console.print(f"Sample-ratio check: p = {_num(srm.get('p_value'))} {flag}")
     t = r["threshold"]
     pt = t.get("personal") or {}
-    if pt.get("median_psi_s") is not None:
-        ci, tci = pt["ci_s"], pt["tau_ci"]
-        console.print(f"Median personal threshold = [bold]{_num(pt['median_psi_s'])} s[/bold] of "
-                      f"{t['wait_measure_label']} (95 % CI {_num(ci[0])}–{_num(ci[1])} s); "
-                      f"spread τ = {_num(pt['tau'])} (95 % CI {_num(tci[0])}–{_num(tci[1])}, "
+    # The report's banner sentence, word for word (same estimand, numbers, CI and units).
+    console.print(t.get("headline") or f"Flow threshold: {t.get('reason')}", highlight=False)
+    if t.get("found"):
+        tci = pt["tau_ci"]
+        console.print(f"  spread τ = {_num(pt['tau'])} (95 % CI {_num(tci[0])}–{_num(tci[1])}, "
                       f"p(τ = 0) = {_num(pt['p_tau_zero'])})")
         if pt.get("tokens_per_second_at_median_length"):
             console.print(f"  ≈ {_num(pt['tokens_per_second_at_median_length'])} tokens/s for "
                           f"an answer of {_num(st.get('median_response_tokens'), '.0f')} tokens "
                           f"read at {_num(st.get('reading_tps'))} tokens/s")
-    console.print(f"Flow threshold: {'found' if t.get('found') else t.get('reason')} "
-                  f"(existence test p = {_num(t.get('p_exists'))})")
+    console.print(f"  existence test p = {_num(t.get('p_exists'))}")
     if t.get("psi_s") is not None:
         ci = t["ci_s"]
         console.print(f"  pooled onset ψ* (secondary) = {_num(t['psi_s'])} s "

@@ -43,9 +43,11 @@ def _colors(names: list[str]) -> dict[str, Any]:
 
 
 def switch_vs_wait(cycles: pd.DataFrame, wait_col: str, switch_col: str, result: Any,
-                   wait_label: str, true_psi: float | None = None) -> str | None:
-    """P(switch) vs wait: binned points with Wilson CIs, fitted hinge and smooth curves with
-    the hinge's bootstrap band, ψ and its CI (and the true ψ when known)."""
+                   wait_label: str, true_psi: float | None = None,
+                   reported: tuple[float, float, float] | None = None) -> str | None:
+    """P(switch) vs wait: binned points with Wilson CIs, the pooled hinge and smooth fits with
+    the hinge's bootstrap band, the reported threshold (median personal ψ, CI) only when the
+    report reports one, and the true ψ when known."""
     df = analysable(cycles, wait_col)
     if len(df) < 5:
         return None
@@ -61,14 +63,15 @@ def switch_vs_wait(cycles: pd.DataFrame, wait_col: str, switch_col: str, result:
         curve = result.curve(grid)
         if "hinge_lo" in curve:
             ax.fill_between(grid, curve["hinge_lo"], curve["hinge_hi"], color="tab:blue",
-                            alpha=0.18, label="hinge, bootstrap 95 % band")
-        ax.plot(grid, curve["hinge"], color="tab:blue", lw=2, label="hinge fit")
+                            alpha=0.18, label="pooled hinge, bootstrap 95 % band")
+        ax.plot(grid, curve["hinge"], color="tab:blue", lw=2, label="pooled hinge fit")
         ax.plot(grid, curve["smooth"], color="tab:orange", lw=1.5, ls="--",
                 label="smooth logistic fit")
-        lo, hi = result.ci_s
+    if reported is not None:
+        psi, lo, hi = reported
         ax.axvspan(lo, hi, color="tab:green", alpha=0.08)
-        ax.axvline(result.psi_s, color="tab:green", lw=1,
-                   label=f"ψ = {result.psi_s:.3g} s ({lo:.3g}–{hi:.3g})")
+        ax.axvline(psi, color="tab:green", lw=1,
+                   label=f"median personal ψ = {psi:.3g} s (95 % CI {lo:.3g}–{hi:.3g} s)")
     if true_psi:
         ax.axvline(true_psi, color="tab:red", lw=1, ls=":", label=f"true ψ = {true_psi:.3g} s")
     ax.set_xscale("log")

@@ -17,6 +17,8 @@ import pandas as pd
 
 from flowtrial.study.timeline import DEFAULT_READING_TPS, tokens_per_second_for_idle_wait
 
+from .threshold import smooth_vs_hinge_text
+
 WAIT_MEASURES = {
     "idle_wait_s": "idle wait (TTFT + delivery lag behind reading)",
     "total_wait_s": "total wait (t_last_sent − t_request)",
@@ -214,6 +216,29 @@ def personal_section(
     return out
 
 
+def threshold_headline(threshold: dict[str, Any], wait_label: str) -> str:
+    """The threshold verdict in one plain sentence: the report's banner opens with it and the
+    demo's console prints it, so both state the same estimand, numbers, CI and units."""
+    pt = threshold.get("personal") or {}
+    wait_label = wait_label.split(" (")[0]  # "idle wait", without its definition
+    if threshold.get("found") and pt.get("median_psi_s") is not None and pt.get("ci_s"):
+        lo, hi = pt["ci_s"]
+        return (f"Flow threshold found: the median person's threshold is "
+                f"{_sig(pt['median_psi_s'])} s of {wait_label} "
+                f"(95 % CI {_sig(lo)}–{_sig(hi)} s).")
+    reason = (threshold.get("reason") or threshold.get("pooled_reason")
+              or "the threshold was not estimated")
+    for prefix in ("No threshold: ", "Threshold not estimated (personal model): ",
+                   "Threshold not estimated: "):
+        reason = reason.removeprefix(prefix)
+    return f"No flow threshold reported: {reason.rstrip('.')}."
+
+
+def _sig(x: float) -> str:
+    """Three significant digits, as the report's numbers."""
+    return f"{float(x):.3g}"
+
+
 def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: np.ndarray,
                      *, alpha: float = 0.05, max_ci_decades: float = 1.0
                      ) -> tuple[bool, str | None]:
@@ -230,8 +255,8 @@ def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: 
     if personal["slope_b"] <= 0:
         return False, "No threshold: switching does not rise above the breakpoint (slope <= 0)"
     if not (aic["hinge"] < aic["smooth"] and bic["hinge"] < bic["smooth"]):
-        return False, ("No threshold: a smooth logistic dose-response (with random intercepts) "
-                       "fits as well or better (AIC/BIC)")
+        return False, "No threshold: " + smooth_vs_hinge_text(
+            aic, bic, "random intercepts in both")
     if math.log10(ci[1] / ci[0]) > max_ci_decades:
         return False, (f"No threshold: the 95 % CI of the median personal threshold "
                        f"({ci[0]:.3g}–{ci[1]:.3g} s) spans more than {max_ci_decades:g} decade")

@@ -444,6 +444,21 @@ def _ic(ll: dict[str, float], n: int) -> tuple[dict[str, float], dict[str, float
     return aic, bic
 
 
+def smooth_vs_hinge_text(aic: dict[str, float], bic: dict[str, float], note: str = "") -> str:
+    """Why the hinge lost to the smooth logistic, with the criteria's own numbers (a threshold
+    needs the hinge to win on both AIC and BIC; lower is better)."""
+    extra = f"; {note}" if note else ""
+    nums = (f"AIC {aic['hinge']:.2f} vs {aic['smooth']:.2f}, "
+            f"BIC {bic['hinge']:.2f} vs {bic['smooth']:.2f}, hinge vs smooth{extra}")
+    if aic["hinge"] < aic["smooth"]:
+        return ("AIC favours the hinge but BIC favours the smooth logistic dose-response, "
+                f"and a threshold needs both ({nums})")
+    if bic["hinge"] < bic["smooth"]:
+        return ("BIC favours the hinge but AIC favours the smooth logistic dose-response, "
+                f"and a threshold needs both ({nums})")
+    return f"a smooth logistic dose-response fits as well or better ({nums})"
+
+
 def fit_threshold(
     df: pd.DataFrame,
     n_boot: int = 200,
@@ -560,10 +575,7 @@ def fit_threshold(
     elif hb <= 0:
         reason = "No threshold: switching does not rise above the best breakpoint (slope <= 0)"
     elif not hinge_beats_smooth:
-        reason = (
-            "No threshold: a smooth logistic dose-response fits as well or better "
-            "(AIC/BIC, ψ counted as a parameter)"
-        )
+        reason = "No threshold: " + smooth_vs_hinge_text(aic, bic, "ψ counted as a parameter")
     elif math.log10(ci[1] / ci[0]) > max_ci_decades:
         reason = (
             f"No threshold: the 95 % CI for ψ ({ci[0]:.3g}–{ci[1]:.3g} s) spans more "

@@ -1,0 +1,172 @@
+"""Does `flowtrial demo` show what it simulates, seed after seed?
+
+Runs the demo's exact design (``flowtrial.demo``: `demo_study_text`, `demo_sim_params`,
+participants, tasks × prompts, TTFT range, time scale) for many seeds and scores the
+report's headline against the simulation's truth:
+
+* **headline**: the median personal threshold (the report's banner and the console's
+  threshold line): "found" (the report says a threshold exists) and whether its 95 % CI
+  covers the simulated median personal ψ;
+* **pooled** (secondary): the pooled onset ψ̂* — found by the existence test, and whether
+  its CI covers its pseudo-true value ψ*;
+* the wall time of each analysis.
+
+By default the participants are simulated *virtually* (`flowtrial simulate --mode virtual`,
+same study text and seed): the demo itself runs them live through the proxy, which takes
+~2 minutes per seed. ``--live S,S`` also runs real demos (`run_demo`, proxy + SDK) for those
+seeds and prints their verdicts next to the virtual ones, with the demo's runtime.
+
+Usage: python benchmarks/bench_demo_seeds.py [--seeds 20] [--first-seed 1]
+       [--participants N] [--tasks N] [--prompts N] [--ttft-ms 1000,40000]
+       [--time-scale 75] [--workers 2] [--live 1,2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def score(results: dict[str, Any]) -> dict[str, Any]:
+    """The headline and pooled verdicts of one analysis, against the simulated truth."""
+    thr = results["threshold"]
+    pt = thr.get("personal") or {}
+    g = (results.get("ground_truth") or {}).get("comparison") or {}
+    return {
+        "found": bool(thr.get("found")),
+        "psi_s": pt.get("median_psi_s"), "ci_s": pt.get("ci_s"),
+        "covers": bool(g.get("ci_covers_truth")),
+        "true_psi_s": g.get("true_psi_s"),
+        "tau": pt.get("tau"), "tau_covers": g.get("tau_ci_covers_truth"),
+        "pooled_found": bool(thr.get("pooled_found")),
+        "pooled_psi_s": thr.get("psi_s"), "pooled_ci_s": thr.get("ci_s"),
+        "pooled_covers": bool(g.get("pooled_ci_covers_estimand")),
+        "psi_star_s": g.get("estimand_psi_s"),
+        "n_cycles": results["study"]["n_cycles_ok"],
+        "reason": thr.get("reason"),
+    }
+
+
+def run_virtual(seed: int, a: argparse.Namespace) -> dict[str, Any]:
+    """Simulate the demo's design virtually for ``seed`` and analyse it as the demo does."""
+    from flowtrial.analysis.report import run_analysis
+    from flowtrial.demo import demo_sim_params, demo_study_text
+    from flowtrial.study.config import load_study
+    from flowtrial.study.simulator.virtual import simulate_virtual
+    from flowtrial.study.storage import init_db
+
+    with tempfile.TemporaryDirectory() as tmp:
+        study = Path(tmp) / "study.toml"
+        text = demo_study_text(seed, a.time_scale, a.ttft_ms)
+        study.write_text(text, encoding="utf-8")
+        config = load_study(study)
+        db = Path(tmp) / "flowtrial.db"
+        database = init_db(db, config, text)
+        t0 = time.perf_counter()
+        simulate_virtual(database, config, demo_sim_params(), a.participants, a.tasks,
+                         a.prompts, seed)
+        database.dispose()
+        t1 = time.perf_counter()
+        results = run_analysis(db, None, figures=False, workers=a.workers)
+        t2 = time.perf_counter()
+    return {"seed": seed, "mode": "virtual", **score(results),
+            "simulate_s": t1 - t0, "analysis_s": t2 - t1}
+
+
+def run_live(seed: int, a: argparse.Namespace) -> dict[str, Any]:
+    """A real `flowtrial demo --seed S` (proxy process + SDK clients), timed end to end."""
+    from flowtrial.demo import run_demo
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        res = run_demo(Path(tmp) / "demo", a.participants, seed, progress=False,
+                       tasks=a.tasks, prompts_per_task=a.prompts, time_scale=a.time_scale)
+        wall = time.perf_counter() - t0
+        if res.analysis is None:
+            return {"seed": seed, "mode": "live", "error": res.analysis_note, "demo_s": wall}
+        return {"seed": seed, "mode": "live", **score(res.analysis), "demo_s": wall,
+                "violations": res.violations, "console": res._threshold_line()}
+
+
+def _ci(x: Any) -> str:
+    return f"{x[0]:.2f}–{x[1]:.2f}" if x else "—"
+
+
+def _row(r: dict[str, Any]) -> str:
+    psi = "—" if r.get("psi_s") is None else f"{r['psi_s']:.2f}"
+    pooled = "—" if r.get("pooled_psi_s") is None else f"{r['pooled_psi_s']:.2f}"
+    secs = r.get("demo_s", r.get("analysis_s", 0.0))
+    why = "" if r["found"] else f"  ({(r.get('reason') or '')[:90]})"
+    return (f"{r['seed']:>5} {r['mode']:>7} {r['n_cycles']:>6} {str(r['found']):>6} {psi:>6} "
+            f"{_ci(r['ci_s']):>12} {str(r['covers']):>6} {str(r['pooled_found']):>6} "
+            f"{pooled:>6} {_ci(r['pooled_ci_s']):>12} {str(r['pooled_covers']):>6} "
+            f"{secs:>7.1f}{why}")
+
+
+def main() -> None:
+    from flowtrial.demo import (
+        DEMO_PARTICIPANTS,
+        DEMO_PROMPTS_PER_TASK,
+        DEMO_TASKS,
+        DEMO_TIME_SCALE,
+        DEMO_TTFT_MS,
+    )
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--first-seed", type=int, default=1)
+    ap.add_argument("--participants", type=int, default=DEMO_PARTICIPANTS)
+    ap.add_argument("--tasks", type=int, default=DEMO_TASKS)
+    ap.add_argument("--prompts", type=int, default=DEMO_PROMPTS_PER_TASK)
+    ap.add_argument("--ttft-ms", default=",".join(map(str, DEMO_TTFT_MS)))
+    ap.add_argument("--time-scale", type=float, default=DEMO_TIME_SCALE)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--live", default="", help="comma-separated seeds to also run live")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    lo, hi = (int(x) for x in a.ttft_ms.split(","))
+    a.ttft_ms = (lo, hi)
+    print(f"design: {a.participants} participants × {a.tasks} tasks × {a.prompts} prompts, "
+          f"TTFT {lo / 1000:g}–{hi / 1000:g} s log-uniform, time_scale {a.time_scale:g}")
+    print(f"{'seed':>5} {'mode':>7} {'cycles':>6} {'found':>6} {'ψ̂':>6} {'95 % CI':>12} "
+          f"{'covers':>6} {'pfound':>6} {'ψ̂*':>6} {'95 % CI':>12} {'covers':>6} {'secs':>7}")
+    rows: list[dict[str, Any]] = []
+    for seed in range(a.first_seed, a.first_seed + a.seeds):
+        rows.append(run_virtual(seed, a))
+        print(_row(rows[-1]), flush=True)
+    live = [int(s) for s in a.live.split(",") if s.strip()]
+    for seed in live:
+        r = run_live(seed, a)
+        rows.append(r)
+        print(_row(r) if "error" not in r else f"{seed:>5}    live  {r['error']}", flush=True)
+    virt = [r for r in rows if r["mode"] == "virtual"]
+    n = len(virt)
+    if n:
+        both = sum(r["found"] and r["covers"] for r in virt)
+        print(f"\nheadline (median personal ψ): found {sum(r['found'] for r in virt)}/{n}, "
+              f"CI covers the truth {sum(r['covers'] for r in virt)}/{n}, "
+              f"found and covered {both}/{n}")
+        print(f"pooled onset ψ*: found {sum(r['pooled_found'] for r in virt)}/{n}, "
+              f"CI covers ψ* {sum(r['pooled_covers'] for r in virt)}/{n}")
+        an = sorted(r["analysis_s"] for r in virt)
+        print(f"analysis wall time: median {an[n // 2]:.1f} s, max {an[-1]:.1f} s "
+              f"(workers {a.workers})")
+    for r in (r for r in rows if r["mode"] == "live" and "error" not in r):
+        v = next((x for x in virt if x["seed"] == r["seed"]), None)
+        same = "" if v is None else (
+            f"; virtual: found {v['found']}, covers {v['covers']}")
+        print(f"live seed {r['seed']}: demo {r['demo_s']:.0f} s, found {r['found']}, "
+              f"covers {r['covers']}{same}; violations {r['violations']}/{r['n_cycles']}")
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=2, default=str), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
