@@ -18,7 +18,8 @@ seeds and prints their verdicts next to the virtual ones, with the demo's runtim
 
 Usage: python benchmarks/bench_demo_seeds.py [--seeds 20] [--first-seed 1]
        [--participants N] [--tasks N] [--prompts N] [--ttft-ms 1000,40000]
-       [--time-scale 75] [--workers 2] [--live 1,2] [--json out.json]
+       [--time-scale 75] [--workers 2] [--tau T] [--p-low P] [--p-high P] [--live 1,2]
+       [--json out.json]
 """
 
 from __future__ import annotations
@@ -54,10 +55,19 @@ def score(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def sim_params(a: argparse.Namespace) -> Any:
+    """The demo's simulated behaviour, with this run's overrides (for sizing experiments)."""
+    from flowtrial.demo import demo_sim_params
+
+    over = {k: v for k, v in (("threshold_logsd", a.tau), ("p_low", a.p_low),
+                                            ("p_high", a.p_high)) if v is not None}
+    return demo_sim_params().model_copy(update=over)
+
+
 def run_virtual(seed: int, a: argparse.Namespace) -> dict[str, Any]:
     """Simulate the demo's design virtually for ``seed`` and analyse it as the demo does."""
     from flowtrial.analysis.report import run_analysis
-    from flowtrial.demo import demo_sim_params, demo_study_text
+    from flowtrial.demo import demo_study_text
     from flowtrial.study.config import load_study
     from flowtrial.study.simulator.virtual import simulate_virtual
     from flowtrial.study.storage import init_db
@@ -70,7 +80,7 @@ def run_virtual(seed: int, a: argparse.Namespace) -> dict[str, Any]:
         db = Path(tmp) / "flowtrial.db"
         database = init_db(db, config, text)
         t0 = time.perf_counter()
-        simulate_virtual(database, config, demo_sim_params(), a.participants, a.tasks,
+        simulate_virtual(database, config, sim_params(a), a.participants, a.tasks,
                          a.prompts, seed)
         database.dispose()
         t1 = time.perf_counter()
@@ -128,13 +138,21 @@ def main() -> None:
     ap.add_argument("--ttft-ms", default=",".join(map(str, DEMO_TTFT_MS)))
     ap.add_argument("--time-scale", type=float, default=DEMO_TIME_SCALE)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--tau", type=float, default=None,
+                    help="override the simulated log-sd of ψ between people")
+    ap.add_argument("--p-low", type=float, default=None,
+                    help="override P(switch) below ψ")
+    ap.add_argument("--p-high", type=float, default=None,
+                    help="override P(switch) at 4 × ψ")
     ap.add_argument("--live", default="", help="comma-separated seeds to also run live")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     lo, hi = (int(x) for x in a.ttft_ms.split(","))
     a.ttft_ms = (lo, hi)
     print(f"design: {a.participants} participants × {a.tasks} tasks × {a.prompts} prompts, "
-          f"TTFT {lo / 1000:g}–{hi / 1000:g} s log-uniform, time_scale {a.time_scale:g}")
+          f"TTFT {lo / 1000:g}–{hi / 1000:g} s log-uniform, time_scale {a.time_scale:g}; "
+          f"simulated τ = {sim_params(a).threshold_logsd:g}, p_low = {sim_params(a).p_low:g}, "
+          f"p_high = {sim_params(a).p_high:g}")
     print(f"{'seed':>5} {'mode':>7} {'cycles':>6} {'found':>6} {'ψ̂':>6} {'95 % CI':>12} "
           f"{'covers':>6} {'pfound':>6} {'ψ̂*':>6} {'95 % CI':>12} {'covers':>6} {'secs':>7}")
     rows: list[dict[str, Any]] = []

@@ -4,6 +4,7 @@ from seconds of work."""
 from __future__ import annotations
 
 import re
+from html import unescape
 import tomllib
 from pathlib import Path
 
@@ -59,3 +60,59 @@ def test_cycles_per_hour_is_reported_with_enough_observed_time(tmp_path: Path) -
     # 40 simulated cycles take far more than the minimum, and a person manages tens an hour.
     assert MIN_OBSERVED_S_PER_RATE == 600.0
     assert 5 < arm["cycles_per_hour"] < 300
+
+
+BROKEN = ("( replicates)", "(None replicates)", "quadrature,  nodes", "— s", "None", "nan",
+          "0.000000", "1 participants", "1 tasks", "1 cycles")
+
+
+def _text(html: str) -> str:
+    """The report's visible text (no style, no results.json), whitespace collapsed."""
+    body = re.sub(r"<style>.*?</style>|<details>.*?</details>", "", html, flags=re.S)
+    return " ".join(unescape(re.sub(r"<[^>]+>", " ", body)).split())
+
+
+@pytest.fixture(scope="module")
+def empty(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    """A study with a task but no cycles (every prompt cycle removed)."""
+    import sqlite3
+
+    db = _study(tmp_path_factory.mktemp("empty") / "study.db", participants=1, prompts=4)
+    con = sqlite3.connect(db)
+    with con:
+        con.execute("DELETE FROM events")
+        con.execute("DELETE FROM cycles")
+    con.close()
+    out = db.parent / "report"
+    results = run_analysis(db, out, n_boot=10, seed=0, workers=1, figures=False)
+    return results, (out / "report.html").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("which", ["tiny", "empty"])
+def test_tiny_and_empty_studies_degrade_to_sentences(which: str,
+                                                     request: pytest.FixtureRequest) -> None:
+    results, html = request.getfixturevalue(which)
+    text = _text(html)
+    n = results["study"]["n_cycles"]
+    assert n == (0 if which == "empty" else 4)
+    for bad in BROKEN:
+        assert bad not in text, (bad, which)
+    assert "No flow threshold reported: need >= 20 cycles" in text
+    assert "Personal thresholds (headline): not estimated." in text
+    assert "Not fitted: no variant of the wait or switch definition has enough cycles" in text
+    assert "too little data for an estimate to compare with it" in text
+    assert "<th>ψ* (s)</th>" not in html  # no table of dashes
+    if which == "empty":
+        assert text.count("No completed cycles.") == 2
+        assert "0 cycles from 0 participants" in text
+    else:
+        assert "1 participant · 4 cycles" in text and "1 task ·" in text
+
+
+def test_tables_fit_the_page(tiny: tuple[dict, str]) -> None:
+    css = re.search(r"<style>(.*?)</style>", tiny[1], re.S)
+    assert css is not None
+    rules = " ".join(css.group(1).split())
+    assert re.search(r"table \{[^}]*max-width: 100%", rules)
+    assert re.search(r"th, td \{[^}]*overflow-wrap: anywhere", rules)
+    assert "overflow-x" not in rules  # nothing scrolls sideways, results.json wraps too
