@@ -1,19 +1,27 @@
-"""How a cycle's answer text reaches the client: the output buffer and the delivery strategies.
+"""How a cycle's output reaches the client: the output buffer and the delivery strategies.
 
 :class:`Output` holds the frames waiting to go out and what they carry, writes them through
 the cycle's :class:`Transport` (HTTP + SSE body chunks, or Responses WebSocket frames) and
 accounts each write on the cycle record (``sent``, ``tokens_sent``, content). It also waits
 for a deadline, keeping the connection alive meanwhile when the transport needs it.
 
-A :class:`Delivery` strategy decides *when* text events leave; everything else (structure,
-tool-call deltas, unknown events) is handed to :meth:`Delivery.other`:
+A :class:`Delivery` strategy decides *when* model output leaves: answer text
+(:meth:`Delivery.content`) and tool-call events (:meth:`Delivery.tool`: a call's start, or
+its argument text, never re-split since agents rely on deltas arriving intact); everything
+else (structure, unknown events) is handed to :meth:`Delivery.other` and leaves in order:
 
-- :class:`Unshaped` (no target for the arm): text goes out as it arrives;
-- :class:`Paced` (a TTFT floor and/or a pace): text is released on the
-  :class:`~flowtrial.instrumentation.proxy.shaping.Pacer`'s schedule, split into token-sized
-  whole events when there is a pace to keep; other events pass on arrival, in order;
-- :class:`HeldWhole` (``all_at_once``): everything from the first text on is held and released
-  together at t_request + ttft + n/tps.
+- :class:`Unshaped` (no target for the arm): output goes out as it arrives;
+- :class:`Paced` (a TTFT floor and/or a pace): output is released on the
+  :class:`~flowtrial.instrumentation.proxy.shaping.Pacer`'s schedule. The floor holds the
+  first output event, text or tool call; text is split into token-sized whole events when
+  there is a pace to keep; a tool-call event leaves whole when its last argument token is
+  due (an arm is a model speed: it writes arguments at the same pace as text);
+- :class:`HeldWhole` (``all_at_once``): everything from the first output on is held and
+  released together at t_request + ttft + n/tps.
+
+The record's output timeline (experienced TTFT, generation wait, achieved tps,
+``tokens_sent``, ``violation_ms``) is that of text *and* tool-call arguments; the recorded
+content is the answer text only.
 
 :func:`delivery_for` picks the strategy for a pacer; a new one (e.g. frame-batched releases)
 is a new subclass and one line there.
@@ -69,10 +77,13 @@ class Output:
         self._min: int | None = None
         self._max: int | None = None
 
-    def push(self, raw: bytes, text: str, ntok: int, due: int | None) -> None:
-        """Queue a text frame (``due``: its scheduled release, None when unshaped)."""
+    def push(self, raw: bytes, text: str | None, ntok: int, due: int | None) -> None:
+        """Queue an output frame carrying ``ntok`` tokens (``due``: its scheduled release, None
+        when unshaped); ``text`` is answer text for the record's content (None for a tool
+        call: its argument tokens count, its arguments are not answer text)."""
         self.frames.append(raw)
-        self._texts.append(text)
+        if text is not None:
+            self._texts.append(text)
         self._tokens += ntok
         self._output = True
         if due is not None:
@@ -125,7 +136,7 @@ class Output:
 
 
 class Delivery:
-    """When text events leave (subclasses); other events pass on arrival, in order."""
+    """When output events leave (subclasses); other events pass on arrival, in order."""
 
     def __init__(self, out: Output, adapter: ProtocolAdapter) -> None:
         self.out = out
@@ -135,25 +146,46 @@ class Delivery:
         """A text event that arrived at ``arrival`` (monotonic ns)."""
         raise NotImplementedError
 
+    async def tool(self, ev: Any, c: Classified, arrival: int) -> None:
+        """A tool-call event (a call's start, or arguments in ``c.text``): never re-split."""
+        self.other(self.adapter.restamp(ev, c))
+
     def other(self, raw: bytes) -> None:
-        """A frame that is not answer text (structure, tool calls, a passed-on error)."""
+        """A frame that is not model output (structure, a passed-on error)."""
         self.out.frames.append(raw)
+
+    async def pause(self) -> None:
+        """The source has nothing more ready: send what may go out now."""
+        if self.out.frames:
+            await self.out.flush()
 
     async def finish(self) -> None:
         """The stream has ended: release whatever the strategy still holds."""
 
 
+def tool_tokens(c: Classified) -> int:
+    """Output tokens a tool-call event carries: its argument text (the call's name and
+    structure are not counted, as no protocol reports them apart)."""
+    return count_tokens(c.text) if c.text else 0
+
+
 class Unshaped(Delivery):
-    """No target: text goes out as it arrives."""
+    """No target: output goes out as it arrives."""
 
     async def content(self, ev: Any, c: Classified, arrival: int) -> None:
         n = count_tokens(c.text) if c.text else 0
         self.out.push(self.adapter.restamp(ev, c), c.text, n, None)
 
+    async def tool(self, ev: Any, c: Classified, arrival: int) -> None:
+        # On arrival as before, but on the output timeline (TTFT, wait, tokens_sent).
+        self.out.push(self.adapter.restamp(ev, c), None, tool_tokens(c), None)
+
 
 class Paced(Delivery):
-    """Text on the pacer's schedule: the TTFT floor holds the first token, then the pace
-    (split into token-sized whole events when there is a pace to keep)."""
+    """Output on the pacer's schedule: the TTFT floor holds the first output event (text or
+    tool call), then the pace. Text is split into token-sized whole events when there is a
+    pace to keep; a tool-call event is never split: it leaves whole when its last argument
+    token is due."""
 
     def __init__(self, out: Output, adapter: ProtocolAdapter, pacer: Pacer) -> None:
         super().__init__(out, adapter)
@@ -161,38 +193,52 @@ class Paced(Delivery):
         self.k = 0  # tokens released so far
 
     async def content(self, ev: Any, c: Classified, arrival: int) -> None:
-        out, pacer = self.out, self.pacer
         text = c.text
         pieces = split_tokens(text) if text else []
         n = len(pieces)
-        if n > 1 and pacer.splits and c.text_key is not None:
-            units: Any = zip(self.adapter.split(ev, c, pieces), pieces, strict=True)
-            width = 1
+        if n > 1 and self.pacer.splits and c.text_key is not None:
+            for raw, piece in zip(self.adapter.split(ev, c, pieces), pieces, strict=True):
+                await self._release(raw, piece, 1, arrival)
         else:
-            units = ((self.adapter.restamp(ev, c), text),)
-            width = n
-        k = self.k
-        for raw, piece in units:
-            if k == 0 and pacer.base is None:
-                due = pacer.first_due(arrival)
-                if due > _now():
-                    await out.wait(due, RELEASE_SPIN_NS)
-                out.push(raw, piece, width, due)
-                pacer.start(_now())
-                # Out now: the source's next slice (or the next event) could yield first.
-                await out.flush()
-            else:
-                due = pacer.due(k + width - 1 if width else k)
-                if due > _now():
-                    await out.wait(due)
-                out.push(raw, piece, width, due)
-            k += width
-            self.k = k
+            await self._release(self.adapter.restamp(ev, c), text, n, arrival)
+
+    async def tool(self, ev: Any, c: Classified, arrival: int) -> None:
+        await self._release(self.adapter.restamp(ev, c), None, tool_tokens(c), arrival,
+                            whole=True)
+
+    async def _release(self, raw: bytes, text: str | None, width: int, arrival: int,
+                       whole: bool = False) -> None:
+        """Send one event carrying ``width`` tokens when its last token is due (``whole``: a
+        first event that must not be split waits for its last token too; text's first event
+        goes at the floor, as it always has)."""
+        out, pacer, k = self.out, self.pacer, self.k
+        if k == 0 and pacer.base is None:
+            # The first output: a precise release at the TTFT floor.
+            lead = pacer.offset(width - 1) if whole and width > 1 else 0
+            due = pacer.first_due(arrival) + lead
+            if due > _now():
+                await out.wait(due, RELEASE_SPIN_NS)
+            out.push(raw, text, width, due)
+            pacer.start(_now() - lead)
+            # Out now: the source's next slice (or the next event) could yield first.
+            await out.flush()
+        elif width == 0:
+            out.push(raw, text, 0, None)  # a call's start mid-answer: right after what is due
+        else:
+            await self._paced(raw, text, width, pacer.due(k + width - 1))
+        self.k = k + width
+
+    async def _paced(self, raw: bytes, text: str | None, width: int, due: int) -> None:
+        """A later event, due at ``due`` (per event here; per display frame in subclasses)."""
+        if due > _now():
+            await self.out.wait(due)
+        self.out.push(raw, text, width, due)
 
 
 class HeldWhole(Delivery):
-    """``all_at_once``: everything from the first text on is held, then released together
-    once the whole answer is due (its completion tokens at the arm's pace)."""
+    """``all_at_once``: everything from the first output (text or tool call) on is held, then
+    released together once the whole answer is due (its completion tokens at the arm's
+    pace)."""
 
     def __init__(self, out: Output, adapter: ProtocolAdapter, pacer: Pacer) -> None:
         super().__init__(out, adapter)
@@ -207,6 +253,12 @@ class HeldWhole(Delivery):
         self.hold.append(self.adapter.restamp(ev, c))
         self.texts.append(c.text)
         self.tokens += count_tokens(c.text) if c.text else 0
+
+    async def tool(self, ev: Any, c: Classified, arrival: int) -> None:
+        if self.hold is None:
+            self.hold = []
+        self.hold.append(self.adapter.restamp(ev, c))
+        self.tokens += tool_tokens(c)
 
     def other(self, raw: bytes) -> None:
         if self.hold is not None:

@@ -9,7 +9,9 @@ send the final event ("nothing the client saw complete is lost").
 
 Definitions (ms from the monotonic timeline, see docs/concepts/timeline.md):
 experienced_ttft_ms = t_first_sent − t_request; generation_wait_ms = t_last_sent − t_request;
-achieved_tps = (output tokens after the first) / (t_last_sent − t_first_sent).
+achieved_tps = (output tokens after the first) / (t_last_sent − t_first_sent). Output is
+answer text and tool-call arguments (a tool-only answer has a timeline too); ``tokens_sent``
+counts both, the recorded content is the text only.
 ``t_done_ns`` is when the relay submitted the row (the stream had ended upstream and every
 output token had been written); the final event follows as soon as the commit is durable.
 """

@@ -15,10 +15,12 @@ token from being "caught up" by a burst, so the pace the participant sees is the
 Without ``ttft_ms`` token 0 goes out on arrival (a tokens/s-only arm is a pure rate limit).
 ``all_at_once`` releases the whole answer at t_request + ttft + n/tps (n = completion tokens).
 
-"Output" means answer text. Tool-call / function-call deltas are counted (``tool_calls``)
-but released as they arrive, after any text already due, never re-split and never held by
-the TTFT floor (issue 9: agents rely on them arriving intact and promptly); they are not part
-of the text timeline (experienced TTFT, pace, ``tokens_sent``).
+"Output" means model output: answer text and tool-call arguments (an arm is a model speed,
+and a model writes a call's arguments at the same pace as text). The TTFT floor holds the
+first output event, text or a tool call's start; argument tokens take their places on the
+schedule, but a tool-call event is never re-split (agents rely on deltas arriving intact):
+it leaves whole once its last token is due. Tool calls are counted (``tool_calls``) and their
+argument tokens are part of the timeline (experienced TTFT, pace, ``tokens_sent``).
 
 **Manipulation violation.** ``violation_ms`` is how late the participant got the answer
 against its schedule: the larger of (first output token written − due(0)) and (last output
@@ -143,8 +145,12 @@ class Pacer:
     def due(self, k: int) -> int:
         """Release time of output token ``k`` >= 1 (after :meth:`start`)."""
         base = self.base if self.base is not None else self.first_due(self.t_request)
+        return base + self.offset(k)
+
+    def offset(self, k: int) -> int:
+        """Time from token 0's release to token ``k``'s: g_1 + … + g_k (ns)."""
         if self._rng is None:
-            return base + int(k * self.gap)
+            return int(k * self.gap)
         cum = self._cum
         if len(cum) <= k:
             sd = self.jitter
@@ -153,7 +159,7 @@ class Pacer:
             gap = self.gap
             while len(cum) <= k:
                 cum.append(cum[-1] + gap * math.exp(rng.gauss(mu, sd)))
-        return base + int(cum[k])
+        return int(cum[k])
 
     def due_all(self, n_tokens: int) -> int:
         """Release time of a whole answer of ``n_tokens``: t_request + ttft + n/tps."""
