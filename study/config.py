@@ -12,7 +12,7 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -169,11 +169,19 @@ class Range(_Strict):
         return self
 
 
+#: Delivery granularity of fast arms (docs/concepts/shaping.md#display-frames): tokens due
+#: within one frame leave together in one write when the arm's token gap is shorter than a
+#: frame (faster than 125 tokens/s at 8 ms); 0 = one write per token at any speed.
+DEFAULT_FRAME_MS = 8.0
+FrameMs = Annotated[float, Field(ge=0, le=50)]
+
+
 class PerPromptSection(_Strict):
     ttft_ms: Range | None = None
     tokens_per_second: Range | None = None
     jitter: float = Field(default=0.0, ge=0)
     delivery: Delivery = "stream"
+    frame_ms: FrameMs = DEFAULT_FRAME_MS
 
 
 class ArmConfig(_Strict):
@@ -182,6 +190,7 @@ class ArmConfig(_Strict):
     tokens_per_second: float | None = Field(default=None, gt=0)
     jitter: float = Field(default=0.0, ge=0)
     delivery: Delivery = "stream"
+    frame_ms: FrameMs = DEFAULT_FRAME_MS
     weight: float = Field(default=1.0, gt=0)
 
     @property

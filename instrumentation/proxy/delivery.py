@@ -23,8 +23,11 @@ The record's output timeline (experienced TTFT, generation wait, achieved tps,
 ``tokens_sent``, ``violation_ms``) is that of text *and* tool-call arguments; the recorded
 content is the answer text only.
 
-:func:`delivery_for` picks the strategy for a pacer; a new one (e.g. frame-batched releases)
-is a new subclass and one line there.
+- :class:`Framed` (a pace faster than one token per display frame, ``frame_ms``): as
+  :class:`Paced`, but the tokens due within one frame leave together in one write.
+
+:func:`delivery_for` picks the strategy for a pacer; a new one is a new subclass and one line
+there.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from .protocols.base import Classified, ProtocolAdapter
 from .recorder import CycleRecord
 from .shaping import RELEASE_SPIN_NS, Pacer, sleep_until
 
-__all__ = ["Delivery", "HeldWhole", "Output", "Paced", "Transport", "Unshaped", "delivery_for"]
+__all__ = ["Delivery", "Framed", "HeldWhole", "Output", "Paced", "Transport", "Unshaped",
+           "delivery_for"]
 
 _now = time.monotonic_ns
 
@@ -113,9 +117,10 @@ class Output:
             self._output = False
             self._min = self._max = None
 
-    async def wait(self, due: int, spin_ns: int = 0) -> None:
-        """Flush what is pending, then wait for ``due``, keeping the stream alive."""
-        if self.frames:
+    async def wait(self, due: int, spin_ns: int = 0, flush: bool = True) -> None:
+        """Flush what is pending (unless ``flush`` is false: it leaves after the wait), then
+        wait for ``due``, keeping the stream alive."""
+        if flush and self.frames:
             await self.flush()
         if not self.transport.keepalive_frames:
             await sleep_until(due, spin_ns)
@@ -191,6 +196,7 @@ class Paced(Delivery):
         super().__init__(out, adapter)
         self.pacer = pacer
         self.k = 0  # tokens released so far
+        out.rec.frame_ms = pacer.frame_ns / 1e6  # the granularity used: 0 = per token
 
     async def content(self, ev: Any, c: Classified, arrival: int) -> None:
         text = c.text
@@ -233,6 +239,90 @@ class Paced(Delivery):
         if due > _now():
             await self.out.wait(due)
         self.out.push(raw, text, width, due)
+
+
+class Framed(Paced):
+    """Fast arms: tokens due within one display frame leave together, in one write.
+
+    A frame opens at the due time of its first token and holds the tokens due within
+    ``frame_ns`` of it; it goes out when its last token is due (so no token leaves early,
+    and the answer's last token leaves on time), on absolute deadlines (``pacer.due(k)``),
+    so no error accumulates: one timer and one write per frame instead of per token. Each
+    upstream event stays its own protocol event (events are never merged); a text event is
+    split only where it spans frames. Token 0 is still a precise release at the TTFT floor;
+    tool-call events are never split, as in :class:`Paced`.
+    """
+
+    def __init__(self, out: Output, adapter: ProtocolAdapter, pacer: Pacer) -> None:
+        super().__init__(out, adapter, pacer)
+        self.frame_ns = pacer.frame_ns
+        self.frame_end: int | None = None  # the open frame holds tokens due before this
+        self.release_at = 0  # when the open frame goes out: the due of its last token
+
+    async def content(self, ev: Any, c: Classified, arrival: int) -> None:
+        text = c.text
+        pieces = split_tokens(text) if text else []
+        if len(pieces) > 1 and c.text_key is not None:
+            widths = self._frame_widths(len(pieces))
+            if len(widths) > 1:
+                parts, i = [], 0
+                for w in widths:
+                    parts.append("".join(pieces[i:i + w]))
+                    i += w
+                for raw, part, w in zip(self.adapter.split(ev, c, parts), parts, widths,
+                                        strict=True):
+                    await self._release(raw, part, w, arrival)
+                return
+        await self._release(self.adapter.restamp(ev, c), text, len(pieces), arrival)
+
+    def _frame_widths(self, n: int) -> list[int]:
+        """How many of an event's ``n`` tokens fall in each frame they span (token 0 alone:
+        its release is the precise one)."""
+        pacer, k = self.pacer, self.k
+        offset = pacer.offset
+        widths: list[int] = []
+        end = None if self.frame_end is None or pacer.base is None else (
+            self.frame_end - pacer.base)
+        i = 0
+        if k == 0 and pacer.base is None:
+            widths.append(1)
+            i = 1
+        for j in range(i, n):
+            off = offset(k + j)
+            if end is None or off >= end:  # opens a frame
+                widths.append(1)
+                end = off + self.frame_ns
+            elif widths:
+                widths[-1] += 1
+            else:  # the event's first part, in the frame already open
+                widths.append(1)
+        return widths
+
+    async def _paced(self, raw: bytes, text: str | None, width: int, due: int) -> None:
+        first = self.pacer.due(self.k)
+        if self.frame_end is not None and first >= self.frame_end:
+            await self._send_frame()
+        if self.frame_end is None:
+            self.frame_end = first + self.frame_ns
+        self.out.push(raw, text, width, due)
+        self.release_at = due
+
+    async def _send_frame(self) -> None:
+        """The open frame goes out once its last token is due."""
+        if self.release_at > _now():
+            await self.out.wait(self.release_at, flush=False)
+        self.frame_end = None
+        await self.out.flush()
+
+    async def pause(self) -> None:
+        if self.frame_end is not None:
+            await self._send_frame()
+        elif self.out.frames:
+            await self.out.flush()
+
+    async def finish(self) -> None:
+        if self.frame_end is not None:
+            await self._send_frame()
 
 
 class HeldWhole(Delivery):
@@ -281,4 +371,6 @@ def delivery_for(pacer: Pacer | None, out: Output, adapter: ProtocolAdapter) -> 
         return Unshaped(out, adapter)
     if pacer.all_at_once:
         return HeldWhole(out, adapter, pacer)
+    if pacer.frame_ns:
+        return Framed(out, adapter, pacer)
     return Paced(out, adapter, pacer)

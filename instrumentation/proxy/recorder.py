@@ -72,6 +72,7 @@ class CycleRecord:
     first_late_ns: int | None = None  # first output token: written − due
     last_late_ns: int | None = None  # last output token written so far: written − due
     tokens_sent: int = 0
+    frame_ms: float | None = None  # delivery granularity: 0 per token, None not paced
     usage: dict[str, Any] | None = None
     tool_calls: int = 0
     status: str = "ok"
@@ -143,6 +144,7 @@ class CycleRecord:
             "target_tps": target.tokens_per_second if target else None,
             "target_jitter": target.jitter if target else None,
             "target_delivery": target.delivery if target else None,
+            "frame_ms": self.frame_ms,
             "draw_json": self.draw_json,
             "experienced_ttft_ms": ttft,
             "generation_wait_ms": wait,

@@ -67,6 +67,9 @@ class Target:
     tokens_per_second: float | None = None
     jitter: float = 0.0
     delivery: Literal["stream", "all_at_once"] = "stream"
+    #: Display-frame granularity of the delivery (not time-scaled: it is the screen's and the
+    #: proxy's real time); 0 = one write per token.
+    frame_ms: float = 0.0
 
     @property
     def shaped(self) -> bool:
@@ -82,7 +85,7 @@ class Target:
         if not arm.shaped:
             return None
         return cls.scaled(arm.ttft_ms, arm.tokens_per_second, arm.jitter, arm.delivery,
-                          time_scale)
+                          time_scale, arm.frame_ms)
 
     @classmethod
     def for_draw(cls, pp: PerPromptSection, draw: dict[str, float | int | None],
@@ -93,17 +96,19 @@ class Target:
         return cls.scaled(
             float(ttft) if ttft is not None else None,
             float(tps) if tps is not None else None,
-            pp.jitter, pp.delivery, time_scale,
+            pp.jitter, pp.delivery, time_scale, pp.frame_ms,
         )
 
     @classmethod
     def scaled(cls, ttft_ms: float | None, tps: float | None, jitter: float,
-               delivery: Literal["stream", "all_at_once"], time_scale: float) -> Target:
+               delivery: Literal["stream", "all_at_once"], time_scale: float,
+               frame_ms: float = 0.0) -> Target:
         return cls(
             ttft_ms / time_scale if ttft_ms is not None else None,
             tps * time_scale if tps is not None else None,
             jitter,
             delivery,
+            frame_ms,
         )
 
 
@@ -115,7 +120,7 @@ class Pacer:
     """
 
     __slots__ = ("t_request", "base", "gap", "jitter", "all_at_once", "splits", "_cum", "_rng",
-                 "ttft_ns")
+                 "ttft_ns", "frame_ns")
 
     def __init__(self, target: Target, t_request_ns: int, seed: str = "") -> None:
         self.t_request = t_request_ns
@@ -128,6 +133,10 @@ class Pacer:
         self.all_at_once = target.delivery == "all_at_once"
         #: Token-sized pieces are only worth cutting when there is a pace to keep.
         self.splits = bool(tps) and not self.all_at_once
+        #: Tokens due within one display frame leave together, when the pace has several
+        #: tokens per frame (0: one write per token).
+        frame_ns = round(target.frame_ms * 1e6)
+        self.frame_ns = frame_ns if self.splits and self.gap < frame_ns else 0
         self._cum: list[float] = [0.0]
         self._rng = random.Random(seed) if self.jitter > 0 else None
 
