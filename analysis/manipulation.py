@@ -203,17 +203,20 @@ def _beyond_chance(k: int, n: int, rate: float, alpha: float) -> bool:
     return k > rate * n and binomtest(k, n, rate, alternative="greater").pvalue < alpha
 
 
-def _judge(row: dict[str, Any], s: float, tolerance_ms: float, tps_tolerance: float,
+def _judge(row: dict[str, Any], missed: pd.DataFrame, s: float, tps_tolerance: float,
            max_rate: float, alpha: float) -> tuple[list[str], list[str], list[str]]:
-    """(problems, warnings, notes) of one arm, as sentences."""
+    """(problems, warnings, notes) of one arm, as sentences; ``missed``: its missed cycles."""
     problems: list[str] = []
     warnings: list[str] = []
     notes: list[str] = []
     arm, n = row["arm"], row["shaped_cycles"]
     if n == 0:
         return problems, warnings, [f"arm {arm}: no shaped cycle with a text timeline."]
-    size = (f"median {_fmt_ms(row['miss_ms_median'])}, max {_fmt_ms(row['miss_ms_max'])} "
-            "(real)")
+
+    def size(fault: str) -> str:
+        ms = missed.loc[missed["fault"] == fault, "miss_ms"].to_numpy(float)
+        return f"their misses median {_fmt_ms(_median(ms))}, max {_fmt_ms(_max(ms))} (real)"
+
     tgt, up, got = row["target_tps"], row["upstream_tps"], row["achieved_tps"]
     slow_upstream = tgt is not None and up is not None and up < tgt * (1 - tps_tolerance)
     if slow_upstream:
@@ -223,7 +226,7 @@ def _judge(row: dict[str, Any], s: float, tolerance_ms: float, tps_tolerance: fl
     k_up = row["misses_upstream"]
     if k_up and _beyond_chance(k_up, n, max_rate, alpha):
         problems.append(f"arm {arm}: the upstream was slower than the target in {k_up} of {n} "
-                        f"shaped cycles ({k_up / n:.1%}); misses {size}.")
+                        f"shaped cycles ({k_up / n:.1%}); {size('upstream')}.")
     if tgt and got is not None and abs(got / tgt - 1) > tps_tolerance:
         who = ("the upstream was slower" if slow_upstream else
                "the proxy paced it wrongly" if got > tgt else "the proxy/machine was late")
@@ -235,10 +238,12 @@ def _judge(row: dict[str, Any], s: float, tolerance_ms: float, tps_tolerance: fl
                "so a busy machine shows here; at time_scale 1 check the proxy host's load."
                if s != 1 else " Check the proxy host's load (docs/operators/limits.md).")
         warnings.append(f"arm {arm}: the upstream was on time but the proxy/machine was late "
-                        f"in {k_px} of {n} shaped cycles ({k_px / n:.1%}); misses {size}.{why}")
+                        f"in {k_px} of {n} shaped cycles ({k_px / n:.1%}); {size('proxy/machine')}."
+                        f"{why}")
     k_un = row["misses_unknown"]
     if k_un and _beyond_chance(k_un, n, max_rate, alpha):
-        warnings.append(f"arm {arm}: {k_un} of {n} shaped cycles missed the target ({size}); "
+        warnings.append(f"arm {arm}: {k_un} of {n} shaped cycles missed the target "
+                        f"({size('unknown')}); "
                         "the upstream's arrival times were not recorded, so whose fault is "
                         "unknown.")
     if n < MIN_CYCLES:
@@ -286,7 +291,8 @@ def manipulation_check(
     notes: list[str] = []
     for name, g in d.groupby("arm", sort=True):
         row = _arm_row(str(name), g, int(len(g)), tolerance_ms)
-        p, w, n = _judge(row, s, tolerance_ms, tps_tolerance, max_violation_rate, alpha)
+        missed_arm = g[g["shaped"] & (g["miss_ms"] > tolerance_ms)]
+        p, w, n = _judge(row, missed_arm, s, tps_tolerance, max_violation_rate, alpha)
         rows.append(row)
         problems += p
         warnings += w

@@ -93,7 +93,7 @@ def test_upstream_late_first_token_is_the_upstreams_fault() -> None:
     assert a["upstream_ttft_ms"] == pytest.approx(400)
     assert r.status == "flagged" and not r.ok
     assert "upstream was slower than the target in 25 of 25" in r.problems[0]
-    assert "median 300 ms, max 300 ms" in r.problems[0]
+    assert "their misses median 300 ms, max 300 ms (real)" in r.problems[0]
 
 
 def test_proxy_late_with_the_upstream_on_time_is_proxy_machine() -> None:
