@@ -127,7 +127,8 @@ def _cycle_frame(cycles: pd.DataFrame, s: float) -> pd.DataFrame:
     tokens = _num(cycles, "tokens_sent")
     shaped = np.isfinite(ttft) | np.isfinite(tps)
     if "target_delivery" in cycles.columns:
-        whole_target = cycles["target_delivery"].astype(object).to_numpy() == "all_at_once"
+        whole_target = (cycles["target_delivery"].astype(object).fillna("")
+                        .to_numpy(object) == "all_at_once")
         shaped |= whole_target
     else:
         whole_target = np.zeros(len(cycles), bool)
