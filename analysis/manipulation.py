@@ -109,6 +109,10 @@ def _fmt_ms(ms: float | None) -> str:
         else f"{ms:.2g} ms"
 
 
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
 def _fmt_tps(tps: float | None) -> str:
     return "—" if tps is None else f"{tps:,.0f} tokens/s" if tps >= 10 else f"{tps:.2g} tokens/s"
 
@@ -227,7 +231,7 @@ def _judge(row: dict[str, Any], missed: pd.DataFrame, s: float, tps_tolerance: f
     k_up = row["misses_upstream"]
     if k_up and _beyond_chance(k_up, n, max_rate, alpha):
         problems.append(f"arm {arm}: the upstream was slower than the target in {k_up} of {n} "
-                        f"shaped cycles ({k_up / n:.1%}); {size('upstream')}.")
+                        f"shaped cycles ({_pct(k_up / n)}); {size('upstream')}.")
     if tgt and got is not None and abs(got / tgt - 1) > tps_tolerance:
         who = ("the upstream was slower" if slow_upstream else
                "the proxy paced it wrongly" if got > tgt else "the proxy/machine was late")
@@ -239,8 +243,8 @@ def _judge(row: dict[str, Any], missed: pd.DataFrame, s: float, tps_tolerance: f
                "so a busy machine shows here; at time_scale 1 check the proxy host's load."
                if s != 1 else " Check the proxy host's load (docs/operators/limits.md).")
         warnings.append(f"arm {arm}: the upstream was on time but the proxy/machine was late "
-                        f"in {k_px} of {n} shaped cycles ({k_px / n:.1%}); {size('proxy/machine')}."
-                        f"{why}")
+                        f"in {k_px} of {n} shaped cycles ({_pct(k_px / n)}); "
+                        f"{size('proxy/machine')}.{why}")
     k_un = row["misses_unknown"]
     if k_un and _beyond_chance(k_un, n, max_rate, alpha):
         warnings.append(f"arm {arm}: {k_un} of {n} shaped cycles missed the target "
@@ -327,7 +331,7 @@ def summary_sentence(r: ManipulationResult) -> str:
                 f"{_fmt_ms(r.tolerance_ms)}{scale} ({r.n_shaped} shaped cycles).")
     f = m["by_fault"]
     return (f"Manipulation check {head}: {m['count']} of {r.n_shaped} shaped cycles "
-            f"({m['rate']:.1%}) missed their target by more than {_fmt_ms(r.tolerance_ms)}"
+            f"({_pct(m['rate'])}) missed their target by more than {_fmt_ms(r.tolerance_ms)}"
             f"{scale} (misses median {_fmt_ms(m['miss_ms_median'])}, max "
             f"{_fmt_ms(m['miss_ms_max'])}, real); whose fault: upstream {f['upstream']}, "
             f"proxy/machine {f['proxy_machine']}, unknown {f['unknown']}.")
