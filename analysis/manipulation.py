@@ -234,7 +234,9 @@ def _judge(row: dict[str, Any], missed: pd.DataFrame, s: float, tps_tolerance: f
                         f"shaped cycles ({_pct(k_up / n)}); {size('upstream')}.")
     if tgt and got is not None and abs(got / tgt - 1) > tps_tolerance:
         who = ("the upstream was slower" if slow_upstream else
-               "the proxy paced it wrongly" if got > tgt else "the proxy/machine was late")
+               "the proxy paced it too fast" if got > tgt else
+               "whose fault is unknown (the upstream's arrival times were not recorded)"
+               if up is None else "the upstream kept up: the proxy/machine was late")
         problems.append(f"arm {arm}: delivered {_fmt_tps(got)} (median) against a target of "
                         f"{_fmt_tps(tgt)} ({got / tgt:.2f}×): {who}.")
     k_px = row["misses_proxy_machine"]

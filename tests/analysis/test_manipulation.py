@@ -200,3 +200,22 @@ def test_many_cycles_rate_threshold() -> None:
 
     assert manipulation_check(study(0.03)).ok
     assert not manipulation_check(study(0.20)).ok
+
+
+def test_virtual_study_records_the_upstream_so_the_fault_is_known(tmp_path) -> None:
+    """The virtual simulator's fast arm outruns its simulated model (time_scale 10): the
+    misses are the upstream's, and the arm's upstream rate is below the target."""
+    from flowtrial.analysis.metrics import read_frames
+    from flowtrial.study.storage import open_db
+    from tests.analysis.test_report import make_study
+
+    database = open_db(make_study(tmp_path / "study.db", design="parallel", n=4, prompts=5))
+    try:
+        frames = read_frames(database)
+    finally:
+        database.dispose()
+    r = manipulation_check(frames.cycles, time_scale=frames.time_scale)
+    fast, slow = arm(r, "fast"), arm(r, "slow")
+    assert fast["misses"] == fast["misses_upstream"] > 0 and fast["misses_unknown"] == 0
+    assert fast["upstream_tps"] < fast["target_tps"] and slow["misses"] == 0
+    assert any("arm fast" in n and "can only slow delivery down" in n for n in r.notes)
