@@ -54,8 +54,9 @@ class StallingUpstream(ScriptedUpstream):
         return UpstreamReply(200, [("content-type", SSE)], gen())
 
 
-def _request(url: str, key: str) -> str:
-    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+def _request(url: str, key: str, **extra: object) -> str:
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}],
+            **extra}
     with httpx.Client(timeout=30) as http, http.stream(
             "POST", url + "/v1/chat/completions", json=body,
             headers={"authorization": f"Bearer {key}"}) as r:
@@ -164,3 +165,29 @@ def test_unshaped_study_degrades_to_a_sentence(tmp_path: Path) -> None:
     html = (tmp_path / "report" / "report.html").read_text(encoding="utf-8")
     assert "Not run: no shaped cycles among 1" in html
     assert '<table class="manip">' not in html
+
+
+def test_simulated_model_slower_than_a_fast_arm(tmp_path: Path) -> None:
+    """Issue 21: an arm at 1,000 tokens/s over the built-in simulated model at 250 tokens/s:
+    every miss is the upstream's and the arm's upstream rate is the model's, not the target."""
+    config = parse_study({
+        "study": {"name": "fast-arm", "design": "parallel"},
+        "arms": [{"name": "spark", "ttft_ms": 50, "tokens_per_second": 1000}],
+        "upstream": {"mock": {"tokens_per_second": 250, "ttft_ms": 5}}})
+    database = init_db(tmp_path / "study.db", config)
+    key = enroll(database, config, "p01")[1]
+    with run_asgi_server(create_proxy_app(database, config)) as url:
+        for _ in range(3):
+            _request(url, key, max_tokens=60)
+    database.dispose()
+    database = open_db(tmp_path / "study.db")
+    try:
+        frames = read_frames(database)
+    finally:
+        database.dispose()
+    r = manipulation_check(frames.cycles, time_scale=frames.time_scale)
+    a = r.by_arm[0]
+    assert a["misses"] == a["misses_upstream"] == 3, a
+    assert a["target_tps"] == 1000 and 150 < a["upstream_tps"] < 400, a
+    assert a["achieved_tps"] < 400
+    assert any("can only slow delivery down" in n for n in r.notes)
