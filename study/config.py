@@ -116,6 +116,24 @@ class MockSettings(_Strict):
     tokens_per_second: float = Field(default=2000.0, gt=0)
     ttft_ms: float = Field(default=20.0, ge=0)
     seed: int = 0
+    # Long answers for fast arms: every prose answer N tokens, or N drawn per request from
+    # [lo, hi] (deterministic for the seed). None: the corpus answer as it is.
+    answer_tokens: int | tuple[int, int] | None = None
+
+    @field_validator("answer_tokens")
+    @classmethod
+    def _check_answer_tokens(cls, v: int | tuple[int, int] | None
+                             ) -> int | tuple[int, int] | None:
+        lo, hi = (v, v) if isinstance(v, int) else v if v is not None else (1, 1)
+        if not 1 <= lo <= hi <= 1_000_000:
+            raise ValueError("answer_tokens must be a token count N >= 1 or a range "
+                             "[lo, hi] with 1 <= lo <= hi (e.g. 2000 or [1500, 3000])")
+        return v
+
+    def answer_range(self) -> tuple[int, int] | None:
+        """``answer_tokens`` as a (lo, hi) range, None when unset."""
+        v = self.answer_tokens
+        return (v, v) if isinstance(v, int) else v
 
 
 class UpstreamSection(_Strict):
