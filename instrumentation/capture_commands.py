@@ -118,12 +118,12 @@ def import_otel(
     participant: Annotated[str, typer.Option("--participant",
                                              help="Participant id the telemetry belongs to.")],
     file: Annotated[Path, typer.Argument(
-        help="OTLP JSON: a collector's file exporter output (one request per line) or one "
-             "export request.")],
+        help="OTLP JSON (a collector's file exporter output, one request per line, or one "
+             "export request), or Gemini CLI's telemetry.outfile.")],
 ) -> None:
     """Import a coding agent's OpenTelemetry (Claude Code, Codex CLI, Gemini CLI) from an OTLP
-    JSON file as events linked to the participant's cycles (idempotent: importing the same
-    records twice adds nothing)."""
+    JSON file or Gemini CLI's outfile as events linked to the participant's cycles
+    (idempotent: importing the same records twice adds nothing)."""
     from rich.console import Console
     from rich.table import Table
 
