@@ -32,6 +32,8 @@ decisions, tool run time, time it waited for the person) beside the proxy's reco
 ``person_partial``          tool decisions and who took them
 ``time_to_decide_s``        median over the person's decisions: decision − the proposing
                             answer's end (its last token, else the call's end)
+``turn_ends``               the agent reported the turn's end (Claude Code's ``interaction``
+                            span, Codex's ``notify`` through ``flowtrial codex-notify``)
 ``agent_turn_s``            the agent's own turn duration (Claude Code ``interaction`` span)
 ``wait_s``, ``model_s``     the proxy's wait of the turn and its model time
 ==========================  =================================================================
@@ -172,7 +174,8 @@ def turn_table(events: pd.DataFrame, turns: pd.DataFrame, cycles: pd.DataFrame,
             "wait_s", "model_s", "proxy_tool_s", "prompts", "prompt_to_request_s",
             "agent_requests", "agent_tool_s", "agent_waited_s", "decisions", "by_person",
             "by_config", "person_accepts", "person_rejects", "person_partial",
-            "time_to_decide_s", "agent_turn_s", "linked_by_cycle", "linked_by_time"]
+            "time_to_decide_s", "turn_ends", "agent_turn_s", "linked_by_cycle",
+            "linked_by_time"]
     if ev is None or len(ev) == 0:
         return pd.DataFrame(columns=cols)
     # The proposing answer of each decision: its cycle's end, else the turn's latest call
@@ -226,6 +229,7 @@ def turn_table(events: pd.DataFrame, turns: pd.DataFrame, cycles: pd.DataFrame,
             "person_rejects": int((person["kind"] == "reject").sum()),
             "person_partial": int((person["kind"] == "partial_accept").sum()),
             "time_to_decide_s": _median(person["decide_s"][person["decide_s"] >= 0]),
+            "turn_ends": int((g["kind"] == "turn_end").sum()),
             "agent_turn_s": total("turn_end"),
             "linked_by_cycle": int((g["turn_link"] == "cycle").sum()),
             "linked_by_time": int((g["turn_link"] == "time").sum()),

@@ -152,3 +152,28 @@ def import_otel(
     Console().print(table)
     if report.relinked:
         Console().print(f"{report.relinked} earlier event(s) linked to their cycle")
+
+
+def codex_notify(
+    notification: Annotated[str, typer.Argument(
+        help="The JSON Codex passes to its notify program (added by Codex itself).")],
+    url: Annotated[str, typer.Option(
+        "--url", help="The flowtrial proxy's root URL, e.g. http://127.0.0.1:8787.")],
+    key_env: Annotated[str, typer.Option(
+        "--key-env", help="Environment variable holding the participant's key (Codex's "
+                          "env_key).")] = "FLOWTRIAL_API_KEY",
+) -> None:
+    """Send Codex CLI's end-of-turn notification to the proxy as agent telemetry (set it as
+    Codex's notify program: docs/clients/telemetry.md)."""
+    import os
+
+    from .telemetry.notify import NotifyError, log_request, post
+
+    key = os.environ.get(key_env)
+    if not key:
+        raise _fail(f"${key_env} is not set: it must hold the participant's key (as for "
+                    "Codex's model provider)")
+    try:
+        post(url, key, log_request(notification))
+    except NotifyError as exc:
+        raise _fail(str(exc)) from None
