@@ -173,7 +173,10 @@ if not ui.no_cycles(ctx, "The timeline"):
                    "review until the decision, the resumption lag after a switch, and the time "
                    "focus was away from the working apps. Drag to pan, scroll to zoom.")
         ui.chart(ch, seg, f"timeline {pid} {day}")
-        day_turns = data.agent_turns(ctx.url, ctx.fresh, ctx.scale, ctx.filters)
+        from dataclasses import replace
+
+        day_turns = data.agent_turns(ctx.url, ctx.fresh, ctx.scale,
+                                     replace(ctx.filters, participants=(pid,)))
         lo_ns, hi_ns = data.day_bounds_ns(day)
         day_turns = day_turns[(day_turns["participant_id"] == pid)
                               & day_turns["start_ns"].between(lo_ns, hi_ns - 1)]
