@@ -56,6 +56,15 @@ def gemini_session() -> list[Any]:
     ]
 
 
+#: What :func:`gemini_session` maps to (kind, linked cycle), in time order, its one unknown
+#: record (a ``custom`` event) left out.
+SESSION_LINKS = [
+    ("turn_start", "cyc_turn"), ("api_request", "cyc_turn"),
+    *[(kind, "cyc_turn") for decision in ("accept", "accept", "partial_accept", "reject")
+      for kind in (decision, "tool_result")],
+]
+
+
 def write_jsonl(path: Path, requests: list[Any]) -> Path:
     path.write_text("\n".join(json.dumps(json_format.MessageToDict(r)) for r in requests) + "\n")
     return path
@@ -83,14 +92,7 @@ def test_gemini_cli_session_is_mapped_linked_and_idempotent(tmp_path: Path,
     assert first.exit_code == 0, first.output
     rows = otel_rows(study)
     got = [(r[0], r[1]) for r in rows]
-    assert got == [
-        ("turn_start", "cyc_turn"), ("api_request", "cyc_turn"),
-        ("accept", "cyc_turn"), ("tool_result", "cyc_turn"),
-        ("accept", "cyc_turn"), ("tool_result", "cyc_turn"),
-        ("partial_accept", "cyc_turn"), ("tool_result", "cyc_turn"),
-        ("reject", "cyc_turn"), ("tool_result", "cyc_turn"),
-        ("custom", None),
-    ]
+    assert got == [*SESSION_LINKS, ("custom", None)]
     assert {r[5] for r in rows} == {"otel"}
     p = [json.loads(r[4]) for r in rows]
     decisions = [(x["decision"], x["decided_by"]) for x in p if "decided_by" in x]
@@ -199,13 +201,7 @@ def test_gemini_cli_outfile_is_read_with_the_same_mapping(tmp_path: Path,
     assert first.exit_code == 0, first.output
     rows = otel_rows(study)
     mapped = [(r[0], r[1]) for r in rows if r[0] != "custom"]
-    assert mapped == [
-        ("turn_start", "cyc_turn"), ("api_request", "cyc_turn"),
-        ("accept", "cyc_turn"), ("tool_result", "cyc_turn"),
-        ("accept", "cyc_turn"), ("tool_result", "cyc_turn"),
-        ("partial_accept", "cyc_turn"), ("tool_result", "cyc_turn"),
-        ("reject", "cyc_turn"), ("tool_result", "cyc_turn"),
-    ]
+    assert mapped == SESSION_LINKS
     p = [json.loads(r[4]) for r in rows]
     assert [(x["decision"], x["decided_by"]) for x in p if "decided_by" in x] == [
         ("auto_accept", "config"), ("accept", "person"), ("modify", "person"),
