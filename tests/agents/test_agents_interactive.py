@@ -38,7 +38,10 @@ def _trusting_home(home: Path, workdir: Path, key: str) -> None:
     }))
 
 
-def _otel(query: Any, want: set[str], timeout_s: float = 20.0) -> list[dict[str, Any]]:
+def _otel(query: Any, want: set[str], child: Any, timeout_s: float = 60.0
+          ) -> list[dict[str, Any]]:
+    """The otel events once every kind in ``want`` arrived, reading the terminal meanwhile
+    (a terminal nobody reads fills up and blocks Claude Code's next write)."""
     deadline = time.monotonic() + timeout_s
     while True:
         rows = [dict(r) | {"payload": json.loads(r["payload_json"])} for r in query(
@@ -46,7 +49,7 @@ def _otel(query: Any, want: set[str], timeout_s: float = 20.0) -> list[dict[str,
             "WHERE source = 'otel' ORDER BY ts_ns, id")]
         if want <= {r["kind"] for r in rows} or time.monotonic() > deadline:
             return rows
-        time.sleep(0.2)
+        child.expect([pexpect.TIMEOUT, pexpect.EOF], timeout=0.2)
 
 
 @pytest.mark.parametrize(("answer", "kind", "source"), [
@@ -80,7 +83,8 @@ def test_the_persons_tool_decision_lands_on_the_turn(
             child.expect(r"proceed\?", timeout=90)  # "Do you want to proceed?"
             time.sleep(THINK_S)
             child.send(answer)
-            rows = _otel(query, {"turn_start", kind, "agent_wait"})
+            # the turn's end too: Claude Code's spans leave when its interaction ends
+            rows = _otel(query, {"turn_start", kind, "agent_wait", "turn_end"}, child)
         finally:
             child.sendcontrol("c")
             time.sleep(0.3)
@@ -98,7 +102,9 @@ def test_the_persons_tool_decision_lands_on_the_turn(
     p = decision["payload"]
     assert (p["source"], p["decided_by"], p["tool"]) == (source, "person", "Bash"), explain
     assert decision["cycle_id"] == tool_cycle["id"], explain  # not the title side call
-    (waited,) = [r for r in rows if r["kind"] == "agent_wait"]
+    waits = [r for r in rows if r["kind"] == "agent_wait"]
+    assert len(waits) == 1, explain
+    (waited,) = waits
     assert waited["cycle_id"] == tool_cycle["id"] and waited["payload"]["source"] == source
     assert THINK_S * 0.8 <= waited["duration_s"] < 60, explain
     # Tied to the turn that holds the proposing call, with the person's time to decide.
