@@ -4,8 +4,8 @@ from seconds of work."""
 from __future__ import annotations
 
 import re
-from html import unescape
 import tomllib
+from html import unescape
 from pathlib import Path
 
 import pytest
