@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from flowtrial.demo import DEMO_PARTICIPANTS
 from flowtrial.study.errors import FlowtrialError
 
 MODES = ("virtual", "live")
@@ -128,7 +129,7 @@ def demo(
         "--dir", help="Directory for the demo (replaced if it holds an earlier demo).")] = Path(
         "flowtrial-demo"),
     participants: Annotated[int, typer.Option(
-        "--participants", help="Number of simulated participants.")] = 12,
+        "--participants", help="Number of simulated participants.")] = DEMO_PARTICIPANTS,
     seed: Annotated[int, typer.Option("--seed", help="Seed of study and behaviour.")] = 1,
 ) -> None:
     """Run a whole latency trial offline in about two minutes: proxy, simulated participants,
