@@ -260,20 +260,30 @@ class Framed(Paced):
         self.release_at = 0  # when the open frame goes out: the due of its last token
 
     async def content(self, ev: Any, c: Classified, arrival: int) -> None:
+        parts, widths = self._frame_parts(c)
+        if len(parts) > 1:
+            for raw, part, w in zip(self.adapter.split(ev, c, parts), parts, widths,
+                                    strict=True):
+                await self._release(raw, part, w, arrival)
+        else:
+            await self._release(self.adapter.restamp(ev, c), c.text, widths[0], arrival)
+
+    def _frame_parts(self, c: Classified) -> tuple[list[str], list[int]]:
+        """The event's text cut where it spans frames, and each part's token count. (The
+        token pieces die here: a long answer's thousands of small strings would otherwise
+        stay alive while it is paced, for every older-generation collection to walk.)"""
         text = c.text
         pieces = split_tokens(text) if text else []
-        if len(pieces) > 1 and c.text_key is not None:
-            widths = self._frame_widths(len(pieces))
+        n = len(pieces)
+        if n > 1 and c.text_key is not None:
+            widths = self._frame_widths(n)
             if len(widths) > 1:
                 parts, i = [], 0
                 for w in widths:
                     parts.append("".join(pieces[i:i + w]))
                     i += w
-                for raw, part, w in zip(self.adapter.split(ev, c, parts), parts, widths,
-                                        strict=True):
-                    await self._release(raw, part, w, arrival)
-                return
-        await self._release(self.adapter.restamp(ev, c), text, len(pieces), arrival)
+                return parts, widths
+        return [text], [n]
 
     def _frame_widths(self, n: int) -> list[int]:
         """How many of an event's ``n`` tokens fall in each frame they span (token 0 alone:

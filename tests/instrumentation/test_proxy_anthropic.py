@@ -68,7 +68,9 @@ def test_create_streaming_and_not(served) -> None:
     assert row["tokens_completion"] == events[-2].usage.output_tokens and row["usage_exact"]
     assert row["experienced_ttft_ms"] >= 150 and on_time(row)
     deltas = [e for e in events if e.type == "content_block_delta"]
-    assert len(deltas) == row["tokens_sent"]  # split into token-sized text_delta events
+    # 800 tokens/s is faster than one token per 8 ms frame: the model's deltas are split only
+    # where they span frames, so there are fewer events than tokens, each whole tokens.
+    assert 1 < len(deltas) < row["tokens_sent"] and row["frame_ms"] == 8
 
 
 def test_messages_stream_helper_text_and_final_message(served) -> None:

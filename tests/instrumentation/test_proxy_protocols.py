@@ -147,7 +147,8 @@ def test_models_list_needs_a_key(served) -> None:
 def test_unknown_fields_pass_through_both_ways(make_study) -> None:
     """Request bodies reach the upstream byte for byte; unknown response fields survive,
     also when a delta is split into token-sized pieces."""
-    s = make_study({"arms": [{"name": "team"}, {"name": "slow", "tokens_per_second": 180}],
+    s = make_study({"arms": [{"name": "team"},
+                             {"name": "slow", "tokens_per_second": 180, "frame_ms": 0}],
                     "study": {"design": "parallel"}}, participants=("p01", "p02"))
     extra = {"x_vendor": {"a": [1, 2.5, None]}, "service_tier": "flex"}
     up = ScriptedUpstream([(0, c) for c in chat_stream(["Hello big world, again"],
@@ -176,7 +177,7 @@ def test_unknown_fields_pass_through_both_ways(make_study) -> None:
 
 
 def test_responses_split_renumbers_sequence(make_study) -> None:
-    s = make_study({"arms": [{"name": "slow", "tokens_per_second": 150}]})
+    s = make_study({"arms": [{"name": "slow", "tokens_per_second": 150, "frame_ms": 0}]})
     ev = [
         ({"type": "response.created", "response": {"id": "resp_1"}}, "response.created"),
         ({"type": "response.output_text.delta", "delta": "one two three", "item_id": "i",

@@ -152,3 +152,27 @@ def test_responses_websocket_function_call_is_held_and_paced(served) -> None:
     assert got[-1][1].type == "response.completed", got[-1][1]
     _responses_check(s, got)
     assert _last_row(s)["transport"] == "websocket"
+
+
+@pytest.mark.timing
+def test_all_at_once_holds_the_tool_call_with_the_rest(make_study) -> None:
+    """``all_at_once``: the call's start and its arguments are held and leave together at
+    t_request + ttft + n/tps (n from the model's usage)."""
+    s = make_study({"upstream": {"tool_steps": 1,
+                                 "mock": {"tokens_per_second": 20000, "ttft_ms": 2}},
+                    "arms": [{"name": "held", "ttft_ms": 200, "tokens_per_second": TPS,
+                              "delivery": "all_at_once"}]})
+    with serve_proxy(s.db, s.config) as px:
+        c = openai.OpenAI(base_url=px.base_url + "/v1", api_key=s.key, max_retries=0)
+        t0 = time.monotonic()
+        got = [(time.monotonic() - t0, ch) for ch in c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": ASK}], stream=True,
+            stream_options={"include_usage": True},
+            tools=[{"type": "function", "function": _LS}])]
+    tool = [t for t, ch in got if ch.choices and ch.choices[0].delta.tool_calls]
+    usage = next(ch.usage for _, ch in got if ch.usage is not None)
+    assert len(tool) == 2 and tool[-1] - tool[0] < 0.02  # together
+    assert tool[0] >= 0.2 + usage.completion_tokens / TPS
+    row = _last_row(s)
+    assert row["tool_calls"] == 1 and row["frame_ms"] is None and on_time(row)
+    assert row["experienced_ttft_ms"] >= 200 + usage.completion_tokens / TPS * 1000
