@@ -110,7 +110,9 @@ def checks_section(
         out["carryover"] = run(lambda: checks.carryover_check(tasks))
     else:
         out["carryover"] = {"skipped": f"{design} design: no periods to carry over"}
-    out["manipulation"] = run(lambda: checks.manipulation_check(cycles))
+    # Per model call on the raw rows (applied targets, upstream arrival times), not per turn.
+    out["manipulation"] = run(lambda: checks.manipulation_check(frames.cycles,
+                                                                time_scale=frames.time_scale))
     # Missing data per arm: cycle outcomes (a missing decision is a cycle nobody answered),
     # and task times and forecasts.
     cyc = cycles.assign(decision=cycles["decision"].where(cycles["decision"] != "none"))
