@@ -89,6 +89,9 @@ def simulate(
         from flowtrial.study.storage import init_db
 
         config = load_study(study)
+        if agent_steps > 1 and mode == "live" and config.upstream.kind != "mock":
+            raise _fail("--mode live --agent-steps needs the simulated model ([upstream] kind "
+                        "= \"mock\"): its tool steps make the tool calls")
         if mode == "live":
             from flowtrial.live_simulation import compression_warnings
 

@@ -150,7 +150,7 @@ def test_live_agent_turns_build_real_turns(tmp_path) -> None:
     files them into one turn each, which `rebuild_turns` reproduces."""
     from flowtrial.study.turns import rebuild_turns
 
-    steps, n, prompts = 3, 2, 3
+    steps, n, prompts = 3, 3, 4
     config = live_config()
     db = init_db(tmp_path / "agent.db", config)
     res = simulate_live(db, config, SimParams(), n, 1, prompts, seed=11, agent_steps=steps)
@@ -160,7 +160,7 @@ def test_live_agent_turns_build_real_turns(tmp_path) -> None:
     assert (obs["calls"] == steps).all() and (obs["tool_s"] > 0).all()
     cols = ("id, participant_id, first_cycle_id, last_cycle_id, model_calls, tool_calls, "
             "side_calls, retries, status, t_start_ns, t_end_ns, wait_ms, model_ms, tool_ms, "
-            "gap_ms, injected_ms")
+            "gap_ms, injected_ms, mono_anchor_ns, wall_anchor_ns")
     with db.engine.connect() as c:
         cyc = pd.read_sql("SELECT * FROM cycles ORDER BY participant_id, t_request_ns", c)
         turns = pd.read_sql(f"SELECT {cols} FROM turns ORDER BY id", c)
@@ -182,6 +182,13 @@ def test_live_agent_turns_build_real_turns(tmp_path) -> None:
     # One decision per turn, naming its final answer.
     dec = _decisions(events)
     assert sorted(dec["cycle_id"]) == sorted(turns["last_cycle_id"])
+    # Switches happen during the whole turn (tool time included), and name its final call.
+    outs = events[(events["kind"] == "focus_out") & events["cycle_id"].notna()].merge(
+        turns, left_on="cycle_id", right_on="last_cycle_id")
+    wall = outs["wall_anchor_ns"] - outs["mono_anchor_ns"]
+    assert len(outs) >= 1 and len(outs) == obs["switched"].sum()
+    assert (outs["ts_ns"] >= wall + outs["t_start_ns"]).all()
+    assert (outs["ts_ns"] <= wall + outs["t_end_ns"]).all()
     assert rebuild_turns(db) == len(turns)
     with db.engine.connect() as c:
         again = pd.read_sql(f"SELECT {cols} FROM turns ORDER BY id", c)
