@@ -43,15 +43,18 @@ _COLUMNS = ("id, first_cycle_id, last_cycle_id, model_calls, tool_calls, side_ca
             "retries, status, t_start_ns, t_end_ns, wait_ms, model_ms, tool_ms, gap_ms")
 
 
-def _turn(url: str, key: str, i: int) -> int:
-    """One agent turn; every request on a fresh connection (the kernel picks a worker)."""
+def _turn(url: str | list[str], key: str, i: int) -> int:
+    """One agent turn; every request on a fresh connection (the kernel picks a worker), or,
+    given several proxies' URLs, each call to the next proxy in turn."""
+    urls = [url] if isinstance(url, str) else url
     http = httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0))
-    c = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, http_client=http)
+    clients = [openai.OpenAI(base_url=u + "/v1", api_key=key, max_retries=0, http_client=http)
+               for u in urls]
     messages: list[dict] = [{"role": "user", "content": f"What is in folder {i}?"}]
     calls = 0
     while True:
-        r = c.chat.completions.create(model="flowtrial-sim-1", messages=messages,
-                                      tools=[TOOL])
+        r = clients[calls % len(clients)].chat.completions.create(
+            model="flowtrial-sim-1", messages=messages, tools=[TOOL])
         calls += 1
         msg = r.choices[0].message
         if not msg.tool_calls:
@@ -114,3 +117,43 @@ def test_continuations_join_their_turn_across_workers(tmp_path: Path) -> None:
     con.close()
     assert again == turns
 
+
+
+def test_two_proxies_on_one_postgresql_alternating_calls(tmp_path: Path, pg_server) -> None:
+    """Two `flowtrial proxy` processes on one PostgreSQL database; every call of a turn goes
+    to the other proxy than the call before it."""
+    from flowtrial.study.storage import init_db
+
+    url = pg_server.new_database()
+    study = tmp_path / "study.toml"
+    study.write_text(STUDY, encoding="utf-8")
+    config = load_study(study)
+    database = init_db(url, config, STUDY)
+    key = enroll(database, config, "p01")[1]
+    database.dispose()
+    procs = [start_proxy(study, url, "--instance", f"proxy{k}") for k in range(2)]
+    try:
+        for _, u in procs:
+            wait_healthy(u)
+        calls = [_turn([u for _, u in procs], key, i) for i in range(3)]
+    finally:
+        for proc, _ in procs:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=60)
+    assert calls == [STEPS + 1] * 3
+    database = open_db(url)
+    try:
+        with database.engine.connect() as c:
+            cycles = c.exec_driver_sql("SELECT turn_id, request_kind, recorded_by FROM cycles "
+                                       "ORDER BY started_at").fetchall()
+            turns = c.exec_driver_sql(f"SELECT {_COLUMNS} FROM turns ORDER BY id").fetchall()
+        assert [r[2] for r in cycles] == ["proxy0", "proxy1"] * (2 * 3)
+        assert [r[1] for r in cycles] == (["human"] + ["continuation"] * STEPS) * 3
+        assert len({r[0] for r in cycles}) == len(turns) == 3
+        assert all(t[3] == STEPS + 1 and t[4] == STEPS and t[7] == "complete" for t in turns)
+        assert rebuild_turns(database) == 3
+        with database.engine.connect() as c:
+            again = c.exec_driver_sql(f"SELECT {_COLUMNS} FROM turns ORDER BY id").fetchall()
+        assert again == turns
+    finally:
+        database.dispose()
