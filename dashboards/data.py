@@ -314,6 +314,22 @@ def agent_by_arm(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> 
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
+def agent_turns(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> pd.DataFrame:
+    """Agent telemetry per agent turn (``flowtrial.analysis.turn_telemetry.turn_telemetry``)
+    for the filtered participants, arms and dates."""
+    from flowtrial.analysis.turn_telemetry import turn_telemetry
+
+    t = turn_telemetry(database(url), list(f.participants) or None, scale)
+    if f.arms:
+        t = t[t["arm"].isin(f.arms)]
+    if f.start is not None:
+        t = t[t["start_ns"] >= pd.Timestamp(f.start, tz="UTC").value]
+    if f.end is not None:
+        t = t[t["start_ns"] < pd.Timestamp(f.end, tz="UTC").value + DAY_NS]
+    return t.reset_index(drop=True)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
 def task_times(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> pd.DataFrame:
     """One row per task (the columns ``flowtrial.analysis.metrics.task_table`` documents that the
     effect estimate needs): task time from start/end, else the imported ``time_s``."""

@@ -216,7 +216,8 @@ def simulate_virtual_frames(
         "turn_id": ["trn_" + c for c in cycle_ids],
         "conversation_key": None,
         "client": "flowtrial-simulator",
-        "frame_ms": None,  # no proxy delivered these tokens: no delivery frame
+        # No proxy wrote these answers: no delivery granularity to record.
+        "frame_ms": None,
     })[CYCLE_COLUMNS]
     if plan is not None:
         cycles = add_agent_calls(cycles, plan, raw_ns)[CYCLE_COLUMNS]
