@@ -21,7 +21,11 @@ Measured (session 8, 2 vCPUs under a load average of 7-14): the demo's design (4
 (1-20) and its CI covered the true 8 s in 19/20 (seed 4: 5.27 s, 3.86-6.74 s); the pooled
 ψ̂* was found in 20/20 and covered ψ* in 18/20. With the simulator's defaults (τ 0.35,
 floor 3 %, 60 % at 4ψ) it was found in 0/2 seeds at the old demo's 168 cycles, 1/5 at 480
-(TTFT 1-40 s) and 1/4 at 1,200 (TTFT 2-32 s).
+(TTFT 1-40 s) and 1/4 at 1,200 (TTFT 2-32 s). Live `flowtrial demo` at load 3-5: seed 2 in
+2 m 07 s, found, 8.36 s (5.61-11.5), covers (virtual: 8.66 s, 5.71-12.27); seed 1 in
+2 m 05 s, found, 5.15 s (3.89-7.17), misses 8 s (virtual: 6.12 s, 4.54-8.30, covers). At
+load 14 a live 40-participant run broke (next to nothing but switches, 83 % violations,
+11 m 29 s).
 
 Usage: python benchmarks/bench_demo_seeds.py [--seeds 20] [--first-seed 1]
        [--participants N] [--tasks N] [--prompts N] [--ttft-ms 1000,40000]
