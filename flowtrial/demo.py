@@ -111,6 +111,12 @@ class DemoResult:
     def dashboard_command(self) -> str:
         return f"flowtrial dashboard --db {self.db_path}"
 
+    def _manipulation_summary(self) -> str | None:
+        """The report's manipulation-check sentence (None without an analysis)."""
+        checks = (self.analysis or {}).get("checks") or {}
+        summary = (checks.get("manipulation") or {}).get("summary")
+        return summary if isinstance(summary, str) and summary else None
+
     def _threshold_line(self) -> str | None:
         return _threshold_line_of(self.analysis)
 
@@ -124,7 +130,10 @@ class DemoResult:
         for b in self.switch_bands:
             rate = "—" if b["rate"] is None else f"{b['rate'] * 100:4.0f} %"
             lines.append(f"  {b['band']:>9}  {rate}  ({b['switches']}/{b['cycles']})")
-        lines.append(f"Manipulation violations: {self.violations} of {self.cycles} "
+        check = self._manipulation_summary()
+        if check:  # the report's own verdict, in real time units (docs/concepts/manipulation.md)
+            lines.append(check)
+        lines.append(f"Proxy's raw 5 ms flag: {self.violations} of {self.cycles} "
                      f"({self.violation_rate * 100:.1f} %).")
         if self.violation_rate >= 0.01 and self.timer_late_rate and self.timer_late_rate >= 0.002:
             lines.append(

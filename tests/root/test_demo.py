@@ -66,7 +66,10 @@ def test_demo_end_to_end_and_rerun(tmp_path: Path) -> None:
     # The summary: switch rate by wait band, violations, report and dashboard command.
     lines = "\n".join(result.summary_lines())
     assert f"{result.cycles} cycles from 12 simulated participants" in lines
-    assert "Manipulation violations" in lines
+    assert f"Proxy's raw 5 ms flag: {result.violations} of {result.cycles}" in lines
+    if result.analysis is not None:  # the report's verdict, word for word
+        check = result.analysis["checks"]["manipulation"]["summary"]
+        assert check.startswith("Manipulation check") and check in lines
     assert f"flowtrial dashboard --db {result.db_path}" in lines
     rates = [b["rate"] for b in result.switch_bands if b["cycles"]]
     assert sum(b["cycles"] for b in result.switch_bands) == len(cyc)
