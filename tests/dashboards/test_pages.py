@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from sqlalchemy import func, select
 from streamlit.testing.v1 import AppTest
@@ -27,6 +28,33 @@ def render(at: AppTest, page: str) -> AppTest:
 
 def metric(at: AppTest, label: str) -> str:
     return next(m.value for m in at.metric if m.label.startswith(label))
+
+
+def layers(spec: dict) -> list[dict]:
+    """Every unit view of a Vega-Lite spec (layers and concatenations flattened)."""
+    out = []
+    for key in ("layer", "hconcat", "vconcat", "concat"):
+        for sub in spec.get(key, []):
+            out += layers(sub)
+    if "mark" in spec:
+        out.append({**spec, "mark": spec["mark"] if isinstance(spec["mark"], dict)
+                    else {"type": spec["mark"]}})
+    return out
+
+
+def chart_data(at: AppTest, field: str) -> tuple[dict, list[pd.DataFrame]]:
+    """The Vega-Lite spec and data sets of the first chart that encodes ``field``."""
+    import json
+
+    import pyarrow as pa
+
+    for chart in at.get("arrow_vega_lite_chart"):
+        spec = json.loads(chart.proto.spec)
+        if f'"field": "{field}"' in json.dumps(spec):
+            frames = [pa.ipc.open_stream(d.data.data).read_pandas()
+                      for d in chart.proto.datasets]
+            return spec, frames
+    raise AssertionError(f"no chart encodes {field!r}")
 
 
 def count(db: Path, *where: object) -> int:
@@ -127,3 +155,51 @@ def test_timeline_draws_agent_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             Turn.participant_id == pid)).scalar_one()
     database.dispose()
     assert int(metric(at, "Agent turns this day")) == n == 4
+    # One bar per turn spanning its wait, its model calls and tool gaps nested inside it: on
+    # the same lane, thinner, within the wait bar's span (#17).
+    spec, frames = chart_data(at, "lane")
+    bars = pd.concat(frames, ignore_index=True)
+    assert set(bars.loc[bars["phase"].isin(["wait", "model call", "tool"]), "lane"]) == {
+        "turn (wait)"}
+    heights = {m["mark"].get("height") for m in layers(spec) if m["mark"]["type"] == "bar"}
+    assert heights == {18, 8}
+    waits = bars[bars["phase"] == "wait"]
+    inner = bars[bars["phase"].isin(["model call", "tool"])]
+    assert (inner["phase"] == "model call").sum() == 3 * n
+    assert (inner["phase"] == "tool").sum() == 2 * n
+    for _, seg in inner.iterrows():
+        w = waits[waits["cycle_id"] == seg["cycle_id"]]
+        assert len(w) == 1, "each nested segment belongs to one turn's wait bar"
+        assert w["start"].iloc[0] <= seg["start"] <= seg["end"] <= w["end"].iloc[0]
+
+
+def test_chat_only_timeline_has_one_wait_lane(small_study: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(small_study, monkeypatch)
+    render(at, PAGES[0])
+    render(at, "pages/timeline.py")
+    _spec, frames = chart_data(at, "lane")
+    bars = pd.concat(frames, ignore_index=True)
+    assert not bars["phase"].isin(["model call", "tool"]).any()
+    assert set(bars.loc[bars["phase"] == "wait", "lane"]) == {"wait"}
+
+
+def test_arms_histograms_one_axis_per_measure_in_numeric_order(
+        small_study: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = app(small_study, monkeypatch)
+    render(at, PAGES[0])
+    render(at, "pages/arms.py")
+    spec, _frames = chart_data(at, "range_s")
+    views = spec["hconcat"]
+    assert [v["title"] for v in views] == ["experienced TTFT", "total wait", "cycle time"]
+    assert spec["resolve"]["scale"]["x"] == "independent"
+    for v in views:
+        order = v["encoding"]["x"]["sort"]
+        lows = [float(lab.split("–")[0].lstrip("≥ ")) for lab in order]
+        assert lows == sorted(lows), order  # numeric, not text, order
+        assert v["encoding"]["x"]["title"] == f"{v['title']} (s)"
+    # Rates are percentages like the report's, never raw fractions.
+    for df in at.dataframe:
+        for col in df.value.columns:
+            if str(col).endswith("_rate"):
+                assert all(str(x).endswith(" %") or x == "—" for x in df.value[col]), col
