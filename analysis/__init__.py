@@ -4,7 +4,7 @@
 - `flowtrial.analysis.threshold`: the flow threshold ψ (`fit_threshold`, `simulate_switch_data`,
   `population_onset_psi`).
 - `flowtrial.analysis.checks`: checks first (`srm_check`, `carryover_check`, `manipulation_check`,
-  `missing_data`).
+  `missing_data`); `flowtrial.analysis.manipulation`: the manipulation check.
 
 Public names are re-exported lazily so that `import analysis` (e.g. by the CLI) does not
 pay for importing statsmodels/scipy until an estimator is actually used.
@@ -30,11 +30,11 @@ _EXPORTS: dict[str, str] = {
     "population_onset_psi": ".threshold",
     "SRMResult": ".checks",
     "CarryoverResult": ".checks",
-    "ManipulationResult": ".checks",
+    "ManipulationResult": ".manipulation",
     "MissingDataResult": ".checks",
     "srm_check": ".checks",
     "carryover_check": ".checks",
-    "manipulation_check": ".checks",
+    "manipulation_check": ".manipulation",
     "missing_data": ".checks",
 }
 

@@ -1,5 +1,5 @@
 """Checks first (docs/concepts/analysis.md#checks-first): sample-ratio mismatch, carry-over,
-manipulation, missing data.
+manipulation (its own module, `flowtrial.analysis.manipulation`), missing data.
 
 Every check returns a small result object with `.ok` (nothing to worry about) and
 `.to_dict()` (JSON-ready). Bad input raises `AnalysisInputError` with a one-line message.
@@ -19,6 +19,10 @@ from flowtrial.study.randomization import SRM_ALPHA, SRMResult
 from flowtrial.study.randomization import srm_check as _study_srm
 
 from . import AnalysisInputError
+from .manipulation import ManipulationResult, manipulation_check
+
+__all__ = ["CarryoverResult", "ManipulationResult", "MissingDataResult", "carryover_check",
+           "manipulation_check", "missing_data", "srm_check"]
 
 
 def _require(df: pd.DataFrame, cols: Sequence[str], what: str) -> None:
@@ -187,99 +191,6 @@ def carryover_check(
         outcome=outcome,
         log_outcome=log_outcome,
         terms=[names[j] for j in inter],
-    )
-
-
-# ----------------------------------------------------------------------- manipulation
-
-
-@dataclass
-class ManipulationResult(_CheckResult):
-    """Per arm: targeted vs experienced TTFT and tokens/s, violation rate."""
-
-    by_arm: list[dict[str, Any]]
-    problems: list[str]
-    ttft_tolerance_ms: float
-    tps_tolerance: float
-    max_violation_rate: float
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-def _ms(df: pd.DataFrame, stem: str) -> pd.Series:
-    """`<stem>_ms`, or `<stem>_s` × 1000 (the metrics layer's cycle table uses seconds)."""
-    if f"{stem}_ms" in df.columns:
-        return pd.to_numeric(df[f"{stem}_ms"], errors="coerce")
-    if f"{stem}_s" in df.columns:
-        return pd.to_numeric(df[f"{stem}_s"], errors="coerce") * 1000.0
-    raise AnalysisInputError(f"manipulation_check: column {stem}_ms (or {stem}_s) not found")
-
-
-def manipulation_check(
-    cycles_df: pd.DataFrame,
-    *,
-    ttft_tolerance_ms: float = 100.0,
-    tps_tolerance: float = 0.10,
-    max_violation_rate: float = 0.05,
-) -> ManipulationResult:
-    """Per arm: median target and experienced TTFT, median and p95 |miss|, median target and
-    achieved tokens/s, violation rate. A problem is reported when an arm's violation rate
-    exceeds `max_violation_rate`, its median |TTFT miss| exceeds `ttft_tolerance_ms`, or its
-    median achieved/target tokens/s is off by more than `tps_tolerance` (unshaped targets,
-    i.e. NaN, are skipped)."""
-    _require(cycles_df, ["arm", "target_tps", "achieved_tps", "violation"], "manipulation_check")
-    if cycles_df.empty:
-        raise AnalysisInputError("manipulation_check: no cycles")
-    d = pd.DataFrame(
-        {
-            "arm": cycles_df["arm"].astype(str),
-            "target": _ms(cycles_df, "target_ttft"),
-            "experienced": _ms(cycles_df, "experienced_ttft"),
-            "target_tps": pd.to_numeric(cycles_df["target_tps"], errors="coerce"),
-            "achieved_tps": pd.to_numeric(cycles_df["achieved_tps"], errors="coerce"),
-            "violation": pd.to_numeric(cycles_df["violation"].astype(float), errors="coerce"),
-        }
-    )
-    rows: list[dict[str, Any]] = []
-    problems: list[str] = []
-    for name, g in d.groupby("arm", sort=True):
-        miss = (g["experienced"] - g["target"]).dropna()
-        ratio = (g["achieved_tps"] / g["target_tps"]).replace([np.inf, -np.inf], np.nan).dropna()
-        viol = g["violation"].dropna()
-        row = {
-            "arm": name,
-            "n": int(len(g)),
-            "target_ttft_ms_median": _clean(g["target"].median()),
-            "experienced_ttft_ms_median": _clean(g["experienced"].median()),
-            "ttft_miss_ms_median": _clean(miss.median()) if len(miss) else None,
-            "ttft_abs_miss_ms_p95": _clean(miss.abs().quantile(0.95)) if len(miss) else None,
-            "target_tps_median": _clean(g["target_tps"].median()),
-            "achieved_tps_median": _clean(g["achieved_tps"].median()),
-            "tps_ratio_median": _clean(ratio.median()) if len(ratio) else None,
-            "violation_rate": _clean(viol.mean()) if len(viol) else None,
-        }
-        rows.append(row)
-        if row["violation_rate"] is not None and row["violation_rate"] > max_violation_rate:
-            problems.append(
-                f"arm {name}: violation rate {row['violation_rate']:.1%} > {max_violation_rate:.0%}"
-            )
-        if len(miss) and abs(float(miss.median())) > ttft_tolerance_ms:
-            problems.append(
-                f"arm {name}: median TTFT miss {float(miss.median()):.0f} ms "
-                f"(tolerance {ttft_tolerance_ms:g} ms)"
-            )
-        if len(ratio) and abs(float(ratio.median()) - 1) > tps_tolerance:
-            problems.append(
-                f"arm {name}: achieved tokens/s is {float(ratio.median()):.2f}× the target"
-            )
-    return ManipulationResult(
-        by_arm=rows,
-        problems=problems,
-        ttft_tolerance_ms=ttft_tolerance_ms,
-        tps_tolerance=tps_tolerance,
-        max_violation_rate=max_violation_rate,
     )
 
 

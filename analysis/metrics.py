@@ -28,8 +28,10 @@ idle_wait_s            wait with nothing new to read: ``flowtrial.study.timeline
                        tokens/s, Brysbaert 2019)
 achieved_tps           content tokens after the first over t_last_sent − t_first_sent (real)
 delivery               stream / all_at_once (the targeted delivery)
-violation              the upstream was slower than the target (manipulation violation)
-violation_s            by how much the target was missed
+violation              the proxy's flag: the answer missed its schedule by > 5 ms raw
+                       (upstream or proxy/machine: ``flowtrial.analysis.manipulation``
+                       says which, and judges misses in real time)
+violation_s            by how much the target was missed (real s)
 tokens_completion      completion tokens (exact from upstream usage when given)
 switched               context switch during the wait at the study's
                        ``capture.switch_min_away_s`` (see ``flowtrial.analysis.switches``)
@@ -87,10 +89,10 @@ CYCLE_COLUMNS = [
     "mono_anchor_ns", "wall_anchor_ns", "t_request_ns", "t_first_sent_ns", "t_last_sent_ns",
     "target_ttft_ms", "target_tps", "target_delivery", "experienced_ttft_ms", "achieved_tps",
     "violation", "violation_ms", "tokens_completion", "tokens_sent", "request_kind", "turn_id",
-    "tool_calls", "t_done_ns",
+    "tool_calls", "t_done_ns", "t_upstream_first_ns", "t_upstream_last_ns", "stream", "shaped",
 ]
 _NS_COLUMNS = ["mono_anchor_ns", "wall_anchor_ns", "t_request_ns", "t_first_sent_ns",
-               "t_last_sent_ns", "t_done_ns"]
+               "t_last_sent_ns", "t_done_ns", "t_upstream_first_ns", "t_upstream_last_ns"]
 
 
 @dataclass

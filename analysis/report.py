@@ -54,6 +54,7 @@ from .report_sections import (
     threshold_section,
 )
 from .switches import switch_column
+from .turn_telemetry import events_by_turn, read_turn_inputs, turn_section, turn_table
 from .workers import run_jobs
 
 PRIMARY_WAIT = "idle_wait_s"
@@ -110,7 +111,9 @@ def checks_section(
         out["carryover"] = run(lambda: checks.carryover_check(tasks))
     else:
         out["carryover"] = {"skipped": f"{design} design: no periods to carry over"}
-    out["manipulation"] = run(lambda: checks.manipulation_check(cycles))
+    # Per model call on the raw rows (applied targets, upstream arrival times), not per turn.
+    out["manipulation"] = run(lambda: checks.manipulation_check(frames.cycles,
+                                                                time_scale=frames.time_scale))
     # Missing data per arm: cycle outcomes (a missing decision is a cycle nobody answered),
     # and task times and forecasts.
     cyc = cycles.assign(decision=cycles["decision"].where(cycles["decision"] != "none"))
@@ -212,6 +215,7 @@ def run_analysis(
             f"{len(frames.tasks)} tasks")
         truth = ground_truth(database)
         agent_events = read_agent_events(database)
+        turn_inputs = read_turn_inputs(database)
     finally:
         database.dispose()
     cycles = cycle_table_from_frames(frames)
@@ -235,6 +239,10 @@ def run_analysis(
     results["study"]["database"] = str(db_path)
     results["agent_telemetry"] = agent_section(cycles, agent_events, PRIMARY_WAIT,
                                                WAIT_BANDS_S, frames.time_scale)
+    tev, tturns, tcycles = turn_inputs
+    results["agent_turns"] = turn_section(
+        turn_table(events_by_turn(tev, tturns, tcycles), tturns, tcycles, frames.time_scale),
+        WAIT_BANDS_S, len(tturns))
     if draw:
         fig_uris.update(_fit_figures(cycles, truth, fit))
     results["figures"] = sorted(k for k, v in fig_uris.items() if v)

@@ -76,6 +76,14 @@ def _print_summary(r: dict[str, Any], out: Path) -> None:
     if "flagged" in srm:
         flag = "[red]MISMATCH[/red]" if srm["flagged"] else "[green]ok[/green]"
         console.print(f"Sample-ratio check: p = {_num(srm.get('p_value'))} {flag}")
+    manip = r["checks"].get("manipulation") or {}
+    if manip.get("summary"):
+        color = {"flagged": "red", "warn": "yellow"}.get(manip.get("status", ""), "green")
+        console.print(f"[{color}]{manip['summary']}[/{color}]", highlight=False)
+        for line in [*manip.get("problems", []), *manip.get("warnings", [])]:
+            console.print(f"  {line}", highlight=False)
+    elif manip.get("skipped"):
+        console.print(f"Manipulation check: not run ({manip['skipped']})")
     t = r["threshold"]
     pt = t.get("personal") or {}
     if pt.get("median_psi_s") is not None:

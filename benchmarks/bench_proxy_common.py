@@ -131,14 +131,16 @@ def proxy_process(study: Path, db: Path, env: dict[str, str] | None = None, *ext
 
 
 @contextmanager
-def mock_model_process(ttft_ms: float = 0.0, tokens_per_second: float = 2000.0
-                       ) -> Iterator[Served]:
-    """The simulated model served over HTTP (as ``flowtrial mock-model``); yields
-    ``http://host:port/v1``."""
+def mock_model_process(ttft_ms: float = 0.0, tokens_per_second: float = 2000.0,
+                       answer_tokens: int | None = None) -> Iterator[Served]:
+    """The simulated model served over HTTP (as ``flowtrial mock-model``; ``answer_tokens``:
+    every answer that long); yields ``http://host:port/v1``."""
     code = ("import typer; from flowtrial.instrumentation.mock_model.commands import mock_model; "
             "typer.run(mock_model)")
     args = [sys.executable, "-c", code, "--port", "0", "--ttft-ms", str(ttft_ms),
             "--tokens-per-second", str(tokens_per_second)]
+    if answer_tokens:
+        args += ["--answer-tokens", str(answer_tokens)]
     with _process(args, r"simulated model at (http://\S+/v1)", ready="/models") as url:
         yield url
 
@@ -146,13 +148,15 @@ def mock_model_process(ttft_ms: float = 0.0, tokens_per_second: float = 2000.0
 BENCH_KEY_ENV = "FLOWTRIAL_BENCH_UPSTREAM_KEY"
 
 
-def upstream_section(mock_url: str | None, upstream_tps: float | str = "inf") -> str:
+def upstream_section(mock_url: str | None, upstream_tps: float | str = "inf",
+                     answer_tokens: int | None = None) -> str:
     """The study's ``[upstream]`` TOML: the simulated model inside the proxy (``mock_url``
     None), or served over HTTP at ``mock_url`` (``http://host:port/v1``) for both the OpenAI
     and the Anthropic side, with the key read from :data:`BENCH_KEY_ENV`."""
     if mock_url is None:
         return ("[upstream]\nkind = \"mock\"\n[upstream.mock]\n"
-                f"tokens_per_second = {upstream_tps}\nttft_ms = 20\n")
+                f"tokens_per_second = {upstream_tps}\nttft_ms = 20\n"
+                + (f"answer_tokens = {answer_tokens}\n" if answer_tokens else ""))
     root = mock_url.removesuffix("/v1")
     return (f'[upstream.openai]\nbase_url = "{mock_url}"\napi_key_env = "{BENCH_KEY_ENV}"\n'
             f'[upstream.anthropic]\nbase_url = "{root}"\napi_key_env = "{BENCH_KEY_ENV}"\n')

@@ -11,7 +11,9 @@ event-loop timing.
 Targets: p99 |TTFT error| ≤ 2 ms with 50–100 streams; tokens/s within 2 %.
 
     python benchmarks/bench_proxy_shaping.py [--streams 100] [--ttft-ms 400] [--tps 50]
-                                             [--priority -10] [--pin [--witness]]
+                                             [--answer-tokens 2000] [--min-tokens 300]
+                                             [--frame-ms 8] [--priority -10]
+                                             [--pin [--witness]]
 """
 
 from __future__ import annotations
@@ -64,16 +66,17 @@ design = "parallel"
 name = "shaped"
 ttft_ms = {ttft}
 tokens_per_second = {tps}
-[capture]
+{frame}[capture]
 content = "fingerprint"
 """
 
 
-async def one_stream(host: str, port: int, key: str, i: int) -> tuple[str, float | None, bool]:
+async def one_stream(host: str, port: int, key: str, i: int, max_tokens: int = 400
+                     ) -> tuple[str, float | None, bool]:
     """One streaming chat request over a raw socket: a light client, so 100 of them do not
     load the machine the proxy's timing is measured on."""
     body = json.dumps({
-        "model": "flowtrial-sim-1", "stream": True, "max_tokens": 400,
+        "model": "flowtrial-sim-1", "stream": True, "max_tokens": max_tokens,
         "messages": [{"role": "user", "content": f"explain python generators in depth {i}"}],
     }).encode()
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\n"
@@ -96,11 +99,13 @@ async def one_stream(host: str, port: int, key: str, i: int) -> tuple[str, float
     return (cid.group(1).decode() if cid else ""), first, b"data: [DONE]" in buf
 
 
-async def load(url: str, keys: list[str], n: int, stagger_ms: float) -> list:
+async def load(url: str, keys: list[str], n: int, stagger_ms: float, max_tokens: int = 400
+               ) -> list:
     host, port = url.split("//", 1)[1].rsplit(":", 1)
     tasks = []
     for i in range(n):
-        tasks.append(asyncio.create_task(one_stream(host, int(port), keys[i % len(keys)], i)))
+        tasks.append(asyncio.create_task(one_stream(host, int(port), keys[i % len(keys)], i,
+                                                    max_tokens)))
         await asyncio.sleep(stagger_ms / 1000)
     return await asyncio.gather(*tasks)
 
@@ -114,6 +119,14 @@ def main() -> None:
                     help="the simulated model's own pace (default inf: each answer arrives "
                          "whole after the model's TTFT, so the figures measure the proxy's "
                          "shaping rather than the model's own pacing)")
+    ap.add_argument("--answer-tokens", type=int, default=None,
+                    help="every answer of the simulated model this many tokens long (its "
+                         "answer_tokens setting; default: the corpus answers, capped at 400)")
+    ap.add_argument("--min-tokens", type=int, default=100,
+                    help="the rate error counts streams of at least this many tokens")
+    ap.add_argument("--frame-ms", type=float, default=None,
+                    help="the arm's frame_ms (0: one write per token; default: the arm's "
+                         "default)")
     add_shaping_options(ap, upstream="http")
     args = ap.parse_args()
     pin_load_generator(args)
@@ -122,12 +135,15 @@ def main() -> None:
         d = Path(tmp)
         env = None
         if args.upstream == "http":
-            mock = stack.enter_context(mock_model_process(20.0, args.upstream_tps))
+            mock = stack.enter_context(mock_model_process(20.0, args.upstream_tps,
+                                                          args.answer_tokens))
             upstream, env = upstream_section(mock), upstream_env()
         else:
-            upstream = upstream_section(None, args.upstream_tps)
-        study = write_study(d, STUDY.format(ttft=args.ttft_ms, tps=args.tps,
+            upstream = upstream_section(None, args.upstream_tps, args.answer_tokens)
+        frame = "" if args.frame_ms is None else f"frame_ms = {args.frame_ms}\n"
+        study = write_study(d, STUDY.format(ttft=args.ttft_ms, tps=args.tps, frame=frame,
                                             upstream=upstream) + proxy_toml(args))
+        max_tokens = args.answer_tokens or 400
         db = d / "bench.db"
         keys = enroll_keys(study, db, 10)
         results = []
@@ -139,7 +155,8 @@ def main() -> None:
             steal, delay = CpuSteal(), RunDelay(url.pid)
             cpu0, t0 = cpu_seconds(url.pid), time.monotonic()
             for _ in range(args.rounds):
-                results += asyncio.run(load(url, keys, args.streams, args.stagger_ms))
+                results += asyncio.run(load(url, keys, args.streams, args.stagger_ms,
+                                            max_tokens))
             steal_pct, waited = steal.pct(), delay.summary()
             if witness is not None:
                 witness.finish()
@@ -158,7 +175,7 @@ def main() -> None:
         con.close()
     ttft_err = [abs(r[1] - r[2]) for r in rows.values() if r[1] is not None]
     client_err = [abs(r[1] - args.ttft_ms) for r in results if r[1] is not None]
-    long = [r for r in rows.values() if r[5] and r[5] >= 100 and r[3]]
+    long = [r for r in rows.values() if r[5] and r[5] >= args.min_tokens and r[3]]
     tps_err = [abs(r[3] - r[4]) / r[4] * 100 for r in long]
     out = {
         "streams_concurrent": args.streams,
@@ -173,6 +190,8 @@ def main() -> None:
                                   "max": max(ttft_err)},
         "ttft_abs_err_ms_client": {"p50": percentile(client_err, 50),
                                    "p99": percentile(client_err, 99)},
+        "min_tokens": args.min_tokens,
+        "frame_ms": args.frame_ms,
         "tps_err_pct_streams_ge_100_tokens": {
             "n": len(tps_err), "p50": percentile(tps_err, 50), "p99": percentile(tps_err, 99),
             "max": max(tps_err) if tps_err else None},

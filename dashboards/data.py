@@ -169,6 +169,30 @@ def arm_summary(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> p
     return df
 
 
+#: The raw cycle columns the manipulation check reads (applied targets, upstream arrivals).
+MANIPULATION_COLUMNS = ("arm", "status", "shaped", "stream", "t_request_ns",
+                        "t_upstream_first_ns", "t_upstream_last_ns", "t_first_sent_ns",
+                        "t_last_sent_ns", "target_ttft_ms", "target_tps", "target_delivery",
+                        "tokens_sent", "achieved_tps", "violation_ms")
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def manipulation(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> dict[str, Any]:
+    """The report's manipulation check (``flowtrial.analysis.manipulation``) on the filtered
+    cycles: the same verdict, misses, fault classes and per-arm rates as ``flowtrial
+    analyze`` (its JSON: ``checks.manipulation``), or ``{"skipped": why}``."""
+    from flowtrial.analysis import AnalysisInputError
+    from flowtrial.analysis.manipulation import manipulation_check
+
+    q = select(*[getattr(Cycle, c) for c in MANIPULATION_COLUMNS]).where(*cycle_where(f))
+    with database(url).engine.connect() as conn:
+        df = _frame(conn.execute(q), list(MANIPULATION_COLUMNS))
+    try:
+        return manipulation_check(df, time_scale=scale).to_dict()
+    except AnalysisInputError as exc:
+        return {"skipped": str(exc)}
+
+
 @st.cache_data(show_spinner=False, max_entries=32)
 def histograms(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> pd.DataFrame:
     """Per arm and measure, cycle counts in log-spaced bins: experienced TTFT, total wait
@@ -287,6 +311,22 @@ def agent_summary(events: pd.DataFrame) -> pd.DataFrame:
 def agent_by_arm(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> pd.DataFrame:
     """:func:`agent_summary` of :func:`agent_events_by_arm` (cached)."""
     return agent_summary(agent_events_by_arm(url, fresh, scale, f))
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def agent_turns(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> pd.DataFrame:
+    """Agent telemetry per agent turn (``flowtrial.analysis.turn_telemetry.turn_telemetry``)
+    for the filtered participants, arms and dates."""
+    from flowtrial.analysis.turn_telemetry import turn_telemetry
+
+    t = turn_telemetry(database(url), list(f.participants) or None, scale)
+    if f.arms:
+        t = t[t["arm"].isin(f.arms)]
+    if f.start is not None:
+        t = t[t["start_ns"] >= pd.Timestamp(f.start, tz="UTC").value]
+    if f.end is not None:
+        t = t[t["start_ns"] < pd.Timestamp(f.end, tz="UTC").value + DAY_NS]
+    return t.reset_index(drop=True)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -436,7 +476,7 @@ def enrolled_without_cycles(url: str) -> dict[str, int]:
 
 
 __all__ = [
-    "StudyInfo", "arm_summary", "cycle_where", "database", "decisions_by_arm",
+    "StudyInfo", "arm_summary", "manipulation", "cycle_where", "database", "decisions_by_arm",
     "enrolled_without_cycles", "filter_options", "freshness", "histograms",
     "participant_day_tables", "participant_days", "study_info", "task_times", "team_weekly",
 ]

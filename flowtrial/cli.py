@@ -93,8 +93,13 @@ COMMANDS: dict[str, CommandSpec] = {
     "import-otel": CommandSpec(
         "flowtrial.instrumentation.capture_commands:import_otel",
         "Import a coding agent's OpenTelemetry (Claude Code, Codex CLI, Gemini CLI) from an "
-        "OTLP JSON file as events linked to the participant's cycles (idempotent: importing "
-        "the same records twice adds nothing).",
+        "OTLP JSON file or Gemini CLI's outfile as events linked to the participant's cycles "
+        "(idempotent: importing the same records twice adds nothing).",
+        _CAPTURE),
+    "codex-notify": CommandSpec(
+        "flowtrial.instrumentation.capture_commands:codex_notify",
+        "Send Codex CLI's end-of-turn notification to the proxy as agent telemetry (set it as "
+        "Codex's notify program: docs/clients/telemetry.md).",
         _CAPTURE),
     "persistence": CommandSpec(
         "flowtrial.instrumentation.capture_commands:persistence",

@@ -118,12 +118,12 @@ def import_otel(
     participant: Annotated[str, typer.Option("--participant",
                                              help="Participant id the telemetry belongs to.")],
     file: Annotated[Path, typer.Argument(
-        help="OTLP JSON: a collector's file exporter output (one request per line) or one "
-             "export request.")],
+        help="OTLP JSON (a collector's file exporter output, one request per line, or one "
+             "export request), or Gemini CLI's telemetry.outfile.")],
 ) -> None:
     """Import a coding agent's OpenTelemetry (Claude Code, Codex CLI, Gemini CLI) from an OTLP
-    JSON file as events linked to the participant's cycles (idempotent: importing the same
-    records twice adds nothing)."""
+    JSON file or Gemini CLI's outfile as events linked to the participant's cycles
+    (idempotent: importing the same records twice adds nothing)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -152,3 +152,28 @@ def import_otel(
     Console().print(table)
     if report.relinked:
         Console().print(f"{report.relinked} earlier event(s) linked to their cycle")
+
+
+def codex_notify(
+    notification: Annotated[str, typer.Argument(
+        help="The JSON Codex passes to its notify program (added by Codex itself).")],
+    url: Annotated[str, typer.Option(
+        "--url", help="The flowtrial proxy's root URL, e.g. http://127.0.0.1:8787.")],
+    key_env: Annotated[str, typer.Option(
+        "--key-env", help="Environment variable holding the participant's key (Codex's "
+                          "env_key).")] = "FLOWTRIAL_API_KEY",
+) -> None:
+    """Send Codex CLI's end-of-turn notification to the proxy as agent telemetry (set it as
+    Codex's notify program: docs/clients/telemetry.md)."""
+    import os
+
+    from .telemetry.notify import NotifyError, log_request, post
+
+    key = os.environ.get(key_env)
+    if not key:
+        raise _fail(f"${key_env} is not set: it must hold the participant's key (as for "
+                    "Codex's model provider)")
+    try:
+        post(url, key, log_request(notification))
+    except NotifyError as exc:
+        raise _fail(str(exc)) from None

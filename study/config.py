@@ -12,7 +12,7 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -116,6 +116,24 @@ class MockSettings(_Strict):
     tokens_per_second: float = Field(default=2000.0, gt=0)
     ttft_ms: float = Field(default=20.0, ge=0)
     seed: int = 0
+    # Long answers for fast arms: every prose answer N tokens, or N drawn per request from
+    # [lo, hi] (deterministic for the seed). None: the corpus answer as it is.
+    answer_tokens: int | tuple[int, int] | None = None
+
+    @field_validator("answer_tokens")
+    @classmethod
+    def _check_answer_tokens(cls, v: int | tuple[int, int] | None
+                             ) -> int | tuple[int, int] | None:
+        lo, hi = (v, v) if isinstance(v, int) else v if v is not None else (1, 1)
+        if not 1 <= lo <= hi <= 1_000_000:
+            raise ValueError("answer_tokens must be a token count N >= 1 or a range "
+                             "[lo, hi] with 1 <= lo <= hi (e.g. 2000 or [1500, 3000])")
+        return v
+
+    def answer_range(self) -> tuple[int, int] | None:
+        """``answer_tokens`` as a (lo, hi) range, None when unset."""
+        v = self.answer_tokens
+        return (v, v) if isinstance(v, int) else v
 
 
 class UpstreamSection(_Strict):
@@ -169,11 +187,19 @@ class Range(_Strict):
         return self
 
 
+#: Delivery granularity of fast arms (docs/concepts/shaping.md#display-frames): tokens due
+#: within one frame leave together in one write when the arm's token gap is shorter than a
+#: frame (faster than 125 tokens/s at 8 ms); 0 = one write per token at any speed.
+DEFAULT_FRAME_MS = 8.0
+FrameMs = Annotated[float, Field(ge=0, le=50)]
+
+
 class PerPromptSection(_Strict):
     ttft_ms: Range | None = None
     tokens_per_second: Range | None = None
     jitter: float = Field(default=0.0, ge=0)
     delivery: Delivery = "stream"
+    frame_ms: FrameMs = DEFAULT_FRAME_MS
 
 
 class ArmConfig(_Strict):
@@ -182,6 +208,7 @@ class ArmConfig(_Strict):
     tokens_per_second: float | None = Field(default=None, gt=0)
     jitter: float = Field(default=0.0, ge=0)
     delivery: Delivery = "stream"
+    frame_ms: FrameMs = DEFAULT_FRAME_MS
     weight: float = Field(default=1.0, gt=0)
 
     @property

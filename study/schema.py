@@ -17,7 +17,7 @@ from sqlalchemy import BigInteger, Column, Index, MetaData, Text, UniqueConstrai
 from sqlmodel import Field, SQLModel
 
 #: Bumped with every Alembic revision in ``study/migrations/versions`` (revision ``000N``).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def _big() -> Column:  # type: ignore[type-arg]
@@ -143,6 +143,9 @@ class Cycle(SQLModel, table=True):
     target_tps: float | None = None
     target_jitter: float | None = None
     target_delivery: str | None = None
+    #: Delivery granularity used: tokens due within this frame left together (ms); 0 one
+    #: write per token; None not paced (unshaped, all_at_once, non-streaming).
+    frame_ms: float | None = None
     draw_json: str | None = None  # per-prompt randomization draw
     experienced_ttft_ms: float | None = None
     generation_wait_ms: float | None = None

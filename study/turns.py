@@ -68,7 +68,7 @@ class Call:
     t_end_ns: int | None  # the last token sent (else when the cycle ended)
     offset_ns: int = 0
     t_upstream_last_ns: int | None = None
-    t_last_sent_ns: int | None = None  # None when no text went out (a tool call only)
+    t_last_sent_ns: int | None = None  # None when no output went out
     shaped: bool = False
     tool_calls: int = 0
     status: str = "ok"
@@ -89,8 +89,8 @@ class Call:
 
     @property
     def injected_ns(self) -> int:
-        """How much later the last text token reached the client than the upstream's last
-        event reached the proxy (shaping; tool-call events are not paced)."""
+        """How much later the last output token (text or tool-call arguments) reached the
+        client than the upstream's last event reached the proxy (shaping)."""
         if not self.shaped or self.t_last_sent_ns is None or self.t_upstream_last_ns is None:
             return 0
         return max(0, self.t_last_sent_ns - self.t_upstream_last_ns)

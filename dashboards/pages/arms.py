@@ -67,6 +67,26 @@ def agent_section() -> None:
                "Decisions the agent's configuration took are counted apart; acceptance and "
                "time to decide are the person's. The agent waited = time it sat waiting for "
                "the person's answer.")
+    agent_turn_section()
+
+
+def agent_turn_section() -> None:
+    from flowtrial.analysis.report_sections import WAIT_BANDS_S
+    from flowtrial.analysis.turn_telemetry import turn_section
+
+    turns = data.agent_turns(ctx.url, ctx.fresh, ctx.scale, ctx.filters)
+    section = turn_section(turns, WAIT_BANDS_S, len(turns))
+    if section is None:
+        return
+    st.markdown("**Per agent turn**")
+    ui.table(pd.DataFrame(section["by_arm"]), "agent turns per arm")
+    if section["by_model_time_band"]:
+        ui.table(pd.DataFrame(section["by_model_time_band"]),
+                 "agent turns by the turn's model time")
+    st.caption("Telemetry tied to agent turns (through its cycles, else by time): decisions "
+               "per turn, the agent's own tool time beside the proxy's (which also holds the "
+               "agent's wait for your approval), and turns the agent waited for the person; "
+               "bands by the turn's model time, the part of the wait the arm sets.")
 
 
 def task_section() -> None:

@@ -189,3 +189,17 @@ if not ui.no_cycles(ctx, "The timeline"):
                    "the time focus was away from the working apps. Drag to pan, scroll to "
                    "zoom.")
         ui.chart(ch, seg.drop(columns="inside"), f"timeline {pid} {day}")
+        from dataclasses import replace
+
+        day_turns = data.agent_turns(ctx.url, ctx.fresh, ctx.scale,
+                                     replace(ctx.filters, participants=(pid,)))
+        lo_ns, hi_ns = data.day_bounds_ns(day)
+        day_turns = day_turns[(day_turns["participant_id"] == pid)
+                              & day_turns["start_ns"].between(lo_ns, hi_ns - 1)]
+        if len(day_turns):
+            st.subheader("Agent turns with telemetry")
+            ui.table(day_turns.drop(columns=["participant_id", "start_ns"]),
+                     f"agent turns {pid} {day}")
+            st.caption("Per turn, from the agent's own telemetry: its prompt, tool decisions "
+                       "(by you or its configuration) and your time to decide, its tool time "
+                       "beside the proxy's, and how long it waited for you.")

@@ -14,6 +14,18 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _answer_range(text: str) -> tuple[int, int]:
+    """``N`` or ``LO-HI`` as a (lo, hi) token range (a one-line error otherwise)."""
+    lo, _, hi = text.strip().partition("-")
+    try:
+        rng = (int(lo), int(hi or lo))
+    except ValueError:
+        rng = (0, 0)
+    if not 1 <= rng[0] <= rng[1]:
+        _fail(f"--answer-tokens must be N or LO-HI with 1 <= LO <= HI, got {text!r}")
+    return rng
+
+
 def mock_model(
     port: Annotated[int, typer.Option(help="Port to listen on (0 picks a free one).")] = 8788,
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
@@ -25,6 +37,9 @@ def mock_model(
     tool_steps: Annotated[int, typer.Option(
         help="Answer requests that offer tools with a harmless tool call (list a directory, "
              "pwd) for the first N steps of each turn, then with text.")] = 0,
+    answer_tokens: Annotated[str | None, typer.Option(
+        help="Long answers: every prose answer N tokens (e.g. 2000), or N drawn per request "
+             "from LO-HI (e.g. 1500-3000); deterministic for the seed.")] = None,
 ) -> None:
     """Serve the built-in simulated model: OpenAI (chat, completions, responses incl.
     WebSocket mode) and Anthropic Messages wire formats, offline, with no API key."""
@@ -36,6 +51,7 @@ def mock_model(
         _fail(f"--ttft-ms must be a number >= 0, got {ttft_ms}")
     if tool_steps < 0:
         _fail(f"--tool-steps must be >= 0, got {tool_steps}")
+    length = None if answer_tokens is None else _answer_range(answer_tokens)
 
     import uvicorn
 
@@ -55,7 +71,7 @@ def mock_model(
     shown = f"[{host}]" if family == socket.AF_INET6 else host
 
     model = MockModel(tokens_per_second=tokens_per_second, ttft_ms=ttft_ms, seed=seed,
-                      tool_steps=tool_steps)
+                      tool_steps=tool_steps, answer_tokens=length)
     typer.echo(f"flowtrial simulated model at http://{shown}:{bound}/v1")
     typer.echo(f"  OpenAI clients:    base_url=http://{shown}:{bound}/v1  (any API key)")
     typer.echo(f"  Anthropic clients: ANTHROPIC_BASE_URL=http://{shown}:{bound}")

@@ -37,28 +37,49 @@ class Generation:
         return len(self.pieces)
 
 
-def generate(turn: Turn, corpus: Corpus, seed: int) -> Generation:
-    """Choose and cut the answer for `turn`; the same seed and request give the same text."""
+def generate(turn: Turn, corpus: Corpus, seed: int,
+             answer_tokens: tuple[int, int] | None = None) -> Generation:
+    """Choose and cut the answer for `turn`; the same seed and request give the same text.
+
+    `answer_tokens` (lo, hi): a prose answer is exactly N tokens, N drawn from [lo, hi] for
+    the request (further corpus answers appended, the last one cut), so fast arms can be
+    measured on long answers; the request's own max_tokens still caps it ("length").
+    """
     # surrogatepass: a prompt may hold a lone surrogate (JSON "\udfff"); it still has a digest.
     digest = hashlib.blake2b(turn.key.encode("utf-8", "surrogatepass"),
                              digest_size=16).hexdigest()
     rng = random.Random(f"{seed}/{digest}")
+    long: list[str] | None = None
     if turn.schema is not None:  # structured output: JSON that fits the schema, not prose
         source = json_answer(turn.schema, turn.focus_text)
     else:
         language = guess_language(turn.focus_text)
         source = corpus.pick(rng, code_only=turn.code_only, language=language).text
+        if answer_tokens is not None:
+            long = _long_answer(source, rng, corpus, turn, language, answer_tokens)
+            source = "".join(long)
     text, finish, stop_sequence = source, "stop", None
     # Earliest stop sequence wins; searching from index 1 keeps the answer non-empty.
     hits = [(i, s) for s in turn.stop if (i := text.find(s, 1)) > 0]
     if hits:
         cut, stop_sequence = min(hits)
-        text, finish = text[:cut], "stop_sequence"
-    pieces = split_tokens(text)
+        text, finish, long = text[:cut], "stop_sequence", None
+    pieces = long if long is not None else split_tokens(text)
     if turn.max_tokens is not None and len(pieces) > turn.max_tokens:
         pieces = pieces[: turn.max_tokens]
         text, finish, stop_sequence = "".join(pieces), "length", None
     return Generation(text, tuple(pieces), finish, stop_sequence, turn.prompt_tokens)
+
+
+def _long_answer(source: str, rng: random.Random, corpus: Corpus, turn: Turn,
+                 language: str | None, answer_tokens: tuple[int, int]) -> list[str]:
+    """`source` extended with further draws (blank line between), cut to N tokens."""
+    target = rng.randint(*answer_tokens)
+    text = source
+    # Re-split the whole text each time: a join can merge the tokens either side of it.
+    while len(pieces := split_tokens(text)) < target:
+        text += "\n\n" + corpus.pick(rng, code_only=turn.code_only, language=language).text
+    return pieces[:target]
 
 
 class Schedule:

@@ -116,11 +116,13 @@ class MockModel:
     `tokens_per_second` (`math.inf` sends everything at once after the TTFT).
     With `tool_steps` N > 0, a request offering tools is answered with a call to a harmless
     offered tool for the first N steps of the person's turn (tool_steps.py).
+    With `answer_tokens` (lo, hi), every prose answer is N tokens long, N drawn per request
+    from [lo, hi] (long answers for fast arms).
     """
 
     def __init__(
         self, tokens_per_second: float = 2000.0, ttft_ms: float = 20.0, seed: int = 0,
-        tool_steps: int = 0,
+        tool_steps: int = 0, answer_tokens: tuple[int, int] | None = None,
     ) -> None:
         if not tokens_per_second > 0:
             raise ValueError(f"tokens_per_second must be > 0, got {tokens_per_second}")
@@ -128,7 +130,11 @@ class MockModel:
             raise ValueError(f"ttft_ms must be a finite number >= 0, got {ttft_ms}")
         self.tokens_per_second = float(tokens_per_second)
         self.ttft_ms = float(ttft_ms)
+        if answer_tokens is not None and not 1 <= answer_tokens[0] <= answer_tokens[1]:
+            raise ValueError(f"answer_tokens must be (lo, hi) with 1 <= lo <= hi, "
+                             f"got {answer_tokens}")
         self.seed = seed
+        self.answer_tokens = answer_tokens
         self.tools = ToolPlanner(tool_steps, seed)
         self._corpus = load_corpus()
         # Ids come from their own seeded stream: unique per reply, reproducible per run,
@@ -251,7 +257,7 @@ class MockModel:
 
     def _job(self, turn: Turn, headers: Mapping[str, str], start: float,
              stream_id: str | None = None, tool_call: ToolCall | None = None) -> Job:
-        gen = generate(turn, self._corpus, self.seed)
+        gen = generate(turn, self._corpus, self.seed, self.answer_tokens)
         cycle = headers.get(CYCLE_ID_HEADER, "")
         # The proxy passes its cycle id so clients see it in the response id.
         suffix = cycle if _CYCLE_ID.fullmatch(cycle) else self._random_id(turn.protocol)

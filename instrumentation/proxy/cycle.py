@@ -11,13 +11,13 @@ per event from the Responses WebSocket mode's
 delivery strategy (:mod:`~flowtrial.instrumentation.proxy.delivery`: unshaped, paced, held
 whole) that decides when text leaves. The final frame goes out only once the row is durable.
 
-Shaping rules (docs/concepts/shaping.md): answer text is released on the schedule (split into
-token-sized whole events when there is a pace to keep; the TTFT floor holds the first text token).
-Tool-call / function-call events are passed on **as they arrive** — after any text already
-released, never re-split, never delayed by the floor — and counted in ``tool_calls``; they are
-not part of the text timeline (TTFT, pace, ``tokens_sent``). Everything else (structure,
-usage, unknown event types) goes out on arrival; ``all_at_once`` holds everything from the
-first text on.
+Shaping rules (docs/concepts/shaping.md): model output — answer text and tool-call events —
+is released on the schedule; the TTFT floor holds the first output event, text or tool call.
+Text is split into token-sized whole events when there is a pace to keep; a tool-call /
+function-call event is never re-split: it leaves whole once its last argument token is due
+(tool calls are also counted in ``tool_calls``). Everything else (structure, usage, unknown
+event types) goes out on arrival, in order; ``all_at_once`` holds everything from the first
+output on.
 
 A stream the upstream breaks ends with the protocol's error event after what was already
 sent, and the cycle is ``upstream_error``: the connection dies or stalls (``UpstreamError``), an
@@ -190,7 +190,8 @@ class Cycle:
         adapter, out, rec = self.adapter, self.out, self.rec
         delivery: Delivery = delivery_for(self.pacer, out, adapter)
         # Bound once: these run per event.
-        admit, note, content, other = self._admit, self._note, delivery.content, delivery.other
+        admit, note, other = self._admit, self._note, delivery.other
+        content, tool = delivery.content, delivery.tool
         terminal: tuple[Any, Classified] | None = None
         tail = b""
         # The upstream's error event, held back: if nothing follows it, it is the stream's
@@ -216,13 +217,15 @@ class Cycle:
                         break
                     if kind is Kind.CONTENT:
                         await content(ev, c, arrival)
+                    elif kind is Kind.TOOL:
+                        await tool(ev, c, arrival)
                     elif kind is Kind.ERROR:
                         held_error = self.scrub().raw(adapter.restamp(ev, c))
                     else:
-                        # Structure, tool-call deltas, unknown events: on arrival, in order.
+                        # Structure, unknown events: on arrival, in order.
                         other(adapter.restamp(ev, c))
                 if out.frames and not src.ready():
-                    await out.flush()
+                    await delivery.pause()
         except UpstreamError as exc:
             tail = self._broken(exc)
         finally:

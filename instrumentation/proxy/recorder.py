@@ -9,7 +9,9 @@ send the final event ("nothing the client saw complete is lost").
 
 Definitions (ms from the monotonic timeline, see docs/concepts/timeline.md):
 experienced_ttft_ms = t_first_sent − t_request; generation_wait_ms = t_last_sent − t_request;
-achieved_tps = (output tokens after the first) / (t_last_sent − t_first_sent).
+achieved_tps = (output tokens after the first) / (t_last_sent − t_first_sent). Output is
+answer text and tool-call arguments (a tool-only answer has a timeline too); ``tokens_sent``
+counts both, the recorded content is the text only.
 ``t_done_ns`` is when the relay submitted the row (the stream had ended upstream and every
 output token had been written); the final event follows as soon as the commit is durable.
 """
@@ -70,6 +72,7 @@ class CycleRecord:
     first_late_ns: int | None = None  # first output token: written − due
     last_late_ns: int | None = None  # last output token written so far: written − due
     tokens_sent: int = 0
+    frame_ms: float | None = None  # delivery granularity: 0 per token, None not paced
     usage: dict[str, Any] | None = None
     tool_calls: int = 0
     status: str = "ok"
@@ -141,6 +144,7 @@ class CycleRecord:
             "target_tps": target.tokens_per_second if target else None,
             "target_jitter": target.jitter if target else None,
             "target_delivery": target.delivery if target else None,
+            "frame_ms": self.frame_ms,
             "draw_json": self.draw_json,
             "experienced_ttft_ms": ttft,
             "generation_wait_ms": wait,

@@ -8,8 +8,8 @@ records the cycle:
 - streams (the shaped relay itself is :class:`~flowtrial.instrumentation.proxy.cycle.Cycle`,
   shared with the WebSocket mode; :class:`HttpBody` is the sink this class gives it):
   headers and pre-content events (role chunk, ``response.created``, ``message_start``) go
-  out as they arrive; text events leave as the cycle's delivery strategy says
-  (:mod:`~flowtrial.instrumentation.proxy.delivery`); tool-call deltas go out as they arrive;
+  out as they arrive; text and tool-call events leave as the cycle's delivery strategy says
+  (:mod:`~flowtrial.instrumentation.proxy.delivery`);
   keep-alives (``: keep-alive`` comments, Anthropic ``ping`` events) fill injected
   waits longer than ``proxy.keepalive_s``; the final event (``[DONE]``,
   ``response.completed``, ``message_stop``) is sent only after the cycle row is durable, and

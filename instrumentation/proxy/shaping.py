@@ -15,10 +15,12 @@ token from being "caught up" by a burst, so the pace the participant sees is the
 Without ``ttft_ms`` token 0 goes out on arrival (a tokens/s-only arm is a pure rate limit).
 ``all_at_once`` releases the whole answer at t_request + ttft + n/tps (n = completion tokens).
 
-"Output" means answer text. Tool-call / function-call deltas are counted (``tool_calls``)
-but released as they arrive, after any text already due, never re-split and never held by
-the TTFT floor (issue 9: agents rely on them arriving intact and promptly); they are not part
-of the text timeline (experienced TTFT, pace, ``tokens_sent``).
+"Output" means model output: answer text and tool-call arguments (an arm is a model speed,
+and a model writes a call's arguments at the same pace as text). The TTFT floor holds the
+first output event, text or a tool call's start; argument tokens take their places on the
+schedule, but a tool-call event is never re-split (agents rely on deltas arriving intact):
+it leaves whole once its last token is due. Tool calls are counted (``tool_calls``) and their
+argument tokens are part of the timeline (experienced TTFT, pace, ``tokens_sent``).
 
 **Manipulation violation.** ``violation_ms`` is how late the participant got the answer
 against its schedule: the larger of (first output token written − due(0)) and (last output
@@ -65,6 +67,9 @@ class Target:
     tokens_per_second: float | None = None
     jitter: float = 0.0
     delivery: Literal["stream", "all_at_once"] = "stream"
+    #: Display-frame granularity of the delivery (not time-scaled: it is the screen's and the
+    #: proxy's real time); 0 = one write per token.
+    frame_ms: float = 0.0
 
     @property
     def shaped(self) -> bool:
@@ -80,7 +85,7 @@ class Target:
         if not arm.shaped:
             return None
         return cls.scaled(arm.ttft_ms, arm.tokens_per_second, arm.jitter, arm.delivery,
-                          time_scale)
+                          time_scale, arm.frame_ms)
 
     @classmethod
     def for_draw(cls, pp: PerPromptSection, draw: dict[str, float | int | None],
@@ -91,17 +96,19 @@ class Target:
         return cls.scaled(
             float(ttft) if ttft is not None else None,
             float(tps) if tps is not None else None,
-            pp.jitter, pp.delivery, time_scale,
+            pp.jitter, pp.delivery, time_scale, pp.frame_ms,
         )
 
     @classmethod
     def scaled(cls, ttft_ms: float | None, tps: float | None, jitter: float,
-               delivery: Literal["stream", "all_at_once"], time_scale: float) -> Target:
+               delivery: Literal["stream", "all_at_once"], time_scale: float,
+               frame_ms: float = 0.0) -> Target:
         return cls(
             ttft_ms / time_scale if ttft_ms is not None else None,
             tps * time_scale if tps is not None else None,
             jitter,
             delivery,
+            frame_ms,
         )
 
 
@@ -113,7 +120,7 @@ class Pacer:
     """
 
     __slots__ = ("t_request", "base", "gap", "jitter", "all_at_once", "splits", "_cum", "_rng",
-                 "ttft_ns")
+                 "ttft_ns", "frame_ns")
 
     def __init__(self, target: Target, t_request_ns: int, seed: str = "") -> None:
         self.t_request = t_request_ns
@@ -126,6 +133,10 @@ class Pacer:
         self.all_at_once = target.delivery == "all_at_once"
         #: Token-sized pieces are only worth cutting when there is a pace to keep.
         self.splits = bool(tps) and not self.all_at_once
+        #: Tokens due within one display frame leave together, when the pace has several
+        #: tokens per frame (0: one write per token).
+        frame_ns = round(target.frame_ms * 1e6)
+        self.frame_ns = frame_ns if self.splits and self.gap < frame_ns else 0
         self._cum: list[float] = [0.0]
         self._rng = random.Random(seed) if self.jitter > 0 else None
 
@@ -143,8 +154,12 @@ class Pacer:
     def due(self, k: int) -> int:
         """Release time of output token ``k`` >= 1 (after :meth:`start`)."""
         base = self.base if self.base is not None else self.first_due(self.t_request)
+        return base + self.offset(k)
+
+    def offset(self, k: int) -> int:
+        """Time from token 0's release to token ``k``'s: g_1 + … + g_k (ns)."""
         if self._rng is None:
-            return base + int(k * self.gap)
+            return int(k * self.gap)
         cum = self._cum
         if len(cum) <= k:
             sd = self.jitter
@@ -153,7 +168,7 @@ class Pacer:
             gap = self.gap
             while len(cum) <= k:
                 cum.append(cum[-1] + gap * math.exp(rng.gauss(mu, sd)))
-        return base + int(cum[k])
+        return int(cum[k])
 
     def due_all(self, n_tokens: int) -> int:
         """Release time of a whole answer of ``n_tokens``: t_request + ttft + n/tps."""

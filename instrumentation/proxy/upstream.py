@@ -184,12 +184,13 @@ class MockUpstream(Upstream):
     name = "mock"
 
     def __init__(self, model: Any = None, *, tokens_per_second: float = 2000.0,
-                 ttft_ms: float = 20.0, seed: int = 0, tool_steps: int = 0) -> None:
+                 ttft_ms: float = 20.0, seed: int = 0, tool_steps: int = 0,
+                 answer_tokens: tuple[int, int] | None = None) -> None:
         if model is None:
             from ..mock_model import MockModel
 
             model = MockModel(tokens_per_second=tokens_per_second, ttft_ms=ttft_ms, seed=seed,
-                              tool_steps=tool_steps)
+                              tool_steps=tool_steps, answer_tokens=answer_tokens)
         self.model = model
 
     async def request(self, method: str, path: str, headers: dict[str, str],
@@ -475,7 +476,8 @@ class UpstreamRouter:
         if up.kind == "mock":
             m = up.mock
             mock = MockUpstream(tokens_per_second=m.tokens_per_second, ttft_ms=m.ttft_ms,
-                                seed=m.seed, tool_steps=up.tool_steps)
+                                seed=m.seed, tool_steps=up.tool_steps,
+                                answer_tokens=m.answer_range())
             return cls({"openai": mock, "anthropic": mock})
         fams: dict[str, Upstream] = {}
         for family in ("openai", "anthropic"):

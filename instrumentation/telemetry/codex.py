@@ -7,9 +7,11 @@ source: Config | User | AutomatedReviewer (0.169 writes the enum names; the docs
 user)}; ``codex.api_request`` {duration_ms, http.response.status_code, attempt, endpoint,
 auth.request_id}; ``codex.tool_result`` {tool_name, call_id,
 duration_ms, success}; ``codex.user_prompt`` {prompt_length, prompt (``[REDACTED]`` unless
-``log_user_prompt``)}. Codex emits some events as spans too (``trace`` side of
-``log_and_trace_event!``): only the logs are mapped, spans of those names are kept as
-``custom``.
+``log_user_prompt``)}; ``codex.agent_turn_complete`` {turn.id, client, input_messages,
+input_length}: not Codex's own, but its ``notify`` hook's turn end sent by
+``flowtrial codex-notify`` (:mod:`.notify`), a ``turn_end``. Codex emits some events as
+spans too (``trace`` side of ``log_and_trace_event!``): only the logs are mapped, spans of
+those names are kept as ``custom``.
 """
 
 from __future__ import annotations
@@ -72,4 +74,9 @@ def map_record(rec: OtelRecord, full: bool) -> list[MappedEvent] | None:
         p |= {"tool": a.get("tool_name"), "call_id": a.get("call_id"),
               "success": str(a.get("success")).lower() == "true"}
         return [tool_event(rec, p)]
+    if name == "agent_turn_complete":  # its notify hook, through `flowtrial codex-notify`
+        p |= {"turn_id": a.get("turn.id"), "client": a.get("client"),
+              "input_messages": number(a.get("input_messages")),
+              "input_length": number(a.get("input_length"))}
+        return [MappedEvent("turn_end", rec.time_ns, p, link="before", digest=rec.digest)]
     return None

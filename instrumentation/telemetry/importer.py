@@ -3,7 +3,9 @@ mapping and linking.
 
 A file holds OTLP/JSON export requests: one per line (the OpenTelemetry Collector's ``file``
 exporter), or one JSON document. Each names its signal by its top-level key
-(``resourceLogs``, ``resourceSpans``, ``resourceMetrics``). The whole file is read and
+(``resourceLogs``, ``resourceSpans``, ``resourceMetrics``). Gemini CLI's own
+``telemetry.outfile`` (the JS SDK's records, pretty-printed one after another) is detected
+and read too (:mod:`.sdk_json`). The whole file is read and
 checked before anything is written; rows are keyed by record digest, so importing a file
 twice — or a file whose records also arrived live at the proxy — adds nothing.
 """
@@ -25,6 +27,7 @@ from flowtrial.study.storage import Database, WriteBatch, utcnow, write_rows
 
 from .ingest import HORIZON_S, prepare_rows, relink
 from .otlp import OtelRecord, OtlpDecodeError, Signal, parse_json_request, records
+from .sdk_json import is_sdk_record, sdk_records
 
 __all__ = ["OtelImportError", "OtelImportReport", "import_otel", "read_otlp_json"]
 
@@ -50,34 +53,43 @@ class OtelImportReport:
 
 
 def _documents(path: Path) -> Iterator[tuple[int, Any]]:
+    """Every JSON value in the file with its first line: one document, one per line, or
+    pretty-printed objects one after another (Gemini CLI's outfile)."""
     try:
         content = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise OtelImportError(f"{path}: cannot read it ({exc})") from None
-    try:  # one JSON document (pretty-printed or not)
-        yield 1, json.loads(content)
-        return
-    except ValueError:
-        pass
-    for n, line in enumerate(content.splitlines(), 1):
-        if not line.strip():
-            continue
+    decoder = json.JSONDecoder()
+    pos, end = 0, len(content)
+    while True:
+        while pos < end and content[pos].isspace():
+            pos += 1
+        if pos >= end:
+            return
+        line = content.count("\n", 0, pos) + 1
         try:
-            yield n, json.loads(line)
+            doc, pos = decoder.raw_decode(content, pos)
         except ValueError as exc:
-            raise OtelImportError(f"{path}:{n}: not JSON ({exc}): the file must hold OTLP "
-                                  "JSON export requests, one per line") from None
+            raise OtelImportError(f"{path}:{line}: not JSON ({exc}): the file must hold OTLP "
+                                  "JSON export requests (one per line) or Gemini CLI's "
+                                  "telemetry outfile") from None
+        yield line, doc
 
 
 def read_otlp_json(path: str | Path) -> list[OtelRecord]:
-    """Every record of an OTLP JSON file (refusing the whole file on the first bad line)."""
+    """Every record of an OTLP JSON file, or of Gemini CLI's ``outfile`` (the SDK's records,
+    :mod:`.sdk_json`), refusing the whole file on the first bad object."""
     path = Path(path)
     out: list[OtelRecord] = []
     for n, doc in _documents(path):
         signals = [s for k, s in _SIGNAL_KEYS.items() if isinstance(doc, dict) and k in doc]
+        if not signals and is_sdk_record(doc):
+            out += sdk_records(doc)
+            continue
         if len(signals) != 1:
-            raise OtelImportError(f"{path}:{n}: not an OTLP JSON export request (expected one "
-                                  "of resourceLogs, resourceSpans, resourceMetrics)")
+            raise OtelImportError(f"{path}:{n}: neither an OTLP JSON export request (one of "
+                                  "resourceLogs, resourceSpans, resourceMetrics) nor a record "
+                                  "of Gemini CLI's telemetry outfile")
         try:
             out += records(signals[0], parse_json_request(signals[0], doc))
         except OtlpDecodeError as exc:

@@ -11,6 +11,10 @@ Linking (by participant, time and model; an exact id first):
 - ``after`` events (prompts) take the first cycle requested after them, within
   :data:`PROMPT_TOLERANCE_S`.
 
+``before`` and ``after`` skip ``side`` calls: Claude Code's interactive title request goes
+out with the prompt and may end after the answer that proposed the tool, and neither
+proposes tools nor is the prompt's request.
+
 Rows are keyed ``otel:<participant>:<record digest>``: a record sent twice (an exporter's
 retry, or imported from a file after it arrived live) is written once.
 """
@@ -80,12 +84,13 @@ class CycleSpan:
     model: str | None
     start_ns: int
     end_ns: int
+    side: bool = False  # a side call (title, summary): only its own request timing links
 
 
 _CYCLES = text(
     "SELECT id, model, wall_anchor_ns + (t_request_ns - mono_anchor_ns) AS start_ns, "
     "wall_anchor_ns + (COALESCE(t_done_ns, t_last_sent_ns, t_request_ns) - mono_anchor_ns) "
-    "AS end_ns FROM cycles WHERE participant_id = :pid "
+    "AS end_ns, request_kind FROM cycles WHERE participant_id = :pid "
     "AND wall_anchor_ns + (t_request_ns - mono_anchor_ns) BETWEEN :lo AND :hi "
     "ORDER BY start_ns")
 
@@ -96,7 +101,7 @@ def load_cycles(conn: Connection, pid: str, events: Sequence[MappedEvent]) -> li
         return []
     lo = min(e.start_ns or e.ts_ns for e in events) - round(HORIZON_S * _NS)
     hi = max(e.ts_ns for e in events) + round(PROMPT_TOLERANCE_S * _NS)
-    return [CycleSpan(r[0], r[1], int(r[2]), int(r[3]))
+    return [CycleSpan(r[0], r[1], int(r[2]), int(r[3]), r[4] == "side")
             for r in conn.execute(_CYCLES, {"pid": pid, "lo": lo, "hi": hi})]
 
 
@@ -108,7 +113,9 @@ def link_events(events: Sequence[MappedEvent], cycles: Sequence[CycleSpan]) -> N
     """Set ``extra["cycle_id"]`` on each event that belongs to one of ``cycles``."""
     by_id = {c.id: c for c in cycles}
     starts = [c.start_ns for c in cycles]
-    by_end = sorted(cycles, key=lambda c: c.end_ns)
+    main = [c for c in cycles if not c.side]  # what decisions and prompts may link to
+    main_starts = [c.start_ns for c in main]
+    by_end = sorted(main, key=lambda c: c.end_ns)
     ends = [c.end_ns for c in by_end]
     taken: set[str] = set()
     tol = round(REQUEST_TOLERANCE_S * _NS)
@@ -139,9 +146,9 @@ def link_events(events: Sequence[MappedEvent], cycles: Sequence[CycleSpan]) -> N
             if j >= 0 and e.ts_ns - ends[j] <= horizon:
                 e.extra["cycle_id"] = by_end[j].id
         elif e.link == "after":
-            j = bisect.bisect_left(starts, e.ts_ns)
-            if j < len(cycles) and starts[j] - e.ts_ns <= prompt_tol:
-                e.extra["cycle_id"] = cycles[j].id
+            j = bisect.bisect_left(main_starts, e.ts_ns)
+            if j < len(main) and main_starts[j] - e.ts_ns <= prompt_tol:
+                e.extra["cycle_id"] = main[j].id
 
 
 def event_rows(pid: str, events: Iterable[MappedEvent], received_at: datetime

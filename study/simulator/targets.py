@@ -111,6 +111,7 @@ class Experienced:
     tps_raw: np.ndarray  # NaN when delivery is all at once (no pace after the first token)
     gen_wait_raw_s: np.ndarray
     upstream_first_raw_s: np.ndarray
+    upstream_last_raw_s: np.ndarray  # the simulated model's last token reached the proxy
     violation: np.ndarray
     violation_ms: np.ndarray
 
@@ -152,11 +153,13 @@ def experienced_latency(
                         np.maximum(0.0, upstream_end - target_end))
     miss = np.maximum(miss_first, np.where(np.isnan(target_tps), 0.0, miss_end))
     violation = targets.shaped & (miss > 0.0)
+    up_first = np.full(shape, up_ttft) + overhead / 2
     return Experienced(
         ttft_raw_s=ttft,
         tps_raw=np.where(all_at_once, np.nan, pace),
         gen_wait_raw_s=gen_wait,
-        upstream_first_raw_s=np.full(shape, up_ttft) + overhead / 2,
+        upstream_first_raw_s=up_first,
+        upstream_last_raw_s=up_first + np.maximum(n - 1, 0) / up_tps,
         violation=violation,
         violation_ms=np.where(violation, miss * 1000.0, np.nan),
     )

@@ -176,6 +176,8 @@ def simulate_virtual_frames(
         "t_request_ns": flat(req_ns),
         "t_upstream_first_ns": flat(req_ns + np.rint(exp.upstream_first_raw_s * 1e9)
                                     .astype(np.int64)),
+        "t_upstream_last_ns": flat(req_ns + np.rint(exp.upstream_last_raw_s * 1e9)
+                                   .astype(np.int64)),
         "t_first_sent_ns": flat(first_ns),
         "t_last_sent_ns": flat(last_ns),
         "t_done_ns": flat(done_ns),
@@ -213,7 +215,8 @@ def simulate_virtual_frames(
         "turn_id": ["trn_" + c for c in cycle_ids],
         "conversation_key": None,
         "client": "flowtrial-simulator",
-        "t_upstream_last_ns": None,
+        # No proxy wrote these answers: no delivery granularity to record.
+        "frame_ms": None,
     })[CYCLE_COLUMNS]
     if plan is not None:
         cycles = add_agent_calls(cycles, plan, raw_ns)[CYCLE_COLUMNS]

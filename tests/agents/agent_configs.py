@@ -170,6 +170,12 @@ def codex_otel(base_url: str, key: str, *, protocol: str = "json") -> dict[str, 
     }
 
 
+def codex_notify(base_url: str, program: tuple[str, ...] = ("flowtrial",)) -> list[str]:
+    """Codex's `notify` program: `flowtrial codex-notify` posting each turn's end to the
+    proxy at `base_url` (the participant key from FLOWTRIAL_API_KEY, Codex's env_key)."""
+    return [*program, "codex-notify", "--url", base_url]
+
+
 def gemini_telemetry(base_url: str) -> dict[str, Any]:
     """Gemini CLI's `telemetry` settings (settings.json) for the proxy's receiver; its HTTP
     exporters take the key from OTEL_EXPORTER_OTLP_HEADERS (the OpenTelemetry JS variable)."""

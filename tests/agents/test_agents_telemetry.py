@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from tests.agents.agent_configs import (
     claude_env,
     claude_telemetry_env,
     codex_config,
+    codex_notify,
     codex_otel,
     to_toml,
 )
@@ -117,11 +119,49 @@ def _by_kind(rows: list[Any], kind: str) -> list[dict[str, Any]]:
             if r["kind"] == kind]
 
 
+def _turn_of_tool_call(db: Path, query: Callable[[str], list[Any]], tool_cycle: str,
+                       explain: str) -> Any:
+    """The agent's telemetry tied to the turn holding ``tool_cycle`` (through
+    ``flowtrial.analysis.turn_telemetry``): its prompt, its one tool decision (by config),
+    the tool's own run time beside the proxy's tool time; returns that turn's row."""
+    from flowtrial.analysis.turn_telemetry import events_by_turn, read_turn_inputs, turn_table
+    from flowtrial.study.storage import open_db
+
+    deadline = time.monotonic() + 10  # the proxy writes the turn's row after its last call
+    while not query("SELECT t.id FROM turns t JOIN cycles c ON c.turn_id = t.id WHERE "
+                    f"c.id = '{tool_cycle}' AND t.status = 'complete'"):
+        assert time.monotonic() < deadline, explain
+        time.sleep(0.1)
+    (turn_id,) = query(f"SELECT turn_id FROM cycles WHERE id = '{tool_cycle}'")[0]
+    database = open_db(db)
+    try:
+        events, turns, cycles = read_turn_inputs(database)
+    finally:
+        database.dispose()
+    linked = events_by_turn(events, turns, cycles)
+    mine = linked[linked["turn_id"] == turn_id]
+    kinds = set(mine["kind"])
+    assert {"turn_start", "accept", "tool_result", "api_request"} <= kinds, explain
+    # Decisions and tool runs through the tool call's cycle; the prompt opens the turn.
+    assert set(mine.loc[mine["kind"].isin(["accept", "tool_result"]), "turn_link"]) == {
+        "cycle"}, explain
+    table = turn_table(linked, turns, cycles).set_index("turn_id")
+    row = table.loc[turn_id]
+    assert (row["prompts"], row["decisions"], row["by_config"], row["by_person"]) == (
+        1, 1, 1, 0), explain
+    assert row["agent_tool_s"] is not None and row["agent_tool_s"] >= 0
+    assert row["proxy_tool_s"] > 0 and row["prompt_to_request_s"] >= 0, explain
+    # Each model request the agent timed (its log, not the beta span's copy) is one call.
+    assert row["agent_requests"] == row["model_calls"] >= 2, explain
+    return row
+
+
 def _tool_turn(result: subprocess.CompletedProcess[str], query: Callable[[str], list[Any]],
-               upstream: Any) -> tuple[dict[str, Any], list[Any], set[str]]:
+               upstream: Any, db: Path) -> tuple[dict[str, Any], list[Any], set[str], Any]:
     """Checks common to a tool turn (the agent ran, the model asked for one tool, the
-    agent's configuration approved it and the tool ran, both on the cycle that asked);
-    returns (the decision, the otel events, the cycle ids)."""
+    agent's configuration approved it and the tool ran, both on the cycle that asked, and
+    all of it, the prompt too, on the turn holding that cycle); returns (the decision, the
+    otel events, the cycle ids, the turn's row of telemetry)."""
     rows = _otel_events(query, {"turn_start", "api_request", "accept", "tool_result"})
     cycles = query("SELECT id, tool_calls FROM cycles ORDER BY t_request_ns")
     assert result.returncode == 0, _explain(result, rows)
@@ -134,7 +174,8 @@ def _tool_turn(result: subprocess.CompletedProcess[str], query: Callable[[str], 
     assert ran["cycle_id"] == tool_cycle and ran["payload"]["success"]
     assert ran["duration_s"] is not None and ran["duration_s"] >= 0
     assert not _by_kind(rows, "agent_wait")  # a rule decided: the agent waited for no one
-    return decision, rows, {c["id"] for c in cycles}
+    turn = _turn_of_tool_call(db, query, tool_cycle, _explain(result, rows))
+    return decision, rows, {c["id"] for c in cycles}, turn
 
 
 def test_claude_code_tool_decision_is_linked_to_the_answer_that_proposed_it(
@@ -148,8 +189,10 @@ def test_claude_code_tool_decision_is_linked_to_the_answer_that_proposed_it(
         command = [claude_bin, "-p", PROMPT, "--model", MODEL, "--no-session-persistence",
                    "--allowedTools", f"Bash({COMMAND})"]
         result = run_agent(command, env, workdir)
-        decision, rows, cycles = _tool_turn(result, query, upstream)
+        decision, rows, cycles, turn = _tool_turn(result, query, upstream,
+                                                  tmp_path / "proxy" / "study.db")
     assert decision["payload"]["tool"] == "Bash", _explain(result, rows)
+    assert turn["turn_ends"] == 1  # its interaction span
     requests = [r for r in _by_kind(rows, "api_request") if not r["payload"].get("span")]
     assert {r["cycle_id"] for r in requests} == cycles, _explain(result, rows)
     assert outbound_trap.attempts == []
@@ -160,18 +203,27 @@ def test_codex_tool_decision_is_linked_to_the_answer_that_proposed_it(
         outbound_trap: OutboundTrap) -> None:
     """The model asks Codex to run a command; its policy (never ask, full access) approves
     it: the decision (approved, source config), the tool's run and the requests arrive over
-    OTLP/HTTP JSON, each on its cycle."""
+    OTLP/HTTP JSON, each on its cycle; its notify hook (`flowtrial codex-notify`) reports the
+    turn's end, which lands on the same turn."""
     with serve_tool_proxy(tmp_path / "proxy") as (url, key, query, upstream):
         home = tmp_path / "codex_home"
         home.mkdir()
         config = codex_config(url + "/v1") | {
             "approval_policy": "never", "sandbox_mode": "danger-full-access",
-            "otel": codex_otel(url, key, protocol="json")}
+            "otel": codex_otel(url, key, protocol="json"),
+            "notify": codex_notify(url, (sys.executable, "-m", "flowtrial.cli"))}
         (home / "config.toml").write_text(to_toml(config))
         env = agent_env | {"CODEX_HOME": str(home), KEY_ENV: key}
         result = run_agent(_codex_command(codex_bin, workdir), env, workdir)
-        decision, rows, cycles = _tool_turn(result, query, upstream)
+        _otel_events(query, {"turn_end"})  # the notify program runs after the turn
+        decision, rows, cycles, turn = _tool_turn(result, query, upstream,
+                                                  tmp_path / "proxy" / "study.db")
     assert decision["payload"]["decision"] == "approved", _explain(result, rows)
+    (end,) = _by_kind(rows, "turn_end")
+    assert end["payload"]["otel"] == "codex.agent_turn_complete", _explain(result, rows)
+    assert (end["payload"]["client"], end["payload"]["input_messages"]) == ("codex_exec", 1)
+    assert end["payload"]["input_length"] == len(PROMPT)
+    assert turn["turn_ends"] == 1, _explain(result, rows)
     assert decision["payload"]["source"].lower() == "config"  # 0.169 writes "Config"
     requests = _by_kind(rows, "api_request")
     assert requests and all(r["cycle_id"] in cycles for r in requests)

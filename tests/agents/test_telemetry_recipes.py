@@ -16,6 +16,7 @@ import pytest
 from tests.agents.agent_configs import (
     OTLP_PATH,
     claude_telemetry_env,
+    codex_notify,
     codex_otel,
     gemini_telemetry,
 )
@@ -58,8 +59,10 @@ def test_claude_code_recipe_is_what_the_tests_run() -> None:
 
 def test_codex_recipe_is_what_the_tests_run() -> None:
     (block,) = _blocks("Codex CLI", "toml")
-    otel = tomllib.loads(block)["otel"]
+    config = tomllib.loads(block)
+    otel = config["otel"]
     assert otel == codex_otel(PROXY, KEY, protocol="json")
+    assert config["notify"] == codex_notify(PROXY)
     _on_receiver(otel["exporter"]["otlp-http"]["endpoint"], full=True)
 
 

@@ -56,6 +56,15 @@ def gemini_session() -> list[Any]:
     ]
 
 
+#: What :func:`gemini_session` maps to (kind, linked cycle), in time order, its one unknown
+#: record (a ``custom`` event) left out.
+SESSION_LINKS = [
+    ("turn_start", "cyc_turn"), ("api_request", "cyc_turn"),
+    *[(kind, "cyc_turn") for decision in ("accept", "accept", "partial_accept", "reject")
+      for kind in (decision, "tool_result")],
+]
+
+
 def write_jsonl(path: Path, requests: list[Any]) -> Path:
     path.write_text("\n".join(json.dumps(json_format.MessageToDict(r)) for r in requests) + "\n")
     return path
@@ -83,14 +92,7 @@ def test_gemini_cli_session_is_mapped_linked_and_idempotent(tmp_path: Path,
     assert first.exit_code == 0, first.output
     rows = otel_rows(study)
     got = [(r[0], r[1]) for r in rows]
-    assert got == [
-        ("turn_start", "cyc_turn"), ("api_request", "cyc_turn"),
-        ("accept", "cyc_turn"), ("tool_result", "cyc_turn"),
-        ("accept", "cyc_turn"), ("tool_result", "cyc_turn"),
-        ("partial_accept", "cyc_turn"), ("tool_result", "cyc_turn"),
-        ("reject", "cyc_turn"), ("tool_result", "cyc_turn"),
-        ("custom", None),
-    ]
+    assert got == [*SESSION_LINKS, ("custom", None)]
     assert {r[5] for r in rows} == {"otel"}
     p = [json.loads(r[4]) for r in rows]
     decisions = [(x["decision"], x["decided_by"]) for x in p if "decided_by" in x]
@@ -130,3 +132,87 @@ def test_a_record_has_one_digest_in_json_and_protobuf() -> None:
         live = records(signal, req)  # type: ignore[arg-type]
         filed = records(signal, parse_json_request(signal, json_format.MessageToDict(req)))  # type: ignore[arg-type]
         assert [r.digest for r in live] == [r.digest for r in filed] and live
+
+
+def _sdk_resource() -> dict[str, Any]:
+    """A ``ResourceImpl`` (resources 2.7.1) as ``JSON.stringify`` writes it: its raw
+    attribute pairs (Gemini CLI's, then the NodeSDK's detected ones; an unsettled async one
+    written as ``{}``), and the memo once the exporter read them."""
+    return {"_rawAttributes": [["service.name", "gemini-cli"], ["service.version", "v22.11.0"],
+                               ["session.id", "s-1"], ["host.name", {}]],
+            "_asyncAttributesPending": False}
+
+
+def _sdk_log(time_ns: int, attrs: dict[str, Any], body: str) -> dict[str, Any]:
+    """A ``LogRecordImpl`` (opentelemetry-js sdk-logs 0.218.0, the version Gemini CLI
+    locks) as Gemini CLI's ``FileLogExporter`` serialises it: its own fields in the order
+    the constructor sets them (undefined ones left out by ``JSON.stringify``, ``Infinity``
+    written as ``null``), read-only once emitted."""
+    hr = [time_ns // NS, time_ns % NS]
+    return {"attributes": {"session.id": "s-1", "installation.id": "i-1",
+                           "interactive": True, **attrs, "event.timestamp": "2026-11-18"},
+            "_attributesCount": len(attrs) + 4, "_droppedAttributesCount": 0,
+            "_isReadonly": True, "hrTime": hr, "hrTimeObserved": hr, "_body": body,
+            "resource": _sdk_resource(),
+            "instrumentationScope": {"name": "gemini-cli"},
+            "_logRecordLimits": {"attributeCountLimit": 128, "attributeValueLengthLimit": None}}
+
+
+def write_gemini_outfile(path: Path, requests: list[Any]) -> Path:
+    """``requests`` (OTLP) as Gemini CLI's ``telemetry.outfile`` holds the same records:
+    each ``safeJsonStringify(record, 2) + "\\n"`` (gemini-cli
+    packages/core/src/telemetry/file-exporters.ts), a span and a metrics export between."""
+    out = []
+    for req in requests:
+        for rec in records("logs", req):
+            out.append(_sdk_log(rec.time_ns, {"event.name": rec.name, **rec.attributes},
+                                str(rec.body)))
+    out.insert(2, {  # a SpanImpl (sdk-trace-base 2.7.1), e.g. a tool call's span
+        "attributes": {"gen_ai.operation.name": "execute_tool"}, "links": [], "events": [],
+        "_droppedAttributesCount": 0, "_droppedEventsCount": 0, "_droppedLinksCount": 0,
+        "_attributesCount": 1, "status": {"code": 0}, "endTime": [T0 // NS + 9, 0],
+        "_ended": True, "_duration": [1, 500_000_000], "name": "tool_call",
+        "_spanContext": {"traceId": "ab" * 16, "spanId": "cd" * 8, "traceFlags": 1},
+        "kind": 0, "startTime": [T0 // NS + 7, 500_000_000], "resource": _sdk_resource(),
+        "instrumentationScope": {"name": "gemini-cli"}, "_spanLimits": {}})
+    out.append({"resource": _sdk_resource(), "scopeMetrics": [{  # a ResourceMetrics
+        "scope": {"name": "gemini-cli"}, "metrics": [{
+            "descriptor": {"name": "gemini_cli.tool.call.count", "type": "COUNTER",
+                           "description": "Counts tool calls", "unit": "", "valueType": 0,
+                           "advice": {}},
+            "aggregationTemporality": 1, "dataPointType": 3, "dataPoints": [{
+                "attributes": {"function_name": "read_file"},
+                "startTime": [T0 // NS, 0], "endTime": [T0 // NS + 30, 0], "value": 4}]}]}]})
+    path.write_text("".join(json.dumps(o, indent=2, ensure_ascii=False) + "\n" for o in out),
+                    encoding="utf-8")
+    return path
+
+
+def test_gemini_cli_outfile_is_read_with_the_same_mapping(tmp_path: Path,
+                                                          make_study: Any) -> None:
+    """Gemini CLI's own outfile (not OTLP: the SDK's records, pretty-printed one after
+    another) gives the rows its OTLP export gives; a span and a metric point are kept as
+    custom events; importing it again adds nothing."""
+    study = make_study()
+    study.add_cycle("cyc_turn", "p01", T0 + 100_000_000, T0 + 3 * NS)
+    path = write_gemini_outfile(tmp_path / "gemini-telemetry.log", gemini_session())
+    assert path.read_text().startswith('{\n  "attributes": {\n    "session.id": ')
+    first = cli(study, "p01", path)
+    assert first.exit_code == 0, first.output
+    rows = otel_rows(study)
+    mapped = [(r[0], r[1]) for r in rows if r[0] != "custom"]
+    assert mapped == SESSION_LINKS
+    p = [json.loads(r[4]) for r in rows]
+    assert [(x["decision"], x["decided_by"]) for x in p if "decided_by" in x] == [
+        ("auto_accept", "config"), ("accept", "person"), ("modify", "person"),
+        ("reject", "person")]
+    assert rows[1][2] == T0 + 3 * NS and rows[1][3] == pytest.approx(2.9)
+    assert "do not store" not in "".join(r[4] for r in rows)
+    custom = sorted(x["name"] for x in p if x.get("signal"))
+    assert custom == ["gemini_cli.slash_command", "gemini_cli.tool.call.count", "tool_call"]
+    span = next(r for r, x in zip(rows, p, strict=True) if x.get("name") == "tool_call")
+    assert span[2] == T0 + 7 * NS + NS // 2 and span[3] == pytest.approx(1.5)
+    assert "13 new events" in " ".join(first.output.split())
+    again = cli(study, "p01", path)
+    assert again.exit_code == 0 and "0 new events" in " ".join(again.output.split())
+    assert len(otel_rows(study)) == len(rows)

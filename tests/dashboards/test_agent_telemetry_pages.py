@@ -67,7 +67,16 @@ def test_arms_page_shows_tool_decisions_and_timeline_the_agent_wait(
     assert row["person_acceptance_rate"] == pytest.approx(0.5)
     assert row["median_time_to_decide_s"] == pytest.approx(4.0 * info["scale"], rel=1e-6)
     assert row["cycles_agent_waited"] == 1
+    # The same events per agent turn (each simulated cycle is a one-call turn).
+    assert any("agent turns per arm" in t for t in tables), tables
+    turns = next(df.value for df in at.dataframe if "turns_agent_waited" in df.value.columns)
+    row = turns[turns["arm"] == info["arm"]].iloc[0]
+    assert (row["turns"], row["decisions"], row["by_person"], row["turns_agent_waited"]) == (
+        3, 3, 2, 1)
 
     render(at, "pages/timeline.py")
     at.selectbox(key="timeline_participant").set_value(info["pid"]).run()
     assert metric(at, "The agent waited for you") == f"{2.5 * info['scale']:.1f} s"
+    assert "Agent turns with telemetry" in [h.value for h in at.subheader]
+    day = next(df.value for df in at.dataframe if "agent_waited_s" in df.value.columns)
+    assert len(day) == 3 and day["by_config"].sum() == 1

@@ -72,6 +72,11 @@ def test_every_page_renders_with_the_study_numbers(small_study: Path,
     assert metric(at, "Participants enrolled") == "6"
     assert metric(at, "Cycles recorded") == f"{count(small_study):,}"
     assert any("Sample-ratio check" in s.value for s in [*at.success, *at.error])
+    # The report's manipulation check: its summary line and its JSON keys as columns.
+    assert any(s.value.startswith("Manipulation check") for s in [*at.success, *at.warning])
+    manip = at.dataframe[1].value
+    assert {"misses", "misses_upstream", "misses_proxy_machine", "upstream_ttft_ms",
+            "miss_ms_max"} <= set(manip.columns)
     assert at.get("download_button"), "overview charts need a CSV download"
 
     render(at, "pages/timeline.py")

@@ -405,3 +405,48 @@ def test_schedule_never_releases_a_token_early_under_uvloop() -> None:
         return early
 
     assert max(uvloop.run(main())) <= 0
+
+
+# ----------------------------------------------------------------------------- long answers
+
+
+async def test_answer_tokens_makes_long_answers_deterministic_for_a_seed() -> None:
+    model = MockModel(**FAST, answer_tokens=(2000, 2000))
+    for prompt in ("explain python generators", "a ring buffer in C code", "sql joins"):
+        status, _, raw = await post(model, "/v1/chat/completions", chat(prompt))
+        done = json.loads(raw)
+        text = done["choices"][0]["message"]["content"]
+        assert status == 200 and done["choices"][0]["finish_reason"] == "stop"
+        # Exactly the length asked, counted the way the proxy counts what it sends.
+        assert count_tokens(text) == done["usage"]["completion_tokens"] == 2000
+        assert text == await chat_text(MockModel(**FAST, answer_tokens=(2000, 2000)), prompt)
+    ranged = MockModel(**FAST, seed=3, answer_tokens=(1500, 3000))
+    lengths = {count_tokens(await chat_text(ranged, f"explain decorators {i}"))
+               for i in range(6)}
+    assert all(1500 <= n <= 3000 for n in lengths) and len(lengths) > 1
+    other = MockModel(**FAST, seed=4, answer_tokens=(1500, 3000))
+    assert await chat_text(other, "explain decorators 0") != await chat_text(
+        ranged, "explain decorators 0")
+    # The request's own max_tokens still caps a long answer.
+    _, _, raw = await post(model, "/v1/chat/completions", chat("explain python", max_tokens=50))
+    capped = json.loads(raw)
+    assert capped["choices"][0]["finish_reason"] == "length"
+    assert capped["usage"]["completion_tokens"] == 50
+
+
+async def test_answer_tokens_paces_a_long_stream_on_every_protocol() -> None:
+    model = MockModel(**FAST, answer_tokens=(2500, 2500))
+    _, _, raw = await post(model, "/v1/messages", {
+        "model": "m", "max_tokens": 4096, "stream": True,
+        "messages": [{"role": "user", "content": "explain rust lifetimes"}]})
+    deltas = [json.loads(d) for n, d in sse(raw) if n == "content_block_delta"]
+    text = "".join(d["delta"]["text"] for d in deltas)
+    assert count_tokens(text) == 2500
+    _, _, raw = await post(model, "/v1/responses", {"model": "m", "input": "go channels"})
+    assert json.loads(raw)["usage"]["output_tokens"] == 2500
+
+
+def test_answer_tokens_must_be_a_sane_range() -> None:
+    for bad in [(0, 10), (20, 10)]:
+        with pytest.raises(ValueError):
+            MockModel(answer_tokens=bad)

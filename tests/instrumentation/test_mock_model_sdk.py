@@ -268,6 +268,9 @@ def test_cli_rejects_bad_options_with_exit_2() -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["--tokens-per-second", "0"])
     assert result.exit_code == 2 and "--tokens-per-second" in result.output
+    for bad in ("0", "3000-2000", "many"):
+        result = runner.invoke(app, ["--answer-tokens", bad])
+        assert result.exit_code == 2 and "--answer-tokens" in result.output, bad
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

@@ -147,7 +147,8 @@ def test_models_list_needs_a_key(served) -> None:
 def test_unknown_fields_pass_through_both_ways(make_study) -> None:
     """Request bodies reach the upstream byte for byte; unknown response fields survive,
     also when a delta is split into token-sized pieces."""
-    s = make_study({"arms": [{"name": "team"}, {"name": "slow", "tokens_per_second": 180}],
+    s = make_study({"arms": [{"name": "team"},
+                             {"name": "slow", "tokens_per_second": 180, "frame_ms": 0}],
                     "study": {"design": "parallel"}}, participants=("p01", "p02"))
     extra = {"x_vendor": {"a": [1, 2.5, None]}, "service_tier": "flex"}
     up = ScriptedUpstream([(0, c) for c in chat_stream(["Hello big world, again"],
@@ -176,7 +177,7 @@ def test_unknown_fields_pass_through_both_ways(make_study) -> None:
 
 
 def test_responses_split_renumbers_sequence(make_study) -> None:
-    s = make_study({"arms": [{"name": "slow", "tokens_per_second": 150}]})
+    s = make_study({"arms": [{"name": "slow", "tokens_per_second": 150, "frame_ms": 0}]})
     ev = [
         ({"type": "response.created", "response": {"id": "resp_1"}}, "response.created"),
         ({"type": "response.output_text.delta", "delta": "one two three", "item_id": "i",
@@ -201,9 +202,12 @@ def test_responses_split_renumbers_sequence(make_study) -> None:
     assert tuple(row) == (4, 4, True)
 
 
-def test_tool_call_deltas_are_counted_but_not_paced(make_study) -> None:
-    """Tool-call deltas go out as they arrive (the TTFT floor and the pace are for answer
-    text), unsplit, and are counted in tool_calls; text after them is still shaped."""
+@pytest.mark.timing
+def test_tool_call_deltas_are_paced_whole_and_counted(make_study) -> None:
+    """Tool-call deltas are model output: the call's first chunk is held by the TTFT floor,
+    each argument delta leaves whole (never re-split) once its last token is due at the pace
+    (5 + 7 + 1 argument tokens at 50 tokens/s), text after them follows on the same schedule;
+    the call is counted in tool_calls, its argument tokens in tokens_sent."""
     s = make_study({"capture": {"content": "full"},
                     "arms": [{"name": "slow", "ttft_ms": 300, "tokens_per_second": 50}]})
     tc = {"index": 0, "id": "call_1", "type": "function",
@@ -229,14 +233,18 @@ def test_tool_call_deltas_are_counted_but_not_paced(make_study) -> None:
     tool = [(t, ch.choices[0].delta.tool_calls[0]) for t, ch in got
             if ch.choices and ch.choices[0].delta.tool_calls]
     assert [d.function.arguments for _, d in tool] == ["", *args]  # intact, never re-split
-    assert max(t for t, _ in tool) < 0.2  # not held by the 300 ms floor
+    t_start = tool[0][0]
+    assert 0.3 <= t_start < 0.5  # the call's start is the first output: held by the floor
+    # Each argument delta once its last token is due (tokens 4, 11 and 12 after the start).
+    for (t, _), k in zip(tool[1:], (4, 11, 12), strict=True):
+        assert t - t_start >= k / 50 - 0.005
     texts = [(t, ch.choices[0].delta.content) for t, ch in got
              if ch.choices and ch.choices[0].delta.content]
     assert "".join(x for _, x in texts) == "and then some text" and len(texts) > 1
-    assert min(t for t, _ in texts) >= 0.3
+    assert min(t for t, _ in texts) - t_start >= 13 / 50 - 0.005
     row = s.rows("SELECT tool_calls, experienced_ttft_ms, tokens_sent, content_text, violation "
                  "FROM cycles")[0]
-    assert row[0] == 1 and row[1] >= 300 and row[2] == len(texts)
+    assert row[0] == 1 and 300 <= row[1] < 500 and row[2] == 13 + len(texts)
     assert row[3] == "and then some text" and not row[4]
 
 

@@ -86,7 +86,9 @@ def test_ttft_floor_and_pace(make_study) -> None:
 
 
 def test_rechunks_into_token_pieces_below_200_tps(make_study) -> None:
-    s = make_study({"arms": [{"name": "slow", "tokens_per_second": 150}],
+    """Per-token delivery (``frame_ms = 0``): an oversized delta is cut into one event per
+    token, each its own write (display frames: tests/instrumentation/test_proxy_frames.py)."""
+    s = make_study({"arms": [{"name": "slow", "tokens_per_second": 150, "frame_ms": 0}],
                     "upstream": {"mock": {"tokens_per_second": 100000, "ttft_ms": 1}}})
     with serve_proxy(s.db, s.config) as px:
         g = stream_chat(px.base_url, s.key, 30)
@@ -99,6 +101,7 @@ def test_rechunks_into_token_pieces_below_200_tps(make_study) -> None:
     # 2 % bound over 100+ tokens is benchmarks/bench_proxy_shaping.py's.
     assert r["tokens_sent"] == 30 and 0.95 * 150 <= r["achieved_tps"] <= 150 * 1.02
     assert r["target_ttft_ms"] is None  # rate only: anchored at the first token's arrival
+    assert r["frame_ms"] == 0
     assert r["experienced_ttft_ms"] < 50
 
 

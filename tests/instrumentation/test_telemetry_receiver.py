@@ -230,3 +230,20 @@ def test_body_over_the_limit_is_413_and_nothing_written(served) -> None:
     assert r.status_code == 413
     assert status_pb2.Status.FromString(r.content).code == code_pb2.RESOURCE_EXHAUSTED
     assert last_id(s) == before
+
+
+def test_decisions_and_prompts_skip_side_calls() -> None:
+    """Claude Code's interactive title request leaves with the prompt and ends after the
+    answer that asked for a tool (seen with 2.1.197 in a terminal): the prompt and the
+    decision belong to the turn's own calls, the side call keeps only its request timing."""
+    from flowtrial.instrumentation.telemetry.ingest import CycleSpan, link_events
+    from flowtrial.instrumentation.telemetry.mapped import MappedEvent
+
+    s = 1_000_000_000
+    cycles = [CycleSpan("cyc_side", "m", 10 * s, 14 * s, side=True),
+              CycleSpan("cyc_tool", "m", 10 * s + s // 10, 12 * s)]
+    events = [MappedEvent("turn_start", 10 * s - s // 10, {}, link="after"),
+              MappedEvent("reject", 15 * s, {}, link="before"),
+              MappedEvent("api_request", 14 * s, {}, 4.0, "request", "m", 10 * s)]
+    link_events(events, cycles)
+    assert [e.extra.get("cycle_id") for e in events] == ["cyc_tool", "cyc_tool", "cyc_side"]
