@@ -208,3 +208,36 @@ def test_arms_histograms_one_axis_per_measure_in_numeric_order(
         for col in df.value.columns:
             if str(col).endswith("_rate"):
                 assert all(str(x).endswith(" %") or x == "—" for x in df.value[col]), col
+
+
+def test_tiny_study_reads_as_sentences(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four cycles: every page renders, and nothing reads "—–— s", "0.000000%" or "nan"."""
+    import tomllib
+
+    from flowtrial.study.config import parse_study
+    from flowtrial.study.simulator import SimParams, simulate_virtual
+    from flowtrial.study.storage import init_db
+    from tests.dashboards.conftest import parallel_text
+
+    text = parallel_text()
+    config = parse_study(tomllib.loads(text))
+    path = tmp_path / "tiny.db"
+    db = init_db(path, config, text)
+    simulate_virtual(db, config, SimParams(), 2, 1, 2, seed=1)
+    db.dispose()
+    at = app(path, monkeypatch)
+    for page in PAGES:
+        render(at, page)
+        shown = [*(m.value for m in at.metric), *(c.value for c in at.caption),
+                 *(i.value for i in at.info), *(w.value for w in at.warning),
+                 *(s.value for s in at.success), *(m.value for m in at.markdown)]
+        for text_shown in shown:
+            assert "—–—" not in text_shown and "0.000000" not in text_shown, (page, text_shown)
+            assert " nan" not in text_shown.lower(), (page, text_shown)
+        for df in at.dataframe:
+            for col in df.value.columns:
+                if str(col).endswith(("_rate", "_share")):
+                    assert all(str(x).endswith(" %") or x in ("—", None)
+                               for x in df.value[col]), (page, col)
+    render(at, "pages/threshold.py")
+    assert metric(at, "95 % CI") in ("not estimated",) or metric(at, "95 % CI").endswith(" s")
