@@ -65,6 +65,20 @@ def report_settings(url: str) -> FitSettings:
                        all_switch_col=switch_column(shortest) if shortest < primary else None)
 
 
+#: Bootstrap and null replicates of the dashboard's pooled fit: the report's 200 took over
+#: five minutes for a 120-cycle study on a loaded 2-core machine, too long for a page. Only
+#: ψ*'s bootstrap CI and the existence test's p depend on it; the headline (median personal
+#: threshold, its profile CI, τ) does not. The page labels these as quick estimates.
+QUICK_BOOT = 50
+
+
+def dashboard_settings(url: str) -> FitSettings:
+    """The report's settings with :data:`QUICK_BOOT` replicates."""
+    import dataclasses
+
+    return dataclasses.replace(report_settings(url), n_boot=QUICK_BOOT)
+
+
 _lock = threading.Lock()
 _results: OrderedDict[Hashable, Future[Any]] = OrderedDict()
 _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowtrial-dashboard")

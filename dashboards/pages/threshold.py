@@ -40,7 +40,8 @@ def show(table: pd.DataFrame) -> None:
         st.warning("No completed cycles with a wait match the filters.")
         return
     key = (ctx.url, ctx.fresh, ctx.filters)
-    settings = compute.report_settings(ctx.url)
+    settings = compute.dashboard_settings(ctx.url)
+    report_boot = compute.report_settings(ctx.url).n_boot
     fit = compute.threshold_fit(key, cyc, wait_col, settings,
                                 block=len(cyc) <= compute.SYNC_CYCLES)
     if fit is None:
@@ -62,14 +63,20 @@ def show(table: pd.DataFrame) -> None:
     m[2].metric("Spread τ (log-sd)", ui.num(pt.get("tau")),
                 help=f"95 % CI {ui.ci(pt.get('tau_ci'))}; test of τ = 0: "
                      f"p = {ui.num(pt.get('p_tau_zero'))}")
-    m[3].metric("Existence test p", ui.num(summary.get("p_exists")))
+    m[3].metric("Existence test p (quick)", ui.num(summary.get("p_exists")),
+                help=f"{settings.n_boot} null replicates here; the report's test uses "
+                     f"{report_boot} (`flowtrial analyze`)")
     tps = pt.get("tokens_per_second_at_median_length")
-    st.caption(f"Secondary: pooled onset ψ* = {ui.num(summary.get('psi_s'), ' s')} (95 % CI "
-               f"{ui.ci(summary.get('ci_s'), ' s')}), where the population-averaged curve "
-               "starts rising. Median threshold as tokens/s: "
-               f"{ui.num(tps, ' tok/s')} (idle-wait formula). The same estimators and "
-               "settings as `flowtrial analyze`: for the same cycles and no filters these are "
-               "the report's numbers.")
+    st.caption(f"Secondary: pooled onset ψ* = {ui.num(summary.get('psi_s'), ' s')} (quick "
+               f"95 % CI {ui.ci(summary.get('ci_s'), ' s')}), where the population-averaged "
+               "curve starts rising. Median threshold as tokens/s: "
+               f"{ui.num(tps, ' tok/s')} (idle-wait formula).")
+    st.info(f"Same estimators and settings as the report (`flowtrial analyze`), printed the "
+            "same way: without filters the median personal threshold, its 95 % CI and τ are "
+            f"the report's. Quicker here: ψ*'s bootstrap CI and the existence test use "
+            f"{settings.n_boot} replicates instead of the report's {report_boot}, so they (and "
+            "a verdict near p = 0.05) may differ slightly; the report's are the preregistered "
+            "values.")
     if pt.get("found"):
         st.success(f"Threshold found: the median person's switching rises above "
                    f"{ui.num(med, ' s')}; people differ by a log-sd of {ui.num(pt['tau'])}.")
@@ -105,9 +112,8 @@ def show(table: pd.DataFrame) -> None:
     ui.chart(alt.layer(*layers).properties(height=380), data_out, "switch vs wait")
     st.caption("Points: observed switch rate in wait bins with 95 % Wilson intervals. Lines: "
                "hinge and smooth logistic fits with pointwise bootstrap bands "
-               f"({settings.n_boot} replicates, seed {settings.seed}: the settings of "
-               "`flowtrial analyze`, so ψ, its CI and the verdict are the report's for the "
-               "same cycles and filters).")
+               f"({settings.n_boot} replicates, seed {settings.seed}; the report uses "
+               f"{report_boot}).")
 
     st.subheader("Per participant")
     per = []

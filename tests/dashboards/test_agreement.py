@@ -27,6 +27,9 @@ def test_dashboard_threshold_is_the_reports(small_study: Path) -> None:
     settings = compute.report_settings(url)
     assert settings.n_boot == 200 and settings.seed == 0  # `flowtrial analyze`'s defaults
     assert settings.all_switch_col == "switched_2s"  # the report's detection-share rule
+    # The page's quicker fit differs only in its (labelled) replicates.
+    assert compute.dashboard_settings(url) == dataclasses.replace(
+        settings, n_boot=compute.QUICK_BOOT)
     settings = dataclasses.replace(settings, n_boot=N_BOOT)
     fresh = (-1,)  # a key of its own: no result cached by another test
     table = compute.switch_table(url, fresh, block=True)
