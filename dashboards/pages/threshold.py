@@ -31,34 +31,15 @@ def curves(cyc: pd.DataFrame, res: object) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
-def show(table: pd.DataFrame) -> None:
-    from flowtrial.analysis.report_sections import analysable, binned_rate
-
-    cyc = analysable(compute.filter_cycles(table, ctx.filters,
-                                           compute.task_names(ctx.url, ctx.fresh)), wait_col)
-    if cyc.empty:
-        st.warning("No completed cycles with a wait match the filters.")
-        return
-    key = (ctx.url, ctx.fresh, ctx.filters)
-    settings = compute.dashboard_settings(ctx.url)
-    report_boot = compute.report_settings(ctx.url).n_boot
-    fit = compute.threshold_fit(key, cyc, wait_col, settings,
-                                block=len(cyc) <= compute.SYNC_CYCLES)
-    if fit is None:
-        st.info(f"Fitting the threshold on {len(cyc):,} cycles (bootstrap CI); the fit "
-                "appears here in a few seconds.")
-        return
-    summary, res = fit
-    pt = compute.personal_fit(key, cyc, wait_col, summary, settings) or {}
-    if not pt:
-        st.info("Fitting the personal thresholds (random-breakpoint model); the median "
-                "personal threshold and the spread appear here when it is done.")
+def headline(pt: dict, summary: dict, settings: compute.FitSettings, report_boot: int) -> None:
+    """The report's headline numbers (``pt``: its personal-threshold section, {} while it is
+    still being fitted) and the verdict."""
     m = st.columns(4)
     med = pt.get("median_psi_s")
     m[0].metric("Median personal threshold", ui.num(med, " s"),
                 help="e^c of the random-breakpoint model: the typical person's threshold "
                      "(the report's headline)")
-    m[1].metric("95 % CI", ui.ci(pt.get("ci_s"), " s"),
+    m[1].metric("95 % CI", ui.ci(pt.get("ci_s"), " s") if pt else "fitting…",
                 help="profile-likelihood interval, as in the report")
     m[2].metric("Spread τ (log-sd)", ui.num(pt.get("tau")),
                 help=f"95 % CI {ui.ci(pt.get('tau_ci'))}; test of τ = 0: "
@@ -80,8 +61,44 @@ def show(table: pd.DataFrame) -> None:
     if pt.get("found"):
         st.success(f"Threshold found: the median person's switching rises above "
                    f"{ui.num(med, ' s')}; people differ by a log-sd of {ui.num(pt['tau'])}.")
+    elif pt or summary.get("reason"):  # no verdict while the headline is being fitted
+        st.warning(pt.get("reason") or summary.get("reason"))
+
+
+def show(table: pd.DataFrame) -> None:
+    from flowtrial.analysis.report_sections import analysable, binned_rate
+
+    cyc = analysable(compute.filter_cycles(table, ctx.filters,
+                                           compute.task_names(ctx.url, ctx.fresh)), wait_col)
+    if cyc.empty:
+        st.warning("No completed cycles with a wait match the filters.")
+        return
+    key = (ctx.url, ctx.fresh, ctx.filters)
+    settings = compute.dashboard_settings(ctx.url)
+    report_boot = compute.report_settings(ctx.url).n_boot
+    fit = compute.threshold_fit(key, cyc, wait_col, settings,
+                                block=len(cyc) <= compute.SYNC_CYCLES)
+    if fit is None:
+        st.info(f"Fitting the threshold on {len(cyc):,} cycles (bootstrap CI); the fit "
+                "appears here in a few seconds.")
+        return
+    summary, res = fit
+    pt = compute.personal_fit(key, cyc, wait_col, summary, settings) or {}
+    if pt:
+        headline(pt, summary, settings, report_boot)
     else:
-        st.warning(pt.get("reason") or summary.get("reason") or "No threshold reported.")
+        # The personal fit runs in the background: this part re-checks every 2 s and fills
+        # in by itself (the rest of the page does not wait for it).
+        @st.fragment(run_every=2.0)
+        def pending() -> None:
+            done = compute.personal_fit(key, cyc, wait_col, summary, settings) or {}
+            if not done:
+                st.info("Fitting the personal thresholds (random-breakpoint model); the "
+                        "median personal threshold, its CI and the spread appear here by "
+                        "themselves when it is done.")
+            headline(done, summary, settings, report_boot)
+
+        pending()
     binned = binned_rate(cyc.assign(sw=cyc["switched"].astype(float)), wait_col, "sw",
                          n_bins=12)
     pts = alt.Chart(binned).mark_point(filled=True, color="black").encode(
@@ -101,6 +118,7 @@ def show(table: pd.DataFrame) -> None:
             tooltip=["model", alt.Tooltip("wait_s:Q", format=".2f"),
                      alt.Tooltip("p:Q", format=".1%")])
         layers = [band, line, *layers]
+        med = pt.get("median_psi_s")
         if med and pt.get("found"):  # no ψ line without a reported threshold
             layers.append(alt.Chart(pd.DataFrame({"psi_s": [med]})).mark_rule(
                 strokeDash=[4, 4]).encode(x="psi_s:Q", tooltip=[alt.Tooltip(

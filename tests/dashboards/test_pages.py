@@ -48,7 +48,7 @@ def chart_data(at: AppTest, field: str) -> tuple[dict, list[pd.DataFrame]]:
 
     import pyarrow as pa
 
-    for chart in at.get("arrow_vega_lite_chart"):
+    for chart in at.get("vega_lite_chart"):
         spec = json.loads(chart.proto.spec)
         if f'"field": "{field}"' in json.dumps(spec):
             frames = [pa.ipc.open_stream(d.data.data).read_pandas()
@@ -163,7 +163,8 @@ def test_timeline_draws_agent_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     # One bar per turn spanning its wait, its model calls and tool gaps nested inside it: on
     # the same lane, thinner, within the wait bar's span (#17).
     spec, frames = chart_data(at, "lane")
-    bars = pd.concat(frames, ignore_index=True)
+    bars = pd.concat(frames, ignore_index=True).drop_duplicates(  # the ticks repeat the waits
+        subset=["cycle_id", "phase", "start", "end"])
     assert set(bars.loc[bars["phase"].isin(["wait", "model call", "tool"]), "lane"]) == {
         "turn (wait)"}
     heights = {m["mark"].get("height") for m in layers(spec) if m["mark"]["type"] == "bar"}
@@ -175,7 +176,9 @@ def test_timeline_draws_agent_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     for _, seg in inner.iterrows():
         w = waits[waits["cycle_id"] == seg["cycle_id"]]
         assert len(w) == 1, "each nested segment belongs to one turn's wait bar"
-        assert w["start"].iloc[0] <= seg["start"] <= seg["end"] <= w["end"].iloc[0]
+        slack = pd.Timedelta(microseconds=1)  # wall times from two anchor conversions
+        assert w["start"].iloc[0] - slack <= seg["start"] <= seg["end"] <= (
+            w["end"].iloc[0] + slack)
 
 
 def test_chat_only_timeline_has_one_wait_lane(small_study: Path,
@@ -240,4 +243,5 @@ def test_tiny_study_reads_as_sentences(tmp_path: Path, monkeypatch: pytest.Monke
                     assert all(str(x).endswith(" %") or x in ("—", None)
                                for x in df.value[col]), (page, col)
     render(at, "pages/threshold.py")
-    assert metric(at, "95 % CI") in ("not estimated",) or metric(at, "95 % CI").endswith(" s")
+    shown_ci = metric(at, "95 % CI")
+    assert shown_ci in ("not estimated", "fitting…") or shown_ci.endswith(" s"), shown_ci
