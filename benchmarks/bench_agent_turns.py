@@ -8,6 +8,11 @@ threshold fit, and prints per case: median ψ̂, 95 % CI coverage of the populat
 rate, and — for the agent studies — the same fit on the wrong unit (every cycle its own
 wait), to show what analysing cycles would report.
 
+It keeps the example study's per-call TTFT range (0.2–30 s), so it shows what an agent study
+designed with chat arms gets: turns that nearly all wait longer than ψ, and a threshold that
+is not found. For the quality of a properly designed agent study (per-call arms chosen so
+the turn waits span ψ) see ``bench_threshold_quality.py --agent-steps K``.
+
 Usage: python benchmarks/bench_agent_turns.py [--sims 20] [--participants 40]
        [--prompts 60] [--agent-steps 5] [--n-boot 100] [--workers 2]
 """

@@ -53,13 +53,14 @@ def row(tps: float, upstream: str, frame_ms: float | None, r: dict[str, Any]) ->
     return (f"{tps:>6g} {upstream:>9} {frame:>5} {r['cycles']:>4} {e['n']:>4} "
             f"{e['p50']:>6.2f} {e['p99']:>6.2f} {e['max'] or 0:>6.2f}  "
             f"{t['p50']:>5.2f} {t['p99']:>6.2f} {r['violations']:>4} "
+            f"{r['upstream_first_byte_after_target']:>4} "
             f"{r['proxy_cpu_us_per_token']:>7.1f} {r['proxy_cpu_share']:>5.2f}  "
             f"{floor['p50']:>5.2f} {floor['p99']:>5.2f} {r['load_avg_1m']:>5.2f}")
 
 
 HEADER = (f"{'tok/s':>6} {'model':>9} {'frame':>5} {'cyc':>4} {'n':>4} "
           f"{'err%50':>6} {'err%99':>6} {'errmax':>6}  {'ttft50':>5} {'ttft99':>6} "
-          f"{'viol':>4} {'cpu_us':>7} {'cpu':>5}  {'fl50':>5} {'fl99':>5} {'load':>5}")
+          f"{'viol':>4} {'upL':>4} {'cpu_us':>7} {'cpu':>5}  {'fl50':>5} {'fl99':>5} {'load':>5}")
 
 
 def main() -> None:
@@ -84,7 +85,9 @@ def main() -> None:
     t0 = time.monotonic()
     lines, full = [], []
     print("rate error: |achieved − target| / target of streams ≥ 300 tokens (%); ttft: "
-          "proxy |TTFT error| (ms); cpu_us: proxy CPU µs per token; cpu: proxy CPU share; "
+          "proxy |TTFT error| (ms); viol: manipulation violations; upL: streams whose "
+          "upstream's first byte came after the target release (its miss); cpu_us: proxy "
+          "CPU µs per token; cpu: proxy CPU share; "
           "fl50/fl99: bare asyncio.sleep lateness on this machine (ms), the floor",
           file=sys.stderr)
     print(HEADER, file=sys.stderr, flush=True)

@@ -167,7 +167,8 @@ def main() -> None:
         con = sqlite3.connect(db)
         marks = ",".join("?" * len(ids))
         q = ("SELECT id, experienced_ttft_ms, target_ttft_ms, achieved_tps, target_tps, "
-             "tokens_sent, violation, violation_ms, status, t_request_ns, t_first_sent_ns "
+             "tokens_sent, violation, violation_ms, status, t_request_ns, t_first_sent_ns, "
+             "t_upstream_first_ns "
              f"FROM cycles WHERE id IN ({marks})")
         rows = {r[0]: r for r in con.execute(q, ids)}
         errors = [r[0] for r in con.execute(f"SELECT error FROM cycles WHERE id IN ({marks})",
@@ -196,6 +197,11 @@ def main() -> None:
             "n": len(tps_err), "p50": percentile(tps_err, 50), "p99": percentile(tps_err, 99),
             "max": max(tps_err) if tps_err else None},
         "violations": sum(1 for r in rows.values() if r[6]),
+        # The proxy can only hold tokens back: a first byte from the upstream after the
+        # target release is a TTFT miss the upstream caused (its model, or its machine).
+        "upstream_first_byte_after_target": sum(
+            1 for r in rows.values()
+            if r[11] is not None and r[11] > r[9] + int(r[2] * 1e6)),
         "proxy_cpu_s": round(cpu, 2),
         "proxy_cpu_share": round(cpu / wall, 3),
         "proxy_cpu_us_per_token": round(cpu / max(1, sum(r[5] or 0 for r in rows.values()))

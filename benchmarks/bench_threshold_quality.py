@@ -16,6 +16,14 @@ report. Cells:
 * ``smooth``      a smooth logistic truth (no threshold);
 * ``flat``        no dependence on the wait (the null).
 
+With ``--agent-steps K`` (K > 1) every cell also runs as an agent study: each prompt a turn of
+K model calls (K − 1 tool calls, tool time ``SimParams.tool_time`` between them, then the
+answer), the person waiting for the whole turn and switching on the turn's idle wait (the
+ground truth is per turn). Its per-call TTFT range is the chat cell's divided by K, so the
+turn waits (K × TTFT + tool time + the answer) span the threshold as the chat waits do (the
+study design an agent study needs: with the chat range per call, nearly every turn would wait
+longer than ψ). The analysis sees the turn as the unit (``cycle_table_from_frames``).
+
 Per cell it prints bias and 95 % CI coverage of the median personal ψ and of τ, the rate of
 p(τ = 0) < 0.05, the pooled ψ̂'s coverage of ψ* (its pseudo-true value, from the expected
 *counted* switch probability) and of the median ψ, the existence test's rejection rate and
@@ -23,6 +31,7 @@ the verdict rate ("found"), and the wall time of one full 100 × 200 analysis.
 
 Usage: python benchmarks/bench_threshold_quality.py [--sizes 30x80,100x200] [--seeds 20]
        [--cells hinge,hinge_tau0,intercepts,narrow,smooth,flat] [--workers 2]
+       [--agent-steps 5]
 """
 
 from __future__ import annotations
@@ -54,8 +63,9 @@ CELLS: dict[str, dict[str, Any]] = {
 
 
 def simulate_cycles(cell: dict[str, Any], n_part: int, n_prompts: int, psi: float,
-                    seed: int) -> tuple[Any, Any, Any]:
-    """(analysable cycles, SimParams, study config) of one simulated per-prompt study."""
+                    seed: int, steps: int = 1) -> tuple[Any, Any, Any]:
+    """(analysable cycles, SimParams, study config) of one simulated per-prompt study; with
+    ``steps`` > 1 an agent study (one row per turn, per-call TTFT range divided by K)."""
     import numpy as np
 
     from flowtrial.analysis.metrics import cycle_table_from_frames, frames_from_tables
@@ -63,21 +73,23 @@ def simulate_cycles(cell: dict[str, Any], n_part: int, n_prompts: int, psi: floa
     from flowtrial.study.simulator import SimParams, simulate_virtual_frames
 
     data = tomllib.loads(example_study_text())
-    lo, hi = cell.get("ttft_ms", (200, 30000))
+    lo, hi = (v / steps for v in cell.get("ttft_ms", (200, 30000)))
     data["per_prompt"] = {"ttft_ms": {"min": lo, "max": hi, "scale": "log"}}
     data["study"]["seed"] = seed
     config = parse_study(data)
     params = SimParams(truth=cell["truth"], threshold_s=psi, threshold_logsd=cell["tau"],
                        switch_intercept_sd=cell.get("intercept_sd", 0.0))
     tables = simulate_virtual_frames(config, params, n_part, tasks=1,
-                                     prompts_per_task=n_prompts, seed=seed, design_seed=seed)
+                                     prompts_per_task=n_prompts, seed=seed, design_seed=seed,
+                                     agent_steps=steps)
     cycles = cycle_table_from_frames(frames_from_tables(tables, config))
+    assert cycles.attrs["wait_unit"]["unit"] == ("turn" if steps > 1 else "cycle")
     ok = cycles[(cycles["status"] == "ok") & np.isfinite(cycles["idle_wait_s"])
                 & (cycles["idle_wait_s"] > 0)]
     return ok, params, config
 
 
-def one_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, Any]:
+def one_study(job: tuple[str, int, int, int, dict[str, Any], int]) -> dict[str, Any]:
     """Simulate and analyse one study; the figures the benchmark aggregates."""
     import pandas as pd
 
@@ -88,10 +100,10 @@ def one_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, Any]:
     from flowtrial.analysis.threshold import fit_threshold, pseudo_true_psi
     from flowtrial.study.simulator.params import detection_share, expected_switch_probability
 
-    cell_name, n_part, n_prompts, seed, cfg = job
+    cell_name, n_part, n_prompts, seed, cfg, steps = job
     cell = CELLS[cell_name]
     t0 = time.perf_counter()
-    ok, params, config = simulate_cycles(cell, n_part, n_prompts, cfg["psi"], seed)
+    ok, params, config = simulate_cycles(cell, n_part, n_prompts, cfg["psi"], seed, steps)
     frame = pd.DataFrame({"participant_id": ok["participant_id"].to_numpy(),
                           "wait_s": ok["idle_wait_s"].to_numpy(float),
                           "switched": ok["switched"].astype(int).to_numpy()})
@@ -99,6 +111,8 @@ def one_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, Any]:
     d_hat = estimate_detection_share(ok["switched"], ok["switched_2s"])
     pooled = fit_threshold(frame, n_boot=cfg["n_boot"], n_null=cfg["n_boot"], seed=seed)
     row: dict[str, Any] = {"cell": cell_name, "size": f"{n_part}x{n_prompts}", "seed": seed,
+                           "steps": steps,
+                           "below_psi": float((frame["wait_s"] < cfg["psi"]).mean()),
                            "d_true": d_true, "d_hat": d_hat, "pooled_psi": pooled.psi_s,
                            "pooled_ci": pooled.ci_s, "p_exists": pooled.p_exists,
                            "pooled_found": pooled.found}
@@ -173,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the personal fit (e.g. many flat studies for the existence "
                          "test's false-positive rate)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--agent-steps", type=int, default=1,
+                    help="K > 1: also run every cell as an agent study of K calls per turn")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--timing-only", action="store_true", help="only the 100 × 200 timing")
     ap.add_argument("--jsonl", type=Path, help="also append every study's figures here")
@@ -194,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
            "pooled_only": args.pooled_only}
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",") if s]
     cells = [c.strip() for c in args.cells.split(",") if c.strip()]
-    jobs = [(c, p, k, args.first_seed + i, cfg) for p, k in sizes for c in cells
-            for i in range(args.seeds)]
+    variants = [1] + ([args.agent_steps] if args.agent_steps > 1 else [])
+    jobs = [(c, p, k, args.first_seed + i, cfg, st) for p, k in sizes for c in cells
+            for st in variants for i in range(args.seeds)]
     # Big studies first, so the pool is not left with one long job at the end.
     jobs.sort(key=lambda j: -j[1] * j[2])
     results: list[dict[str, Any]] = []
@@ -206,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             results += [json.loads(line) for line in f.read_text().splitlines() if line]
         sizes = sorted({tuple(int(v) for v in r["size"].split("x")) for r in results})
         cells = [c for c in CELLS if any(r["cell"] == c for r in results)]
+        variants = sorted({r.get("steps", 1) for r in results})
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("simulated studies", total=len(jobs))
@@ -219,48 +237,51 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - t0
 
     table = Table(title=f"Flow-threshold estimators: median personal ψ = {args.psi:g} s")
-    for col in ("size", "cell", "n", "mean ψ̂ (bias)", "cover ψ", "mean τ̂", "cover τ",
-                "p_τ<.05", "pooled ψ̂", "pooled cover ψ*", "pooled cover ψ", "p_exists<.05",
+    for col in ("size", "cell", "calls", "< ψ", "n", "mean ψ̂ (bias)", "cover ψ", "mean τ̂",
+                "cover τ", "p_τ<.05", "pooled ψ̂", "pooled cover ψ*", "pooled cover ψ",
+                "p_exists<.05",
                 "found", "fails"):
         table.add_column(col, justify="left" if col in ("size", "cell") else "right")
-    for p, k in sizes:
-        for c in cells:
-            rows = [r for r in results if r["cell"] == c and r["size"] == f"{p}x{k}"]
-            if not rows:
-                continue
-            good = [r for r in rows if "median_psi" in r]  # personal fit done (not skipped)
-            failed = sum("error" in r for r in rows)
-            tau = CELLS[c]["tau"]
-            hinge = CELLS[c]["truth"] == "hinge"
+    for p, k, c, st in [(p, k, c, st) for p, k in sizes for c in cells for st in variants]:
+        rows = [r for r in results if r["cell"] == c and r["size"] == f"{p}x{k}"
+                and r.get("steps", 1) == st]
+        if not rows:
+            continue
+        good = [r for r in rows if "median_psi" in r]  # personal fit done (not skipped)
+        failed = sum("error" in r for r in rows)
+        tau = CELLS[c]["tau"]
+        hinge = CELLS[c]["truth"] == "hinge"
 
-            def frac(sel: list[dict[str, Any]], pred: Any) -> str:
-                a, n = _rate(sel, pred)
-                return f"{a}/{n}" if n else "—"
+        def frac(sel: list[dict[str, Any]], pred: Any) -> str:
+            a, n = _rate(sel, pred)
+            return f"{a}/{n}" if n else "—"
 
-            if good:
-                geo = math.exp(sum(math.log(r["median_psi"]) for r in good) / len(good))
-                psi_txt = f"{geo:.2f} ({100 * (geo / args.psi - 1):+.1f} %)"
-                tau_txt = f"{sum(r['tau'] for r in good) / len(good):.3f}"
-            else:
-                psi_txt = tau_txt = "—"
-            pooled_geo = math.exp(sum(math.log(r["pooled_psi"]) for r in rows) / len(rows))
-            table.add_row(
-                f"{p}×{k}", c, str(len(rows)),
-                psi_txt if hinge else "—",
-                frac(good, lambda r: r["ci"][0] <= args.psi <= r["ci"][1]) if hinge else "—",
-                tau_txt if hinge else "—",
-                frac(good, lambda r, t=tau: r["tau_ci"][0] <= t <= r["tau_ci"][1])
-                if hinge else "—",
-                frac(good, lambda r: r["p_tau"] < 0.05),
-                f"{pooled_geo:.2f}",
-                frac(rows, lambda r: r["pooled_ci"][0] <= r["psi_star"] <= r["pooled_ci"][1])
-                if hinge else "—",
-                frac(rows, lambda r: r["pooled_ci"][0] <= args.psi <= r["pooled_ci"][1])
-                if hinge else "—",
-                frac(rows, lambda r: r["p_exists"] < 0.05),
-                frac(good, lambda r: r["found"]),
-                str(failed),
-            )
+        if good:
+            geo = math.exp(sum(math.log(r["median_psi"]) for r in good) / len(good))
+            psi_txt = f"{geo:.2f} ({100 * (geo / args.psi - 1):+.1f} %)"
+            tau_txt = f"{sum(r['tau'] for r in good) / len(good):.3f}"
+        else:
+            psi_txt = tau_txt = "—"
+        pooled_geo = math.exp(sum(math.log(r["pooled_psi"]) for r in rows) / len(rows))
+        table.add_row(
+            f"{p}×{k}", c, "1" if st == 1 else f"{st} (turn)",
+            f"{sum(r.get('below_psi', math.nan) for r in rows) / len(rows):.0%}",
+            str(len(rows)),
+            psi_txt if hinge else "—",
+            frac(good, lambda r: r["ci"][0] <= args.psi <= r["ci"][1]) if hinge else "—",
+            tau_txt if hinge else "—",
+            frac(good, lambda r, t=tau: r["tau_ci"][0] <= t <= r["tau_ci"][1])
+            if hinge else "—",
+            frac(good, lambda r: r["p_tau"] < 0.05),
+            f"{pooled_geo:.2f}",
+            frac(rows, lambda r: r["pooled_ci"][0] <= r["psi_star"] <= r["pooled_ci"][1])
+            if hinge else "—",
+            frac(rows, lambda r: r["pooled_ci"][0] <= args.psi <= r["pooled_ci"][1])
+            if hinge else "—",
+            frac(rows, lambda r: r["p_exists"] < 0.05),
+            frac(good, lambda r: r["found"]),
+            str(failed),
+        )
     console.print(table)
     nodes = [abs(r["node"]) for r in results if r.get("node") is not None]
     if nodes:

@@ -11,6 +11,13 @@ random draws as a virtual run of the same seed. Its own human durations (craftin
 away, resumption, reading, review, own coding, task breaks) are acted out compressed by
 ``time_scale``. Tasks (rows and task_start/task_end events) and the ground truth are written
 by the simulator; cycles are the proxy's.
+
+With ``agent_steps`` K > 1 each prompt is an agent turn (live_requests.py): the prompt offers
+a tool, the simulated model answers with K − 1 tool calls (the in-process proxy's
+``[upstream] tool_steps`` is set to K − 1), each followed after the tool's run time
+(``SimParams.tool_time``, the same draws as a virtual run) by a continuation, then the
+answer. The proxy's turn tracker builds the turns; the person waits for, and switches
+during, the whole turn.
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ import pandas as pd
 from sqlalchemy import func, select
 
 from flowtrial.instrumentation.proxy.runtime_tuning import tuned_process
+from flowtrial.live_requests import LIVE_MODEL, Clock, Hooks, run_turn
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.errors import FlowtrialError
 from flowtrial.study.participants import PER_PROMPT_ARM, assignments_for
 from flowtrial.study.schema import Cycle, Event, GroundTruth
+from flowtrial.study.simulator.agent import tool_run_times
 from flowtrial.study.simulator.model import (
     Behaviour,
     Population,
@@ -55,9 +64,7 @@ from flowtrial.study.storage import Database, WriteBatch, write_rows
 from flowtrial.study.tasks import add_task, end_task, link_cycles_to_tasks
 from flowtrial.study.timeline import idle_wait_s
 
-CYCLE_ID_HEADER = "x-flowtrial-cycle-id"
 EVENTS_PATH = "/flowtrial/v1/events"
-LIVE_MODEL = "flowtrial-sim-1"
 
 _PROMPTS = (
     "In my Python service, step {j} of task {t}: write a function that retries a flaky HTTP "
@@ -92,6 +99,8 @@ class ObservedCycle:
     time_away_s: float
     decision: str
     error: str | None = None
+    calls: int = 1  # model calls of the turn
+    tool_s: float = 0.0  # real seconds of tool time in the turn
 
 
 @dataclass
@@ -107,6 +116,7 @@ class _Run:
     pop: Population
     beh: Behaviour
     progress: Callable[[], None]
+    tool_s: np.ndarray | None = None  # (p, k, K − 1) real seconds per tool run (agent turns)
     observed: list[ObservedCycle] = field(default_factory=list)
     event_errors: list[str] = field(default_factory=list)
 
@@ -174,25 +184,40 @@ def simulate_live(
     *,
     base_url: str | None = None,
     progress: ProgressFn | None = None,
+    agent_steps: int = 1,
 ) -> SimulationResult:
     """Run simulated participants against the proxy (started in-process unless ``base_url``).
 
     With ``base_url`` the proxy must record into ``database`` (participants are enrolled
     there). Returns what was written; ``extra["observed"]`` is a DataFrame of what the
     participants observed client-side, ``extra["event_errors"]`` failed event posts.
+    With ``agent_steps`` K > 1 (a mock upstream) each prompt is an agent turn of K calls; a
+    proxy at ``base_url`` must have ``[upstream] tool_steps = K − 1`` itself.
     """
     if n_participants < 1 or tasks < 1 or prompts_per_task < 1:
         raise LiveSimulationError("need at least one participant, task and prompt per task")
+    if agent_steps > 1:
+        if config.upstream.kind != "mock":
+            raise LiveSimulationError(
+                "live agent turns need the simulated model ([upstream] kind = \"mock\"): its "
+                "tool steps make the tool calls")
+        config = config.model_copy(update={"upstream": config.upstream.model_copy(
+            update={"tool_steps": agent_steps - 1})})
     seed = new_seed() if seed is None else seed
     serve_proxy = None if base_url is not None else _require_proxy()
     ids, keys, _first = enroll_simulated(database, config, n_participants)
     rng_pop, rng_beh, _ = rng_streams(seed)
     pop = draw_population(params, ids, rng_pop)
     beh = draw_behaviour(params, pop, tasks, prompts_per_task, rng_beh)
+    tool_s = (tool_run_times(agent_steps, (n_participants, beh.n_cycles), seed,
+                             params.tool_time.median, params.tool_time.logsd)
+              if agent_steps > 1 else None)
     write_rows(database, [WriteBatch(GroundTruth, [
         {k: v for k, v in row.items() if k != "id"}
         for row in ground_truth_rows(config, params, pop, seed, mode="live",
-                                     n_tasks=tasks, prompts_per_task=prompts_per_task)
+                                     n_tasks=tasks, prompts_per_task=prompts_per_task,
+                                     **({"agent_steps": agent_steps} if agent_steps > 1
+                                        else {}))
     ])])
     total = n_participants * tasks * prompts_per_task
     done = [0]
@@ -215,12 +240,12 @@ def simulate_live(
             if serve_proxy is not None:
                 with serve_proxy(database.url, config) as handle:
                     run = _Run(database, config, params, handle.base_url.rstrip("/"), ids,
-                               keys, pop, beh, tick)
+                               keys, pop, beh, tick, tool_s)
                     asyncio.run(_run_all(run))
             else:
                 assert base_url is not None
                 run = _Run(database, config, params, base_url.rstrip("/"), ids, keys, pop,
-                           beh, tick)
+                           beh, tick, tool_s)
                 asyncio.run(_run_all(run))
     elapsed = time.perf_counter() - started
     link_cycles_to_tasks(database, ids)
@@ -264,49 +289,6 @@ def _ts(wall_ns: float) -> float:
     return wall_ns / 1e9
 
 
-class _Clock:
-    """Acts out real durations compressed by time_scale, against one monotonic origin.
-
-    For a request the origin is the moment httpx hands it to the connection (an event
-    hook), so the SDK's own request building does not count as waiting.
-    """
-
-    def __init__(self, scale: float) -> None:
-        self.scale = scale
-        self.mark()
-
-    def mark(self) -> None:
-        self.t0 = time.perf_counter()
-        self.wall0 = time.time_ns()
-
-    def raw_now(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def wall_at(self, raw_s: float) -> int:
-        return self.wall0 + int(raw_s * 1e9)
-
-    async def until_raw(self, raw_s: float) -> None:
-        delay = raw_s - self.raw_now()
-        if delay > 0:
-            await asyncio.sleep(delay)
-
-
-class _Hooks:
-    """httpx event hooks: when the current request left and when its headers came back."""
-
-    def __init__(self) -> None:
-        self.clock: _Clock | None = None
-        self.headers_at: float | None = None
-
-    async def on_request(self, request: Any) -> None:
-        if self.clock is not None and request.url.path.endswith("/chat/completions"):
-            self.clock.mark()
-
-    async def on_response(self, response: Any) -> None:
-        if self.clock is not None and response.request.url.path.endswith("/chat/completions"):
-            self.headers_at = self.clock.raw_now()
-
-
 async def _post(run: _Run, http: Any, events: list[dict[str, Any]]) -> None:
     try:
         r = await http.post(EVENTS_PATH, json={"events": events})
@@ -329,7 +311,7 @@ async def _participant(run: _Run, i: int) -> None:
     pid, key, beh, scale = run.ids[i], run.keys[i], run.beh, run.scale
     fast, slow = task_forecasts(beh, run.pop)
     arms = await asyncio.to_thread(assignments_for, run.database, pid)
-    hooks = _Hooks()
+    hooks = Hooks()
     client = AsyncOpenAI(
         api_key=key, base_url=run.base_url + "/v1", max_retries=0,
         timeout=run.config.upstream.timeout_s,
@@ -367,9 +349,10 @@ async def _participant(run: _Run, i: int) -> None:
             await client.close()
 
 
-def _proxy_window(database: Database, cycle_id: str | None, clock: _Clock
+def _proxy_window(database: Database, cycle_ids: list[str | None], clock: Clock
                   ) -> tuple[float, float] | None:
-    """The proxy's t_request and t_last_sent of a cycle, on the participant's clock (s).
+    """The proxy's t_request of a turn's first call and t_last_sent of its last, on the
+    participant's clock (s).
 
     A simulator's privilege, not a client's: on a busy machine the client sees tokens a few
     ms after the proxy sent them, and with time_scale 100 that is a sizeable part of a short
@@ -377,61 +360,39 @@ def _proxy_window(database: Database, cycle_id: str | None, clock: _Clock
     t_last_sent and not count as "during the wait" (docs/concepts/timeline.md). The proxy makes the
     record durable before it closes the stream, so it is there to read.
     """
-    if cycle_id is None:
+    if not cycle_ids or cycle_ids[0] is None or cycle_ids[-1] is None:
         return None
     t = Cycle.__table__  # type: ignore[attr-defined]
     wall = t.c.wall_anchor_ns - t.c.mono_anchor_ns
     with database.engine.connect() as conn:
-        row = conn.execute(select(wall + t.c.t_request_ns, wall + t.c.t_last_sent_ns)
-                           .where(t.c.id == cycle_id)).first()
-    if row is None or row[0] is None or row[1] is None:
+        first = conn.execute(select(wall + t.c.t_request_ns)
+                             .where(t.c.id == cycle_ids[0])).scalar()
+        last = conn.execute(select(wall + t.c.t_last_sent_ns)
+                            .where(t.c.id == cycle_ids[-1])).scalar()
+    if first is None or last is None:
         return None
-    return (row[0] - clock.wall0) / 1e9, (row[1] - clock.wall0) / 1e9
+    return (first - clock.wall0) / 1e9, (last - clock.wall0) / 1e9
 
 
-async def _cycle(run: _Run, client: Any, hooks: _Hooks, http: Any, i: int, k: int, t: int,
+async def _cycle(run: _Run, client: Any, hooks: Hooks, http: Any, i: int, k: int, t: int,
                  j: int) -> None:
-    """One prompt -> wait -> review -> decision cycle, then own coding."""
-    import openai
-
-    from flowtrial.instrumentation.tokens import count_tokens
-
+    """One prompt -> wait -> review -> decision cycle (an agent turn with agent steps),
+    then own coding."""
     beh, pop, params, scale = run.beh, run.pop, run.params, run.scale
     pid = run.ids[i]
     n_ask = int(beh.n_tokens[i, k])
     prompt = _PROMPTS[k % len(_PROMPTS)].format(t=t + 1, j=j + 1) + f" ({pid}, #{k + 1})"
-    clock = _Clock(scale)
-    hooks.clock, hooks.headers_at = clock, None
-    arrivals: list[float] = []
-    counts: list[int] = []
-    usage: int | None = None
-    headers_at = 0.0
-    cycle_id: str | None = None
-    error: str | None = None
-    try:
-        async with client.chat.completions.with_streaming_response.create(
-            model=LIVE_MODEL, messages=[{"role": "user", "content": prompt}], stream=True,
-            max_tokens=n_ask, stream_options={"include_usage": True},
-        ) as resp:
-            headers_at = hooks.headers_at if hooks.headers_at is not None else clock.raw_now()
-            cycle_id = resp.headers.get(CYCLE_ID_HEADER)
-            stream = await resp.parse()
-            async for chunk in stream:
-                now = clock.raw_now()
-                if chunk.usage is not None:
-                    usage = chunk.usage.completion_tokens
-                for choice in chunk.choices:
-                    text = choice.delta.content if choice.delta else None
-                    if text:
-                        arrivals.append(now)
-                        counts.append(count_tokens(text))
-    except openai.APIError as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    if error is not None or not arrivals:
+    clock = Clock(scale)
+    tools = [] if run.tool_s is None else [float(v) / scale for v in run.tool_s[i, k]]
+    turn = await run_turn(client, hooks, clock, prompt, n_ask, tools)
+    arrivals, counts, usage = turn.arrivals, turn.counts, turn.usage
+    headers_at, cycle_id = turn.headers_at, turn.final_cycle_id
+    if turn.error is not None or not arrivals:
         run.observed.append(ObservedCycle(
             pid, k, cycle_id, clock.wall0, float("nan"), float("nan"), 0, float("nan"),
             float("nan"), float("nan"), False, float("nan"), "none",
-            error or "no content received"))
+            turn.error or "no content received", len(turn.cycle_ids),
+            turn.tool_raw_s * scale))
         await clock.until_raw(clock.raw_now() + beh.coding_s[i, k] / scale)
         return
 
@@ -454,7 +415,7 @@ async def _cycle(run: _Run, client: Any, hooks: _Hooks, http: Any, i: int, k: in
     switched = bool(tl["switched"])
     if switched:
         out_raw = float(tl["switch_at"]) / scale
-        window = await asyncio.to_thread(_proxy_window, run.database, cycle_id, clock)
+        window = await asyncio.to_thread(_proxy_window, run.database, turn.cycle_ids, clock)
         if window is None:  # not recorded (should not happen): keep inside what we saw
             window = (headers_at, last)
         lo, hi = window[0] + 0.0005, window[1] - 0.0005
@@ -483,7 +444,8 @@ async def _cycle(run: _Run, client: Any, hooks: _Hooks, http: Any, i: int, k: in
     await _post(run, http, [ev])
     run.observed.append(ObservedCycle(
         pid, k, cycle_id, clock.wall0, first, last, n, tps_raw, idle, float(tl["p_switch"]),
-        switched, float(beh.away_s[i, k]) if switched else float("nan"), kind))
+        switched, float(beh.away_s[i, k]) if switched else float("nan"), kind, None,
+        len(turn.cycle_ids), turn.tool_raw_s * scale))
 
     # Own coding until the next prompt, perhaps with a switch unrelated to the assistant.
     coding_raw = float(beh.coding_s[i, k]) / scale

@@ -57,7 +57,8 @@ def simulate(
     agent_steps: Annotated[int, typer.Option(
         "--agent-steps", help="Model calls per prompt: K > 1 simulates agent turns (K − 1 "
                               "tool calls with tool time between, then the answer; the "
-                              "person waits for the whole turn). Virtual mode.")] = 1,
+                              "person waits for the whole turn). Live mode: the simulated "
+                              "model makes the tool calls.")] = 1,
 ) -> None:
     """Add simulated participants with known ground truth to a study database."""
     from rich.console import Console
@@ -79,9 +80,6 @@ def simulate(
         raise _fail(f"--threshold-sd {threshold_sd:g}: must be >= 0")
     if agent_steps < 1:
         raise _fail(f"--agent-steps {agent_steps}: need at least 1 (model calls per prompt)")
-    if agent_steps > 1 and mode != "virtual":
-        raise _fail("--agent-steps needs --mode virtual (for live agent turns, run real agents "
-                    "against a study with [upstream] tool_steps)")
     with _user_errors():
         from flowtrial.live_simulation import simulate_live
         from flowtrial.study.config import load_study
@@ -91,6 +89,9 @@ def simulate(
         from flowtrial.study.storage import init_db
 
         config = load_study(study)
+        if agent_steps > 1 and mode == "live" and config.upstream.kind != "mock":
+            raise _fail("--mode live --agent-steps needs the simulated model ([upstream] kind "
+                        "= \"mock\"): its tool steps make the tool calls")
         if mode == "live":
             from flowtrial.live_simulation import compression_warnings
 

@@ -33,6 +33,7 @@ __all__ = [
     "TurnRules",
     "call_from_row",
     "infer_kinds",
+    "latest_recorded_turn",
     "rebuild_turns",
     "summarize_turn",
     "turn_id_for",
@@ -302,6 +303,25 @@ class TurnAssigner:
             p.recent[request_key] = (now_ns, turn.id if turn is not None else None)
         return turn.id if turn is not None else None
 
+    def adopt(self, participant_id: str, turn: OpenTurn, cycle_id: str) -> None:
+        """File the request ``cycle_id`` (just assigned) into ``turn`` instead: a turn that
+        another proxy process started (its record says so). The turn the request had just
+        started is dropped; other turns of the conversation are over."""
+        p = self._p(participant_id)
+        own = turn_id_for(cycle_id)
+        if own != turn.id:
+            p.turns.pop(own, None)
+        for other in p.turns.values():
+            if other.conversation_key == turn.conversation_key and other.id != turn.id:
+                other.closed = True
+        known = p.turns.pop(turn.id, None)
+        if known is not None:
+            turn.last_activity_ns = max(turn.last_activity_ns, known.last_activity_ns)
+        p.turns[turn.id] = turn  # the latest turn now
+        for key, (t, tid) in list(p.recent.items()):
+            if tid == own:
+                p.recent[key] = (t, turn.id)
+
     def ended(self, participant_id: str, turn_id: str | None, kind: str, final: bool,
               now_ns: int) -> None:
         """A call of ``turn_id`` ended; a final answer (not a side call's) closes the turn."""
@@ -359,6 +379,30 @@ def assign_calls(calls: Iterable[Call], rules: TurnRules | None = None) -> dict[
         else:
             assigner.ended(c.participant_id, out.get(c.cycle_id), c.kind, c.final, t)
     return out
+
+
+def latest_recorded_turn(database: Any, participant_id: str, conversation_key: str
+                         ) -> tuple[str | None, list[Call]]:
+    """The id and recorded calls (oldest first) of the participant's latest turn in a
+    conversation, whichever proxy process recorded them; (None, []) if there is none. One
+    indexed read of the participant's cycles, then the turn's own."""
+    from sqlalchemy import select
+
+    from .schema import Cycle
+
+    c = Cycle.__table__.c  # type: ignore[attr-defined]
+    with database.engine.connect() as conn:
+        tid = conn.execute(
+            select(c.turn_id).where(c.participant_id == participant_id,
+                                    c.conversation_key == conversation_key,
+                                    c.turn_id.is_not(None), c.request_kind != "side")
+            .order_by(c.started_at.desc(), c.id.desc()).limit(1)).scalar()
+        if tid is None:
+            return None, []
+        rows = conn.execute(select(Cycle.__table__).where(
+            c.participant_id == participant_id, c.turn_id == tid)).mappings().all()
+    calls = [call_from_row(dict(r)) for r in rows]
+    return tid, sorted(calls, key=lambda x: (x.t_request_ns + x.offset_ns, x.cycle_id))
 
 
 def rebuild_turns(database: Any, rules: TurnRules | None = None) -> int:

@@ -102,7 +102,9 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
         info = adapter.read_request(obj)
         exchange = Exchange(st, adapter, participant, body, info, request.headers, t_request,
                             request.scope.get("query_string", b"").decode("latin-1"))
-        st.turns.arrive(exchange.rec, obj, body, request.headers)
+        joins = st.turns.arrive(exchange.rec, obj, body, request.headers)
+        if joins is not None:  # a continuation: its turn may be another process's
+            await st.turns.reconcile(exchange.rec, joins)
         return exchange
 
     endpoint.__name__ = f"proxy_{adapter_cls.name}"

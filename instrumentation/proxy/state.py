@@ -63,7 +63,7 @@ class ProxyState:
         self.wall_anchor_ns = time.time_ns()
         self.started_monotonic = time.monotonic()
         #: Classifies requests and keeps the turns table (docs/concepts/turns.md).
-        self.turns = TurnTracker(self.mono_anchor_ns, self.wall_anchor_ns)
+        self.turns = TurnTracker(self.mono_anchor_ns, self.wall_anchor_ns, database=database)
         self.requests = 0
         self.errors = 0
         self.open_cycles: dict[str, str] = {}  # cycle id -> participant id (in flight)

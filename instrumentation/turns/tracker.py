@@ -1,21 +1,29 @@
 """The proxy's turn tracker: classifies each request as it arrives and keeps the ``turns``
 table up to date as its cycles are recorded.
 
-Two hooks, nothing else in the request path: :meth:`TurnTracker.arrive` (once the body is
-parsed, before the upstream call: sets the cycle's kind, rule, turn, conversation and client)
-and :meth:`TurnTracker.recorded` (as the cycle is written: notes the call's end and returns
+Hooks, nothing else in the request path: :meth:`TurnTracker.arrive` (once the body is
+parsed, before the upstream call: sets the cycle's kind, rule, turn, conversation and client),
+for a continuation :meth:`TurnTracker.reconcile` (right after, also before the upstream
+call: reads the conversation's latest turn from the database, see below) and
+:meth:`TurnTracker.recorded` (as the cycle is written: notes the call's end and returns
 the turn's row, recomputed from its calls, as an upsert committed in the cycle's own
 transaction; the row is built in the writer thread). The turn rows are what
 :func:`flowtrial.study.turns.rebuild_turns` would compute from the cycles.
 
-One tracker per proxy process: with several proxies (or workers) sharing a database, a
-continuation served by another process than its turn's start starts a turn of its own;
-``flowtrial turns`` rebuilds them from the cycles.
+One tracker per proxy process. With several proxies (or ``--workers``) sharing a database,
+a continuation may reach another process than the calls before it. So every continuation
+(with a conversation key) reads the participant's latest recorded turn in its conversation:
+if that turn is still waiting for a tool result (its last call asked for tools, within the
+idle limit) the continuation joins it, and the turn's calls recorded by other processes are
+merged in, so the turn row this process writes holds them all. A call is recorded before
+its stream ends, so the client cannot continue before the read can see it. Left to memory:
+side calls and retries are filed by what this process has seen.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -23,13 +31,22 @@ from functools import partial
 from typing import Any, Protocol
 
 from flowtrial.study.storage import LazyRow, WriteBatch
-from flowtrial.study.turns import Call, TurnAssigner, TurnRules, summarize_turn
+from flowtrial.study.turns import (
+    Call,
+    OpenTurn,
+    TurnAssigner,
+    TurnRules,
+    latest_recorded_turn,
+    summarize_turn,
+    turn_id_for,
+)
 
 from .classify import Context, classify, client_name, features
 
 __all__ = ["TurnTracker"]
 
 _MAX_RESPONSE_IDS = 10_000
+log = logging.getLogger("flowtrial.proxy")
 
 
 class _Rec(Protocol):  # what the tracker reads and sets on a cycle record
@@ -49,8 +66,9 @@ class TurnTracker:
     """Per-process turn state: the assigner, each open turn's calls, response chains."""
 
     def __init__(self, mono_anchor_ns: int, wall_anchor_ns: int,
-                 rules: TurnRules | None = None) -> None:
+                 rules: TurnRules | None = None, database: Any = None) -> None:
         self.assigner = TurnAssigner(rules)
+        self.database = database  # where other processes' calls are read (None: memory only)
         self._offset = wall_anchor_ns - mono_anchor_ns
         self._calls: dict[str, dict[str, Call]] = {}  # turn id -> cycle id -> call
         self._chains: dict[str, str | None] = {}  # Responses id -> conversation key
@@ -58,8 +76,10 @@ class TurnTracker:
 
     # ------------------------------------------------------------------ hooks
     def arrive(self, rec: _Rec, body: Mapping[str, Any], raw: bytes,
-               headers: Mapping[str, str]) -> None:
-        """Classify the request and file it into a turn (sets the record's fields)."""
+               headers: Mapping[str, str]) -> OpenTurn | None:
+        """Classify the request and file it into a turn (sets the record's fields). For a
+        continuation, the turn it would join were it another process's, to pass to
+        :meth:`reconcile` before the upstream call (None: nothing to check)."""
         f = features(rec.protocol, dict(body))
         now = rec.t_request_ns + self._offset
         pid = rec.participant_id
@@ -85,6 +105,40 @@ class TurnTracker:
         rec.turn_id = self.assigner.assign(
             pid, rec.id, kind, now, conversation_key=conversation, request_key=request_key,
             model=f.model, offers_tools=f.offers_tools, client=client)
+        if kind != "continuation" or conversation is None or self.database is None:
+            return None
+        return OpenTurn("", conversation, f.model, f.offers_tools, client, now)
+
+    async def reconcile(self, rec: _Rec, turn: OpenTurn) -> None:
+        """Join the continuation to its conversation's turn as recorded by any process, and
+        merge that turn's recorded calls into this process's (see the module docstring)."""
+        import asyncio
+
+        assert rec.conversation_key is not None
+        try:
+            tid, calls = await asyncio.to_thread(latest_recorded_turn, self.database,
+                                                 rec.participant_id, rec.conversation_key)
+        except Exception:  # noqa: BLE001 - the answer goes on; `flowtrial turns` can mend
+            log.warning("turns: could not read the turn of %s from the database", rec.id,
+                        exc_info=True)
+            return
+        if tid is None or not calls:
+            return
+        last = calls[-1]
+        now = rec.t_request_ns + self._offset
+        ended = (last.t_end_ns if last.t_end_ns is not None else last.t_request_ns)
+        idle = int(self.assigner.rules.idle_limit_s * 1e9)
+        if last.final or now - (ended + last.offset_ns) > idle:
+            return  # that turn is over: the continuation's own turn stands
+        if tid != rec.turn_id:
+            self.assigner.adopt(rec.participant_id, replace(
+                turn, id=tid, last_activity_ns=max(ended + last.offset_ns, now)), rec.id)
+            if rec.turn_id == turn_id_for(rec.id):  # the turn it had just started
+                self._calls.pop(rec.turn_id, None)
+            rec.turn_id = tid
+        mine = self._calls.setdefault(tid, {})
+        for c in calls:
+            mine.setdefault(c.cycle_id, c)
 
     def recorded(self, rec: Any) -> WriteBatch | None:
         """The cycle is about to be written: note its end, and return its turn's row (an

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-__all__ = ["AgentPlan", "TOOL_CALL_TOKENS", "add_agent_calls", "plan_agent_turns"]
+__all__ = ["AgentPlan", "TOOL_CALL_TOKENS", "add_agent_calls", "plan_agent_turns",
+           "tool_run_times"]
 
 TOOL_CALL_TOKENS = 24  # a tool call's arguments
-TOOL_MEDIAN_S = 1.5  # how long a tool runs (a file read, a test, a search), median
-TOOL_LOGSD = 0.8
 
 
 @dataclass(frozen=True)
@@ -38,13 +37,21 @@ class AgentPlan:
         return (nxt - self.ends).sum(axis=-1)
 
 
-def plan_agent_turns(steps: int, ttft_s: np.ndarray, tps: np.ndarray, seed: int
-                     ) -> AgentPlan:
-    """Lay out K − 1 tool-calling calls before each final answer (real seconds)."""
+def tool_run_times(steps: int, shape: tuple[int, int], seed: int, median_s: float = 0.5,
+                   logsd: float = 0.8) -> np.ndarray:
+    """(p, k, K − 1) real seconds of each tool run: log-normal, from the seed's own stream
+    (the virtual and the live simulator act out the same draws)."""
+    rng = np.random.default_rng([seed, 0xA6E7])
+    return np.exp(np.log(median_s) + logsd * rng.standard_normal((*shape, max(0, steps - 1))))
+
+
+def plan_agent_turns(steps: int, ttft_s: np.ndarray, tps: np.ndarray, seed: int,
+                     tool_median_s: float = 0.5, tool_logsd: float = 0.8) -> AgentPlan:
+    """Lay out K − 1 tool-calling calls before each final answer (real seconds); each tool
+    runs a log-normal time (``SimParams.tool_time``)."""
     p, k = np.shape(ttft_s)
     m = max(0, steps - 1)
-    rng = np.random.default_rng([seed, 0xA6E7])
-    tool = np.exp(np.log(TOOL_MEDIAN_S) + TOOL_LOGSD * rng.standard_normal((p, k, m)))
+    tool = tool_run_times(steps, (p, k), seed, tool_median_s, tool_logsd)
     pace = np.asarray(tps, dtype=float)
     gen = np.where(np.isfinite(pace) & (pace > 0), TOOL_CALL_TOKENS / np.where(
         pace > 0, pace, 1.0), 0.0)

@@ -68,6 +68,9 @@ class SimParams(BaseModel):
     p_high: float = Field(default=0.60, gt=0, lt=1)
     hinge_multiple: float = Field(default=4.0, gt=1)
     p_flat: float = Field(default=0.15, gt=0, lt=1)
+    # Agent turns (`--agent-steps K`): how long each tool runs between a call and the next
+    # (file reads, listings, searches: well under a second; a test run takes longer).
+    tool_time: LogNormal = LogNormal(median=0.5, logsd=0.8)
     # Per-person baseline switch propensity: a random intercept u_i ~ N(0, sd) added to the
     # logit of every truth model (people differ in how readily they switch at any wait).
     switch_intercept_sd: float = Field(default=0.0, ge=0)

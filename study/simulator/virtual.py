@@ -122,7 +122,8 @@ def simulate_virtual_frames(
     r = pop.reading_tps[:, None]
     # Agent turns (agent.py): the final answer is requested `lead` real s into the turn, and
     # the person waits for all of it.
-    plan = (plan_agent_turns(agent_steps, ttft_real, tps_real, seed) if agent_steps > 1
+    plan = (plan_agent_turns(agent_steps, ttft_real, tps_real, seed, params.tool_time.median,
+                             params.tool_time.logsd) if agent_steps > 1
             else None)
     lead = plan.prefix_s if plan is not None else 0.0
     # The analysis's own definition, from what was experienced (all-at-once: NaN pace, the

@@ -91,6 +91,34 @@ def test_simulate_live_through_the_proxy(tmp_path: Path) -> None:
     assert sorted(decided) == sorted(cyc["id"])
 
 
+def test_simulate_live_agent_steps(tmp_path: Path) -> None:
+    """--mode live --agent-steps 3: the proxy records turns of 3 calls; a real upstream is
+    refused in one line."""
+    pytest.importorskip("flowtrial.instrumentation.proxy.server")
+    text = example_study_text().replace("time_scale = 1 ", "time_scale = 200 ")
+    study = tmp_path / "study.toml"
+    study.write_text(text.replace("min = 200, max = 30000", "min = 5000, max = 30000"))
+    db = tmp_path / "agent.db"
+    args = ["simulate", "--study", str(study), "--db", str(db), "--participants", "1",
+            "--tasks", "1", "--prompts-per-task", "2", "--mode", "live", "--agent-steps", "3",
+            "--seed", "4"]
+    r = runner.invoke(make_app(), args)
+    assert r.exit_code == 0, r.output
+    with open_db(db).engine.connect() as c:
+        kinds = pd.read_sql("SELECT request_kind FROM cycles ORDER BY t_request_ns", c)
+        turns = pd.read_sql("SELECT model_calls, tool_ms FROM turns", c)
+    assert list(kinds["request_kind"]) == ["human", "continuation", "continuation"] * 2
+    assert list(turns["model_calls"]) == [3, 3] and (turns["tool_ms"] > 0).all()
+    real = text.replace('kind = "mock"  ', 'kind = "openai"')
+    real = real.replace('# base_url = "https://api.openai.com/v1"',
+                        'base_url = "http://127.0.0.1:9/v1"', 1)
+    real = real.replace('# api_key_env = "OPENAI_API_KEY"', 'api_key_env = "OPENAI_API_KEY"', 1)
+    study.write_text(real)
+    r = runner.invoke(make_app(), [*args[:4], str(tmp_path / "real.db"), *args[5:]])
+    assert r.exit_code == 2 and "needs the simulated model" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "real.db").exists()
+
+
 def test_demo_bad_input(tmp_path: Path) -> None:
     r = runner.invoke(make_app(), ["demo", "--dir", str(tmp_path / "d"), "--participants", "0"])
     assert r.exit_code == 2 and "--participants 0" in r.output

@@ -142,3 +142,54 @@ def test_live_crossover_follows_the_started_task(tmp_path) -> None:
     assert m.groupby("participant_id")["arm"].nunique().eq(2).all()  # both arms, one per task
     targets = {a.name: a.ttft_ms / 200 for a in config.arms}
     assert np.allclose(m["target_ttft_ms"], m["arm"].map(targets))
+
+
+def test_live_agent_turns_build_real_turns(tmp_path) -> None:
+    """--agent-steps 3 live: each prompt is a human request, two tool calls by the simulated
+    model, two continuations after the tool's run time, and the answer; the proxy's tracker
+    files them into one turn each, which `rebuild_turns` reproduces."""
+    from flowtrial.study.turns import rebuild_turns
+
+    steps, n, prompts = 3, 3, 4
+    config = live_config()
+    db = init_db(tmp_path / "agent.db", config)
+    res = simulate_live(db, config, SimParams(), n, 1, prompts, seed=11, agent_steps=steps)
+    assert res.extra["event_errors"] == [] and res.extra["request_errors"] == 0
+    assert res.cycles == n * prompts * steps
+    obs = res.extra["observed"]
+    assert (obs["calls"] == steps).all() and (obs["tool_s"] > 0).all()
+    cols = ("id, participant_id, first_cycle_id, last_cycle_id, model_calls, tool_calls, "
+            "side_calls, retries, status, t_start_ns, t_end_ns, wait_ms, model_ms, tool_ms, "
+            "gap_ms, injected_ms, mono_anchor_ns, wall_anchor_ns")
+    with db.engine.connect() as c:
+        cyc = pd.read_sql("SELECT * FROM cycles ORDER BY participant_id, t_request_ns", c)
+        turns = pd.read_sql(f"SELECT {cols} FROM turns ORDER BY id", c)
+        events = pd.read_sql("SELECT * FROM events", c)
+    assert (cyc["status"] == "ok").all()
+    kinds = cyc.groupby("participant_id")["request_kind"].agg(list)
+    assert all(k == (["human"] + ["continuation"] * (steps - 1)) * prompts for k in kinds), kinds
+    assert list(cyc["tool_calls"]) == ([1] * (steps - 1) + [0]) * (n * prompts)
+    assert len(turns) == n * prompts and (turns["status"] == "complete").all()
+    assert (turns["model_calls"] == steps).all() and (turns["tool_calls"] == steps - 1).all()
+    assert (turns["side_calls"] == 0).all() and (turns["retries"] == 0).all()
+    assert cyc.groupby("turn_id").size().eq(steps).all()
+    # The proxy's tool time holds at least the tool runs the participants acted out (raw ms).
+    by_final = obs.set_index("cycle_id")["tool_s"] / SCALE * 1000
+    tool = turns.set_index("last_cycle_id")["tool_ms"]
+    assert (tool > 0).all() and (tool >= by_final.reindex(tool.index) - 1.0).all()
+    assert ((turns["wait_ms"] - turns["model_ms"] - turns["tool_ms"] - turns["gap_ms"]).abs()
+            < 0.01).all()
+    # One decision per turn, naming its final answer.
+    dec = _decisions(events)
+    assert sorted(dec["cycle_id"]) == sorted(turns["last_cycle_id"])
+    # Switches happen during the whole turn (tool time included), and name its final call.
+    outs = events[(events["kind"] == "focus_out") & events["cycle_id"].notna()].merge(
+        turns, left_on="cycle_id", right_on="last_cycle_id")
+    wall = outs["wall_anchor_ns"] - outs["mono_anchor_ns"]
+    assert len(outs) >= 1 and len(outs) == obs["switched"].sum()
+    assert (outs["ts_ns"] >= wall + outs["t_start_ns"]).all()
+    assert (outs["ts_ns"] <= wall + outs["t_end_ns"]).all()
+    assert rebuild_turns(db) == len(turns)
+    with db.engine.connect() as c:
+        again = pd.read_sql(f"SELECT {cols} FROM turns ORDER BY id", c)
+    pd.testing.assert_frame_equal(again, turns)

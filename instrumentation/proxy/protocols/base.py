@@ -16,10 +16,16 @@ a transport needs is a method here (``keepalive``, ``error_event``, ``error_body
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, ClassVar
+
+try:
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - orjson is in the [proxy] extra
+    _orjson = None  # type: ignore[assignment]
 
 __all__ = [
     "BodyInfo",
@@ -179,12 +185,39 @@ class BodyInfo:
     response_id: str | None
 
 
+#: 19+ digits in a row: a number orjson may read differently (it turns integers beyond 64
+#: bits into floats where ``json`` keeps them exact).
+_LONG_NUMBER = re.compile(r"\d{19}")
+
+
+def loads(text: str) -> Any:
+    """``json.loads(text)``, through orjson (~3x faster on a stream chunk: one parse per
+    upstream event): what orjson refuses (NaN, lone surrogates, not JSON) is parsed by
+    ``json`` as before. The one difference, an integer beyond 64 bits read as a float, is
+    never re-serialized (:func:`exact_obj`) and only matters to recorded usage counts."""
+    if _orjson is None:
+        return json.loads(text)
+    try:
+        return _orjson.loads(text)
+    except _orjson.JSONDecodeError:
+        return json.loads(text)
+
+
+def exact_obj(ev: SSEEvent, c: Classified) -> Any:
+    """The event's JSON for re-serializing it: ``c.obj``, or ``json``'s own reading when the
+    event has a number :func:`loads` may have read through orjson differently (so a split or
+    renumbered event never changes a number)."""
+    if ev.data is not None and _LONG_NUMBER.search(ev.data) is not None:
+        return json.loads(ev.data)
+    return c.obj
+
+
 def json_of(ev: SSEEvent) -> Any:
     """The event's decoded JSON (None when it has no data or the data is not JSON)."""
     if ev.data is None:
         return None
     try:
-        return json.loads(ev.data)
+        return loads(ev.data)
     except ValueError:
         return None
 

@@ -17,6 +17,7 @@ from .base import (
     RequestInfo,
     SSEEvent,
     dumps,
+    exact_obj,
     request_info,
     text_of_content,
 )
@@ -82,7 +83,7 @@ class ChatAdapter(OpenAIChunkAdapter):
         return Classified(Kind.OTHER, usage=usage, response_id=rid, obj=obj)
 
     def _reserialize(self, ev: SSEEvent, c: Classified, piece: str) -> bytes:
-        obj = c.obj
+        obj = exact_obj(ev, c)
         delta = obj["choices"][0]["delta"]
         if c.text_key == "arguments":
             fn = delta["tool_calls"][0]["function"]

@@ -17,6 +17,7 @@ from .base import (
     RequestInfo,
     SSEEvent,
     dumps,
+    exact_obj,
     request_info,
 )
 
@@ -54,10 +55,11 @@ class CompletionsAdapter(OpenAIChunkAdapter):
         return Classified(Kind.CONTENT, text, key, 0, usage, rid, obj)
 
     def _reserialize(self, ev: SSEEvent, c: Classified, piece: str) -> bytes:
-        choice = c.obj["choices"][0]
+        obj = exact_obj(ev, c)
+        choice = obj["choices"][0]
         old = choice["text"]
         choice["text"] = piece
-        out = b"data: " + dumps(c.obj).encode() + b"\n\n"
+        out = b"data: " + dumps(obj).encode() + b"\n\n"
         choice["text"] = old
         return out
 

@@ -28,6 +28,7 @@ from .base import (
     RequestInfo,
     SSEEvent,
     dumps,
+    exact_obj,
     json_of,
     request_info,
     text_of_content,
@@ -131,7 +132,7 @@ class MessagesAdapter(ProtocolAdapter):
         return Classified(Kind.OTHER, obj=obj)  # ping, unknown event types
 
     def _reserialize(self, ev: SSEEvent, c: Classified, piece: str) -> bytes:
-        obj = dict(c.obj)
+        obj = dict(exact_obj(ev, c))
         obj["delta"] = {**obj["delta"], "text": piece}
         return _sse(ev.name or "content_block_delta", obj)
 

@@ -29,6 +29,7 @@ from .base import (
     RequestInfo,
     SSEEvent,
     dumps,
+    exact_obj,
     field_template,
     json_of,
     json_str,
@@ -135,7 +136,7 @@ class ResponsesAdapter(ProtocolAdapter):
         self.next_seq = new + 1
         if self.offset == 0:
             return ev.raw
-        return self._set_seq(ev.raw, c.obj, ev.name, new)
+        return self._set_seq(ev.raw, None, ev.name, new)  # parsed exactly if needed
 
     def split(self, ev: SSEEvent, c: Classified, pieces: list[str]) -> Iterator[bytes]:
         seq = self._seq_of(c)
@@ -161,7 +162,7 @@ class ResponsesAdapter(ProtocolAdapter):
         return (self._set_seq(raw, None, ev.name, first + i) for i, raw in enumerate(out))
 
     def _reserialize(self, ev: SSEEvent, c: Classified, piece: str) -> bytes:
-        obj = dict(c.obj)
+        obj = dict(exact_obj(ev, c))
         obj["delta"] = piece
         return self._frame(ev.name or obj.get("type"), obj)
 
