@@ -14,9 +14,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from flowtrial.dashboards import access, data
-from flowtrial.dashboards.ui import db_from_args
-from flowtrial.study.errors import FlowtrialError
+from flowtrial.dashboards import access
 
 PAGES = Path(__file__).resolve().parent / "pages"
 
@@ -44,13 +42,23 @@ def gate() -> None:
 def main() -> None:
     st.set_page_config(page_title="flowtrial", page_icon="⏱", layout="wide")
     gate()
+    # Something on screen at once: the first run of a fresh server imports pandas, SQLAlchemy
+    # and Altair for seconds, and the page stayed blank meanwhile.
+    loading = st.empty()
+    loading.caption("Loading the study…")
+    from flowtrial.dashboards import data
+    from flowtrial.dashboards.ui import db_from_args
+    from flowtrial.study.errors import FlowtrialError
+
     db = db_from_args()
     if not db:
+        loading.empty()
         st.error("No study database: start with `flowtrial dashboard --db PATH`.")
         st.stop()
     try:
         url = data.database(str(db)).url
     except FlowtrialError as exc:
+        loading.empty()
         st.error(str(exc))
         st.stop()
     st.session_state["flowtrial_db_url"] = url
@@ -65,6 +73,7 @@ def main() -> None:
     })
     # The analysis-layer work of large studies (compute.py) starts when a page needs it,
     # after that page's SQL parts: a background thread shares the GIL with page rendering.
+    loading.empty()
     nav.run()
 
 

@@ -26,7 +26,9 @@ def streamlit_command(db_url: str, port: int, host: str, allow_hosts: Sequence[s
     app = Path(__file__).resolve().parent / APP
     argv = [sys.executable, "-m", "streamlit", "run", str(app),
             "--server.port", str(port), "--server.address", host,
-            "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+            "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            # A study dashboard, not an app to publish: no Deploy button, no developer menu.
+            "--client.toolbarMode", "viewer"]
     # Streamlit must not phone home, whatever the user's config says.
     env = {"FLOWTRIAL_DASHBOARD_DB": db_url, "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false",
            HOSTS_ENV: ",".join(allowed_hosts(host, allow_hosts))}

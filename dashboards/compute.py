@@ -18,6 +18,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,12 +26,58 @@ import pandas as pd
 
 SYNC_CYCLES = 20_000
 MAX_KEPT = 8
-# Bootstrap and null replicates of the interactive fit: enough for the existence test to reach
-# p < 0.05 and for a CI band; `flowtrial analyze` (200) gives the preregistered figures.
-THRESHOLD_BOOT = 50
 SWITCH_COLUMNS = ["cycle_id", "participant_id", "arm", "task_id", "status", "request_at",
                   "experienced_ttft_s", "total_wait_s", "idle_wait_s", "tokens_completion",
                   "switched", "time_away_s", "resumption_lag_s", "decision", "cycle_time_s"]
+
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """The report's estimator settings (``flowtrial.analysis.report.analyse_tables``), so the
+    dashboard's ψ, CI and verdict are the report's for the same cycles: bootstrap and null
+    replicates and seed of ``flowtrial analyze``'s defaults, the study's reading speed, and
+    the most inclusive switch rule for the share of switches the primary rule detects."""
+
+    n_boot: int = 200
+    seed: int = 0
+    reading_tps: float = 5.3
+    all_switch_col: str | None = None
+
+
+def report_settings(url: str) -> FitSettings:
+    """:class:`FitSettings` of the study at ``url``, chosen the way the report chooses them."""
+    import inspect
+
+    from flowtrial.analysis.report import run_analysis
+    from flowtrial.analysis.switches import switch_column
+
+    from .data import database
+
+    config = database(url).config()
+    defaults = inspect.signature(run_analysis).parameters
+    sens = [float(x) for x in config.capture.switch_sensitivity_s]
+    shortest = min({2.0, *sens})
+    primary = float(config.capture.switch_min_away_s)
+    return FitSettings(n_boot=int(defaults["n_boot"].default),
+                       seed=int(defaults["seed"].default),
+                       reading_tps=float(config.analysis.reading_tps),
+                       all_switch_col=switch_column(shortest) if shortest < primary else None)
+
+
+#: Bootstrap and null replicates of the dashboard's pooled fit: the report's 200 took over
+#: five minutes for a 120-cycle study on a loaded 2-core machine, too long for a page. Only
+#: ψ*'s bootstrap CI and the existence test's p depend on it; the headline (median personal
+#: threshold, its profile CI, τ) does not. The page labels these as quick estimates.
+QUICK_BOOT = 50
+
+
+def dashboard_settings(url: str) -> FitSettings:
+    """The report's settings with :data:`QUICK_BOOT` replicates."""
+    import dataclasses
+
+    return dataclasses.replace(report_settings(url), n_boot=QUICK_BOOT)
+
 
 _lock = threading.Lock()
 _results: OrderedDict[Hashable, Future[Any]] = OrderedDict()
@@ -67,7 +114,10 @@ def _switch_table(url: str) -> pd.DataFrame:
     from .data import database
 
     table = cycle_table(database(url))
-    return table[[c for c in SWITCH_COLUMNS if c in table.columns]]
+    keep = [c for c in table.columns if c in SWITCH_COLUMNS or c.startswith("switched_")]
+    out = table[keep]
+    out.attrs = dict(table.attrs)  # the unit of waiting (cycle or agent turn)
+    return out
 
 
 def switch_table(url: str, fresh: tuple[int, ...], *, block: bool | None = None
@@ -97,51 +147,53 @@ def filter_cycles(table: pd.DataFrame, f: Any, task_names: dict[int, str] | None
     return table[keep]
 
 
+def _median_tokens(cycles: pd.DataFrame) -> float | None:
+    ok = cycles[cycles["status"].astype(str) == "ok"]
+    tok = pd.to_numeric(ok["tokens_completion"], errors="coerce").dropna()
+    return float(tok.median()) if len(tok) else None
+
+
 def _fit(cycles: pd.DataFrame, wait_col: str, median_tokens: float | None,
-         n_boot: int) -> tuple[dict[str, Any], Any]:
+         s: FitSettings) -> tuple[dict[str, Any], Any]:
     from flowtrial.analysis.report_sections import threshold_section
 
-    return threshold_section(cycles, wait_col, "switched", n_boot=n_boot, seed=0,
-                             median_tokens=median_tokens)
+    return threshold_section(cycles, wait_col, "switched", n_boot=s.n_boot, seed=s.seed,
+                             median_tokens=median_tokens, reading_tps=s.reading_tps)
 
 
 def _personal(cycles: pd.DataFrame, wait_col: str, summary: dict[str, Any],
-              median_tokens: float | None) -> dict[str, Any]:
+              median_tokens: float | None, s: FitSettings) -> dict[str, Any]:
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     from flowtrial.analysis.report_sections import personal_section
 
-    all_col = "switched_2s" if "switched_2s" in cycles.columns else None
+    all_col = s.all_switch_col if s.all_switch_col in cycles.columns else None
     cols = [c for c in ("participant_id", "status", wait_col, "switched", all_col) if c]
     # In a spawned process: a fit on this server thread would hold the GIL against the page
     # scripts for seconds, and forking a threaded server is unsafe.
     with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
         return pool.submit(personal_section, cycles[cols], wait_col, "switched", summary,
-                           median_tokens=median_tokens, all_switch_col=all_col,
-                           workers=1).result()
+                           median_tokens=median_tokens, reading_tps=s.reading_tps,
+                           all_switch_col=all_col, workers=1).result()
 
 
 def personal_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, summary: dict[str, Any],
-                 *, block: bool = False) -> dict[str, Any] | None:
-    """The report's personal-threshold section (median personal ψ, τ, verdict) on
-    ``cycles``, or None while it is still being fitted (it takes longer than ψ*)."""
-    ok = cycles[cycles["status"].astype(str) == "ok"]
-    tok = pd.to_numeric(ok["tokens_completion"], errors="coerce").dropna()
-    median_tokens = float(tok.median()) if len(tok) else None
-    return get(("personal", key, wait_col), _personal, cycles, wait_col, summary, median_tokens,
-               block=block)
+                 settings: FitSettings, *, block: bool = False) -> dict[str, Any] | None:
+    """The report's personal-threshold section (median personal ψ, τ, verdict: the report's
+    headline) on ``cycles``, or None while it is still being fitted (it takes longer than
+    ψ*)."""
+    return get(("personal", key, wait_col, settings), _personal, cycles, wait_col, summary,
+               _median_tokens(cycles), settings, block=block)
 
 
-def threshold_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, *, block: bool,
-                  n_boot: int = THRESHOLD_BOOT) -> tuple[dict[str, Any], Any] | None:
-    """``flowtrial.analysis.report_sections.threshold_section`` (the report's ψ fit) on ``cycles``:
-    (summary dict, ``ThresholdResult`` or None when it could not be fitted)."""
-    ok = cycles[cycles["status"].astype(str) == "ok"]
-    tok = pd.to_numeric(ok["tokens_completion"], errors="coerce").dropna()
-    median_tokens = float(tok.median()) if len(tok) else None
-    return get(("fit", key, wait_col, n_boot), _fit, cycles, wait_col, median_tokens, n_boot,
-               block=block)
+def threshold_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, settings: FitSettings,
+                  *, block: bool) -> tuple[dict[str, Any], Any] | None:
+    """``flowtrial.analysis.report_sections.threshold_section`` (the report's pooled onset ψ*,
+    its secondary estimate) on ``cycles``: (summary dict, ``ThresholdResult`` or None when it
+    could not be fitted)."""
+    return get(("fit", key, wait_col, settings), _fit, cycles, wait_col,
+               _median_tokens(cycles), settings, block=block)
 
 
 def task_names(url: str, fresh: tuple[int, ...]) -> dict[int, str]:

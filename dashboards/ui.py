@@ -4,6 +4,7 @@ download, and the empty state of a study that has no cycles yet."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -70,14 +71,36 @@ def download(df: pd.DataFrame, name: str) -> None:
                        key=f"dl-{_slug(name)}", on_click="ignore")
 
 
-def chart(ch: alt.Chart | alt.LayerChart, df: pd.DataFrame, name: str) -> None:
+#: A rate's axis: whole percents at least 1 % apart (Vega's automatic precision printed
+#: "0.000000%" for tiny domains and repeated labels for narrow ones).
+RATE_AXIS = alt.Axis(format=".0%", tickMinStep=0.01)
+#: A count's axis: integers only (no ".900 .900" ticks when every count is 1).
+COUNT_AXIS = alt.Axis(format="d", tickMinStep=1)
+
+
+def chart(ch: alt.TopLevelMixin, df: pd.DataFrame, name: str) -> None:
     """An Altair chart (hover tooltips are set by the caller) and its data's download."""
     st.altair_chart(ch, width="stretch")
     download(df, name)
 
 
+def is_rate(column: str) -> bool:
+    """Columns holding a fraction in [0, 1], shown as percentages like the report's."""
+    return column.endswith(("_rate", "_share")) or column in ("rate", "share")
+
+
+def displayed(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` as the page shows it: rates as "18.5 %" (the report's format); the CSV download
+    keeps the raw fractions."""
+    out = df.copy()
+    for c in out.columns:
+        if is_rate(str(c)) and pd.api.types.is_numeric_dtype(out[c]):
+            out[c] = [pct(v) for v in out[c]]
+    return out
+
+
 def table(df: pd.DataFrame, name: str) -> None:
-    st.dataframe(df, hide_index=True)
+    st.dataframe(displayed(df), hide_index=True)
     download(df, name)
 
 
@@ -104,15 +127,40 @@ def nothing_matches(df: pd.DataFrame, ctx: Context) -> bool:
     return True
 
 
-def fmt(x: Any, spec: str = ".3g", unit: str = "") -> str:
+def _missing(x: Any) -> bool:
     try:
         v = float(x)
     except (TypeError, ValueError):
+        return True
+    return not math.isfinite(v)
+
+
+def fmt(x: Any, spec: str = ".3g", unit: str = "") -> str:
+    """``x`` with ``spec`` and ``unit``, or "—" when there is no number."""
+    if _missing(x):
         return "—"
-    if v != v:  # NaN
+    return f"{float(x):{spec}}{unit}"
+
+
+def num(x: Any, unit: str = "", digits: int = 3) -> str:
+    """A number the way the report prints it (``analysis.report._fmt``): ``digits``
+    significant digits, thousands in full (8,000, not 8e+03); "—" when missing."""
+    if _missing(x):
         return "—"
-    return f"{v:{spec}}{unit}"
+    v = float(x)
+    text = f"{v:,.0f}" if abs(v) >= 10 ** digits else f"{v:.{digits}g}"
+    return f"{text}{unit}"
+
+
+def ci(bounds: Any, unit: str = "", digits: int = 3) -> str:
+    """A 95 % interval as "1.28–8.66 s", or "not estimated" when a bound is missing (never
+    "—–— s")."""
+    lo, hi = (list(bounds) + [None, None])[:2] if bounds is not None else (None, None)
+    if _missing(lo) or _missing(hi):
+        return "not estimated"
+    return f"{num(lo, digits=digits)}–{num(hi, digits=digits)}{unit}"
 
 
 def pct(x: Any) -> str:
-    return fmt(None if x is None else float(x) * 100, ".1f", " %")
+    """A fraction as the report's percentage ("18.5 %"); "—" when missing."""
+    return "—" if _missing(x) else f"{100 * float(x):.1f} %"

@@ -11,6 +11,8 @@ import streamlit as st
 
 from flowtrial.dashboards import compute, data, ui
 
+MEASURES = ("experienced TTFT", "total wait", "cycle time")
+
 ctx = ui.context()
 st.title("Arms")
 
@@ -20,14 +22,22 @@ def histogram_section() -> None:
     if ui.nothing_matches(hist, ctx):
         return
     st.subheader("Experienced wait and cycle time")
-    ch = alt.Chart(hist).mark_bar().encode(
-        x=alt.X("range_s:N", title="seconds", sort=alt.SortField("bin")),
-        y=alt.Y("cycles:Q", title="cycles"),
-        color=alt.Color("arm:N"), xOffset="arm:N",
-        column=alt.Column("measure:N", title=None,
-                          sort=["experienced TTFT", "total wait", "cycle time"]),
-        tooltip=["measure", "arm", "range_s", "cycles"],
-    ).properties(width=260, height=220)
+    # One chart per measure, each with its own x axis and its bins in numeric order (one
+    # shared nominal axis mixed the measures' bins and sorted them as text).
+    charts = []
+    for measure in MEASURES:
+        h = hist[hist["measure"] == measure]
+        if h.empty:
+            continue
+        order = list(dict.fromkeys(h.sort_values("bin")["range_s"]))
+        charts.append(alt.Chart(h, title=measure).mark_bar().encode(
+            x=alt.X("range_s:N", title=f"{measure} (s)", sort=order,
+                    axis=alt.Axis(labelAngle=-45)),
+            y=alt.Y("cycles:Q", title="cycles", axis=ui.COUNT_AXIS),
+            color=alt.Color("arm:N"), xOffset="arm:N",
+            tooltip=["measure", "arm", alt.Tooltip("range_s:N", title="seconds"), "cycles"],
+        ).properties(width=260, height=220))
+    ch = alt.hconcat(*charts).resolve_scale(x="independent", y="independent")
     ui.chart(ch, hist, "wait and cycle time histograms")
 
 
@@ -41,7 +51,7 @@ def decision_section() -> None:
     long = dec.melt(id_vars="arm", value_vars=[c for c in dec.columns if c.endswith("_rate")],
                     var_name="rate", value_name="value").dropna()
     ch = alt.Chart(long).mark_bar().encode(
-        x=alt.X("value:Q", title="rate", axis=alt.Axis(format="%")),
+        x=alt.X("value:Q", title="rate", axis=ui.RATE_AXIS),
         y=alt.Y("arm:N", title=None), color="arm:N", row=alt.Row("rate:N", title=None),
         tooltip=["arm", "rate", alt.Tooltip("value:Q", format=".1%")])
     ui.chart(ch, long, "acceptance and persistence rates")
@@ -104,8 +114,8 @@ def task_section() -> None:
               ui.pct(eff["estimate"]),
               help="exp(β) − 1 from analysis.effects.estimate_effect (log task time, "
                    "CR2 participant-clustered SEs, t(G − 1)); negative = faster")
-    st.caption(f"95 % CI {ui.pct(ci[0]) if ci else '—'} to {ui.pct(ci[1]) if ci else '—'}, "
-               f"n = {eff['n']} tasks" + (f"; {eff['note']}" if eff.get("note") else ""))
+    st.caption((f"95 % CI {ui.pct(ci[0])} to {ui.pct(ci[1])}" if ci else "95 % CI not estimated")
+               + f", n = {eff['n']} tasks" + (f"; {eff['note']}" if eff.get("note") else ""))
     ui.download(pd.DataFrame([{k: v for k, v in eff.items() if not isinstance(v, dict)}]),
                 "task time effect")
 
@@ -128,7 +138,7 @@ def switch_section(table: pd.DataFrame) -> None:
                         .rename("median_resumption_lag_s").reset_index(), on="arm", how="left")
     base = alt.Chart(rates).encode(y=alt.Y("arm:N", title=None))
     ch = (base.mark_bar().encode(
-        x=alt.X("switch_rate:Q", title="P(switch during the wait)", axis=alt.Axis(format="%")),
+        x=alt.X("switch_rate:Q", title="P(switch during the wait)", axis=ui.RATE_AXIS),
         color="arm:N", tooltip=["arm", "cycles", "switches",
                                 alt.Tooltip("switch_rate:Q", format=".1%"),
                                 alt.Tooltip("ci_low:Q", format=".1%"),

@@ -4,6 +4,7 @@ acceptance, by person or by model, for a team running the proxy in front of real
 from __future__ import annotations
 
 import altair as alt
+import pandas as pd
 import streamlit as st
 
 from flowtrial.dashboards import data, ui
@@ -25,12 +26,16 @@ if not ui.no_cycles(ctx, "The team view"):
         m[0].metric("Active hours", ui.fmt(tot, ".1f", " h"))
         m[1].metric("Share of active time waiting", ui.pct(share))
         m[2].metric(f"{'People' if by == 'person' else 'Models'}", weekly["who"].nunique())
-        for col, title, fmt in (("waiting_share", "share of time waiting", "%"),
-                                ("switches_per_hour", "switches per hour", ".1f"),
-                                ("acceptance_rate", "acceptance rate", "%")):
+        # Weeks as ordinal labels: a time axis over one week printed ticks like ".900".
+        weekly = weekly.assign(week_of=pd.to_datetime(weekly["week"]).dt.strftime("%Y-%m-%d"))
+        for col, title, axis in (("waiting_share", "share of time waiting", ui.RATE_AXIS),
+                                 ("switches_per_hour", "switches per hour",
+                                  alt.Axis(format=".1f")),
+                                 ("acceptance_rate", "acceptance rate", ui.RATE_AXIS)):
             ch = alt.Chart(weekly).mark_line(point=True).encode(
-                x=alt.X("week:T", title="week (Monday, UTC)"),
-                y=alt.Y(f"{col}:Q", title=title, axis=alt.Axis(format=fmt)),
+                x=alt.X("week_of:O", title="week (Monday, UTC)",
+                        axis=alt.Axis(labelAngle=0)),
+                y=alt.Y(f"{col}:Q", title=title, axis=axis),
                 color=alt.Color("who:N", title=by),
                 tooltip=["week", "who", "cycles", alt.Tooltip("hours_active:Q", format=".1f"),
                          alt.Tooltip("waiting_share:Q", format=".1%"),
@@ -40,4 +45,4 @@ if not ui.no_cycles(ctx, "The team view"):
             st.markdown(f"**{title.capitalize()}**")
             ui.chart(ch, weekly[["week", "who", "cycles", "hours_active", col]],
                      f"team {title} by {by}")
-        ui.table(weekly, f"team weekly by {by}")
+        ui.table(weekly.drop(columns="week_of"), f"team weekly by {by}")

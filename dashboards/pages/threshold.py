@@ -31,6 +31,40 @@ def curves(cyc: pd.DataFrame, res: object) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
+def headline(pt: dict, summary: dict, settings: compute.FitSettings, report_boot: int) -> None:
+    """The report's headline numbers (``pt``: its personal-threshold section, {} while it is
+    still being fitted) and the verdict."""
+    m = st.columns(4)
+    med = pt.get("median_psi_s")
+    m[0].metric("Median personal threshold", ui.num(med, " s"),
+                help="e^c of the random-breakpoint model: the typical person's threshold "
+                     "(the report's headline)")
+    m[1].metric("95 % CI", ui.ci(pt.get("ci_s"), " s") if pt else "fitting…",
+                help="profile-likelihood interval, as in the report")
+    m[2].metric("Spread τ (log-sd)", ui.num(pt.get("tau")),
+                help=f"95 % CI {ui.ci(pt.get('tau_ci'))}; test of τ = 0: "
+                     f"p = {ui.num(pt.get('p_tau_zero'))}")
+    m[3].metric("Existence test p (quick)", ui.num(summary.get("p_exists")),
+                help=f"{settings.n_boot} null replicates here; the report's test uses "
+                     f"{report_boot} (`flowtrial analyze`)")
+    tps = pt.get("tokens_per_second_at_median_length")
+    st.caption(f"Secondary: pooled onset ψ* = {ui.num(summary.get('psi_s'), ' s')} (quick "
+               f"95 % CI {ui.ci(summary.get('ci_s'), ' s')}), where the population-averaged "
+               "curve starts rising. Median threshold as tokens/s: "
+               f"{ui.num(tps, ' tok/s')} (idle-wait formula).")
+    st.info(f"Same estimators and settings as the report (`flowtrial analyze`), printed the "
+            "same way: without filters the median personal threshold, its 95 % CI and τ are "
+            f"the report's. Quicker here: ψ*'s bootstrap CI and the existence test use "
+            f"{settings.n_boot} replicates instead of the report's {report_boot}, so they (and "
+            "a verdict near p = 0.05) may differ slightly; the report's are the preregistered "
+            "values.")
+    if pt.get("found"):
+        st.success(f"Threshold found: the median person's switching rises above "
+                   f"{ui.num(med, ' s')}; people differ by a log-sd of {ui.num(pt['tau'])}.")
+    elif pt or summary.get("reason"):  # no verdict while the headline is being fitted
+        st.warning(pt.get("reason") or summary.get("reason"))
+
+
 def show(table: pd.DataFrame) -> None:
     from flowtrial.analysis.report_sections import analysable, binned_rate
 
@@ -40,44 +74,36 @@ def show(table: pd.DataFrame) -> None:
         st.warning("No completed cycles with a wait match the filters.")
         return
     key = (ctx.url, ctx.fresh, ctx.filters)
-    fit = compute.threshold_fit(key, cyc, wait_col, block=len(cyc) <= compute.SYNC_CYCLES)
+    settings = compute.dashboard_settings(ctx.url)
+    report_boot = compute.report_settings(ctx.url).n_boot
+    fit = compute.threshold_fit(key, cyc, wait_col, settings,
+                                block=len(cyc) <= compute.SYNC_CYCLES)
     if fit is None:
         st.info(f"Fitting the threshold on {len(cyc):,} cycles (bootstrap CI); the fit "
                 "appears here in a few seconds.")
         return
     summary, res = fit
-    pt = compute.personal_fit(key, cyc, wait_col, summary) or {}
-    if not pt:
-        st.info("Fitting the personal thresholds (random-breakpoint model); the median "
-                "personal threshold and the spread appear here when it is done.")
-    m = st.columns(4)
-    med = pt.get("median_psi_s")
-    pci = pt.get("ci_s") or [None, None]
-    tci = pt.get("tau_ci") or [None, None]
-    m[0].metric("Median personal threshold", ui.fmt(med, ".2f", " s"),
-                help="e^c of the random-breakpoint model: the typical person's threshold")
-    m[1].metric("95 % CI", f"{ui.fmt(pci[0], '.2f')}–{ui.fmt(pci[1], '.2f')} s")
-    m[2].metric("Spread τ (log-sd)", ui.fmt(pt.get("tau"), ".2f"),
-                help=f"95 % CI {ui.fmt(tci[0], '.2f')}–{ui.fmt(tci[1], '.2f')}; "
-                     f"test of τ = 0: p = {ui.fmt(pt.get('p_tau_zero'), '.3g')}")
-    m[3].metric("Existence test p", ui.fmt(summary.get("p_exists"), ".3f"))
-    psi = summary.get("psi_s")
-    ci = summary.get("ci_s") or [None, None]
-    tps = pt.get("tokens_per_second_at_median_length")
-    st.caption(f"Secondary: pooled onset ψ* = {ui.fmt(psi, '.2f', ' s')} (95 % CI "
-               f"{ui.fmt(ci[0], '.2f')}–{ui.fmt(ci[1], '.2f')} s), where the population-"
-               "averaged curve starts rising. Median threshold as tokens/s: "
-               f"{ui.fmt(tps, '.1f', ' tok/s')} (idle-wait formula).")
-    if pt.get("found"):
-        st.success(f"Threshold found: the median person's switching rises above "
-                   f"{med:.2f} s; people differ by a log-sd of {pt['tau']:.2f}.")
+    pt = compute.personal_fit(key, cyc, wait_col, summary, settings) or {}
+    if pt:
+        headline(pt, summary, settings, report_boot)
     else:
-        st.warning(pt.get("reason") or summary.get("reason") or "No threshold reported.")
+        # The personal fit runs in the background: this part re-checks every 2 s and fills
+        # in by itself (the rest of the page does not wait for it).
+        @st.fragment(run_every=2.0)
+        def pending() -> None:
+            done = compute.personal_fit(key, cyc, wait_col, summary, settings) or {}
+            if not done:
+                st.info("Fitting the personal thresholds (random-breakpoint model); the "
+                        "median personal threshold, its CI and the spread appear here by "
+                        "themselves when it is done.")
+            headline(done, summary, settings, report_boot)
+
+        pending()
     binned = binned_rate(cyc.assign(sw=cyc["switched"].astype(float)), wait_col, "sw",
                          n_bins=12)
     pts = alt.Chart(binned).mark_point(filled=True, color="black").encode(
         x=alt.X("wait_s:Q", scale=alt.Scale(type="log"), title=WAITS[wait_col] + " (s)"),
-        y=alt.Y("p:Q", title="P(switch during the wait)", axis=alt.Axis(format="%")),
+        y=alt.Y("p:Q", title="P(switch during the wait)", axis=ui.RATE_AXIS),
         tooltip=[alt.Tooltip("wait_s:Q", format=".2f"), "n", "k",
                  alt.Tooltip("p:Q", format=".1%"), alt.Tooltip("lo:Q", format=".1%"),
                  alt.Tooltip("hi:Q", format=".1%")])
@@ -92,7 +118,8 @@ def show(table: pd.DataFrame) -> None:
             tooltip=["model", alt.Tooltip("wait_s:Q", format=".2f"),
                      alt.Tooltip("p:Q", format=".1%")])
         layers = [band, line, *layers]
-        if med:
+        med = pt.get("median_psi_s")
+        if med and pt.get("found"):  # no ψ line without a reported threshold
             layers.append(alt.Chart(pd.DataFrame({"psi_s": [med]})).mark_rule(
                 strokeDash=[4, 4]).encode(x="psi_s:Q", tooltip=[alt.Tooltip(
                     "psi_s:Q", format=".2f", title="median personal ψ (s)")]))
@@ -103,8 +130,8 @@ def show(table: pd.DataFrame) -> None:
     ui.chart(alt.layer(*layers).properties(height=380), data_out, "switch vs wait")
     st.caption("Points: observed switch rate in wait bins with 95 % Wilson intervals. Lines: "
                "hinge and smooth logistic fits with pointwise bootstrap bands "
-               f"({compute.THRESHOLD_BOOT} replicates; `flowtrial analyze` uses 200 for the "
-               "preregistered ψ and CI).")
+               f"({settings.n_boot} replicates, seed {settings.seed}; the report uses "
+               f"{report_boot}).")
 
     st.subheader("Per participant")
     per = []
@@ -114,7 +141,7 @@ def show(table: pd.DataFrame) -> None:
     per_df = pd.concat(per, ignore_index=True)
     ch = alt.Chart(per_df).mark_line(point=True, opacity=0.5).encode(
         x=alt.X("wait_s:Q", scale=alt.Scale(type="log"), title=WAITS[wait_col] + " (s)"),
-        y=alt.Y("p:Q", title="P(switch)", axis=alt.Axis(format="%")),
+        y=alt.Y("p:Q", title="P(switch)", axis=ui.RATE_AXIS),
         color=alt.Color("participant_id:N", legend=None),
         tooltip=["participant_id", alt.Tooltip("wait_s:Q", format=".2f"), "n",
                  alt.Tooltip("p:Q", format=".1%")]).properties(height=300)

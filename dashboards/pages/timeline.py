@@ -15,6 +15,8 @@ import streamlit as st
 
 from flowtrial.dashboards import data, ui
 
+#: Drawn inside the wait bar of their turn, on its lane, as thinner bars.
+INSIDE_TURN = ("model call", "tool")
 PHASE_COLORS = {"wait": "#f28e2b", "model call": "#edc948", "tool": "#76b7b2",
                 "review": "#4e79a7", "resumption lag": "#e15759", "away (switch)": "#9d9d9d",
                 "agent waited for you": "#b07aa1", "tool running": "#59a14f"}
@@ -41,6 +43,13 @@ def agent_segments(ev: pd.DataFrame, cyc: pd.DataFrame, scale: float) -> pd.Data
     arms = cyc.set_index("cycle_id")["arm"] if len(cyc) else pd.Series(dtype=object)
     out["arm"] = out["cycle_id"].map(arms)
     return out
+
+
+def with_lanes(seg: pd.DataFrame, wait_lane: str) -> pd.DataFrame:
+    """``seg`` with the lane each bar is drawn on: a turn's model calls and tool gaps on the
+    lane of its wait bar (nested inside it, #17), every other phase on its own lane."""
+    lane = seg["phase"].where(~seg["phase"].isin(["wait", *INSIDE_TURN]), wait_lane)
+    return seg.assign(lane=lane, inside=seg["phase"].isin(INSIDE_TURN))
 
 
 def build(url: str, fresh: tuple[int, ...], participant: str, day: str
@@ -159,20 +168,27 @@ if not ui.no_cycles(ctx, "The timeline"):
                 alt.Tooltip("decision:N"),
                 alt.Tooltip("review_time_s:Q", format=".1f", title="review (s)"),
                 alt.Tooltip("agent_s:Q", format=".1f", title="agent (s)")]
-        lane = alt.Y("phase:N", title=None, sort=list(PHASE_COLORS))
+        wait_lane = "turn (wait)" if turns else "wait"
+        seg = with_lanes(seg, wait_lane)
+        order = [wait_lane, *(p for p in PHASE_COLORS if p not in ("wait", *INSIDE_TURN))]
+        lane = alt.Y("lane:N", title=None, sort=order)
         color = alt.Color("phase:N", scale=alt.Scale(domain=list(PHASE_COLORS),
                                                      range=list(PHASE_COLORS.values())))
-        bars = alt.Chart(seg).mark_bar(height=18).encode(
-            x=alt.X("start:T", title="time (UTC)"), x2="end:T", y=lane, color=color,
-            tooltip=tips)
+        enc = {"x": alt.X("start:T", title="time (UTC)"), "x2": "end:T", "y": lane,
+               "color": color, "tooltip": tips}
+        # The turn's bar spans its wait; its model calls and tool gaps sit inside it.
+        bars = (alt.Chart(seg[~seg["inside"]]).mark_bar(height=18).encode(**enc)
+                + alt.Chart(seg[seg["inside"]]).mark_bar(height=8).encode(**enc))
         prompts = alt.Chart(seg[seg["phase"] == "wait"]).mark_tick(
-            color="black", thickness=2, size=22).encode(
-            x="start:T", y=alt.Y("phase:N", sort=list(PHASE_COLORS)), tooltip=tips)
+            color="black", thickness=2, size=22).encode(x="start:T", y=lane, tooltip=tips)
         ch = (bars + prompts).properties(height=200).interactive(bind_y=False)
-        st.caption("Each prompt is a black tick; bars show the wait until the last token, the "
-                   "review until the decision, the resumption lag after a switch, and the time "
-                   "focus was away from the working apps. Drag to pan, scroll to zoom.")
-        ui.chart(ch, seg, f"timeline {pid} {day}")
+        st.caption("Each prompt is a black tick; bars show the wait until the last token"
+                   + (" (an agent turn's whole wait, with its model calls and the tool runs "
+                      "between them drawn inside it)" if turns else "")
+                   + ", the review until the decision, the resumption lag after a switch, and "
+                   "the time focus was away from the working apps. Drag to pan, scroll to "
+                   "zoom.")
+        ui.chart(ch, seg.drop(columns="inside"), f"timeline {pid} {day}")
         from dataclasses import replace
 
         day_turns = data.agent_turns(ctx.url, ctx.fresh, ctx.scale,

@@ -91,6 +91,9 @@ def test_every_page_loads_in_chromium(small_study: Path) -> None:
                 assert exceptions == 0, f"{name}: Streamlit exception shown"
                 assert not errors, f"{name}: error alert {errors}"
                 assert page.locator('[data-testid="stDownloadButton"]').count() > 0, name
+                # client.toolbarMode = viewer: nothing to publish from a study dashboard.
+                assert page.locator('[data-testid="stAppDeployButton"]').count() == 0, name
+                assert page.get_by_role("button", name="Deploy").count() == 0, name
             browser.close()
     finally:
         stop(proc)

@@ -34,6 +34,7 @@ def test_server_command_is_headless_and_private(host: str) -> None:
     argv, env = streamlit_command("sqlite:////x/study.db", 8765, host)
     assert argv[argv.index("--browser.gatherUsageStats") + 1] == "false"
     assert argv[argv.index("--server.headless") + 1] == "true"
+    assert argv[argv.index("--client.toolbarMode") + 1] == "viewer"  # no Deploy button
     assert argv[argv.index("--server.address") + 1] == host
     assert env["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] == "false"
     # The URL (a PostgreSQL one carries its password) goes by environment, not argv (ps).
@@ -86,9 +87,11 @@ def test_password_gate_before_any_page(small_study: Path,
     assert not at.exception and at.metric  # the overview page, with its numbers
 
 
-def test_dashboard_stops_when_the_command_is_terminated(small_study: Path,
-                                                        tmp_path: Path) -> None:
-    """SIGTERM to `flowtrial dashboard` reaches the Streamlit child: the port is free after."""
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_dashboard_stops_when_the_command_is_terminated(small_study: Path, tmp_path: Path,
+                                                        signame: str) -> None:
+    """SIGTERM or Ctrl-C (SIGINT) to `flowtrial dashboard` stops its Streamlit child: no
+    process left behind, and the port is free after."""
     import os
     import signal
     import socket
@@ -114,8 +117,14 @@ def test_dashboard_stops_when_the_command_is_terminated(small_study: Path,
                     break
             except OSError:
                 time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
+        children = [int(c) for t in Path(f"/proc/{proc.pid}/task").iterdir()
+                    for c in (t / "children").read_text().split()]
+        assert children, "streamlit runs as a child of the command"
+        proc.send_signal(getattr(signal, signame))
         proc.wait(30)
+        for child in children:
+            with pytest.raises(ProcessLookupError):
+                os.kill(child, 0)  # gone (and reaped), not orphaned
         with pytest.raises(OSError):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
     finally:
