@@ -77,4 +77,7 @@ def main() -> None:
     nav.run()
 
 
-main()
+# Streamlit runs this script as ``__main__``; the personal fit's spawned worker
+# (compute.py) re-runs the main script as ``__mp_main__`` and must only import it.
+if __name__ == "__main__":
+    main()

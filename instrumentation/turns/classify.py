@@ -138,8 +138,14 @@ def _key(*parts: str) -> str | None:
     return h.hexdigest()
 
 
+def _dicts(items: Any) -> list[dict[str, Any]]:
+    """The objects of a list field; any other shape (a number, a string, null) reads as
+    empty: classification runs before the upstream sees the body, so it must take anything."""
+    return [m for m in items if isinstance(m, dict)] if isinstance(items, list) else []
+
+
 def _chat(body: dict[str, Any]) -> tuple[Ends, str, str | None]:
-    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    messages = _dicts(body.get("messages"))
     system = [_text(m.get("content")) for m in messages if m.get("role") in _SYSTEM_ROLES]
     first_user = next((_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
     rest = [m for m in messages if m.get("role") not in _SYSTEM_ROLES]
@@ -156,7 +162,7 @@ def _chat(body: dict[str, Any]) -> tuple[Ends, str, str | None]:
 
 
 def _messages(body: dict[str, Any]) -> tuple[Ends, str, str | None]:
-    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    messages = _dicts(body.get("messages"))
     first_user = next((_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
     key = _key(_text(body.get("system")), first_user)
     # Claude Code appends mid-conversation "system" messages after the user's.

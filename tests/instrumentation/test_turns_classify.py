@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flowtrial.instrumentation.mock_model import MockModel
 from flowtrial.instrumentation.mock_model.tool_steps import ToolPlanner
@@ -198,3 +200,24 @@ def test_tool_steps_config_is_validated() -> None:
     with pytest.raises(ConfigError, match="tool_steps drives the built-in simulated model"):
         parse_study({**base, "upstream": {"tool_steps": 2, "kind": "openai",
                                           "base_url": "https://x", "api_key_env": "K"}})
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=4),
+    max_leaves=12)
+_FIELDS = ("messages", "input", "system", "instructions", "tools", "model", "text",
+           "previous_response_id", "output_config", "response_format", "max_tokens")
+
+
+@settings(max_examples=300, deadline=None)
+@given(protocol=st.sampled_from(["chat", "messages", "responses", "completions"]),
+       body=st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=6))
+def test_features_take_any_body_shape(protocol: str, body: dict) -> None:
+    """Classification runs before the upstream sees a body: a field of the wrong shape (the
+    fuzz test once sent ``"messages": 0`` to /v1/messages, a 500) reads as absent."""
+    f = features(protocol, body)
+    assert f.protocol == protocol
+    if not isinstance(body.get("messages"), list) and protocol in ("chat", "messages"):
+        assert f.ends == "empty"
