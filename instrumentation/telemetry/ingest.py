@@ -115,8 +115,6 @@ def link_events(events: Sequence[MappedEvent], cycles: Sequence[CycleSpan]) -> N
     starts = [c.start_ns for c in cycles]
     main = [c for c in cycles if not c.side]  # what decisions and prompts may link to
     main_starts = [c.start_ns for c in main]
-    by_end = sorted(main, key=lambda c: c.end_ns)
-    ends = [c.end_ns for c in by_end]
     taken: set[str] = set()
     tol = round(REQUEST_TOLERANCE_S * _NS)
     # Request events: exact ids first, then the nearest starts, greedily (best pairs first).
@@ -142,9 +140,12 @@ def link_events(events: Sequence[MappedEvent], cycles: Sequence[CycleSpan]) -> N
     horizon, prompt_tol = round(HORIZON_S * _NS), round(PROMPT_TOLERANCE_S * _NS)
     for e in events:
         if e.link == "before":
-            j = bisect.bisect_right(ends, e.ts_ns) - 1
-            if j >= 0 and e.ts_ns - ends[j] <= horizon:
-                e.extra["cycle_id"] = by_end[j].id
+            # The latest request sent before it: an agent may take its decision as soon as
+            # the tool call has arrived, before the answer's final event ends the cycle (the
+            # answer that ended before it would then be an earlier one, or none).
+            j = bisect.bisect_right(main_starts, e.ts_ns) - 1
+            if j >= 0 and e.ts_ns - main[j].end_ns <= horizon:
+                e.extra["cycle_id"] = main[j].id
         elif e.link == "after":
             j = bisect.bisect_left(main_starts, e.ts_ns)
             if j < len(main) and main_starts[j] - e.ts_ns <= prompt_tol:

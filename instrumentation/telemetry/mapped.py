@@ -38,7 +38,8 @@ __all__ = [
 ]
 
 #: How the event finds its cycle: ``request`` = the cycle it timed (by start, model, ids);
-#: ``before`` = the latest cycle answered before it (the answer that proposed the tool);
+#: ``before`` = the latest cycle requested before it (the answer that proposed the tool, which
+#: may still be streaming its final events when the agent decides);
 #: ``after`` = the first cycle requested after it (the request the prompt started).
 Link = Literal["request", "before", "after", "none"]
 
