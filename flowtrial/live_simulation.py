@@ -349,29 +349,52 @@ async def _participant(run: _Run, i: int) -> None:
             await client.close()
 
 
-def _proxy_window(database: Database, cycle_ids: list[str | None], clock: Clock
-                  ) -> tuple[float, float] | None:
-    """The proxy's t_request of a turn's first call and t_last_sent of its last, on the
-    participant's clock (s).
+@dataclass(frozen=True)
+class ProxyView:
+    """A turn as the proxy recorded it, on the participant's clock (raw seconds): what the
+    analysis will read as this wait."""
 
-    A simulator's privilege, not a client's: on a busy machine the client sees tokens a few
-    ms after the proxy sent them, and with time_scale 100 that is a sizeable part of a short
-    wait. A switch placed by the client's view alone could then fall just after the proxy's
-    t_last_sent and not count as "during the wait" (docs/concepts/timeline.md). The proxy makes the
-    record durable before it closes the stream, so it is there to read.
+    request: float  # the turn's first call reached the proxy
+    first_sent: float  # the final answer's first token left the proxy
+    last_sent: float  # ... and its last
+    achieved_tps_raw: float | None  # the final answer's pace as delivered (raw tokens/s)
+
+
+def _proxy_view(database: Database, cycle_ids: list[str | None], clock: Clock
+                ) -> ProxyView | None:
+    """The proxy's record of a turn: its first call's t_request, the final call's
+    t_first_sent, t_last_sent and achieved pace, on the participant's clock.
+
+    A simulator's privilege, not a client's. On a busy machine the client sees tokens some
+    ms after the proxy sent them (the participants and the in-process proxy share two
+    cores and the GIL), and ``time_scale`` multiplies that: 13 ms of client lag at 75× is a
+    1 s longer wait than the one recorded, which no real person at a real editor has. A
+    person acting on the client's view therefore behaves as if every recorded wait were
+    longer, and the analysis finds the threshold that much too early (a low bias of ~1 s
+    measured on the demo). So the simulated person acts on the wait the proxy delivered,
+    which is the wait the analysis reads, and places a switch inside the proxy's window
+    (a switch just after t_last_sent would not count as during the wait,
+    docs/concepts/timeline.md). The proxy makes the record durable before it closes the
+    stream, so it is there to read.
     """
     if not cycle_ids or cycle_ids[0] is None or cycle_ids[-1] is None:
         return None
     t = Cycle.__table__  # type: ignore[attr-defined]
     wall = t.c.wall_anchor_ns - t.c.mono_anchor_ns
     with database.engine.connect() as conn:
-        first = conn.execute(select(wall + t.c.t_request_ns)
-                             .where(t.c.id == cycle_ids[0])).scalar()
-        last = conn.execute(select(wall + t.c.t_last_sent_ns)
-                            .where(t.c.id == cycle_ids[-1])).scalar()
-    if first is None or last is None:
+        request = conn.execute(select(wall + t.c.t_request_ns)
+                               .where(t.c.id == cycle_ids[0])).scalar()
+        final = conn.execute(select(wall + t.c.t_first_sent_ns, wall + t.c.t_last_sent_ns,
+                                    t.c.achieved_tps)
+                             .where(t.c.id == cycle_ids[-1])).first()
+    if request is None or final is None or final[0] is None or final[1] is None:
         return None
-    return (first - clock.wall0) / 1e9, (last - clock.wall0) / 1e9
+
+    def raw(wall_ns: int) -> float:
+        return (wall_ns - clock.wall0) / 1e9
+
+    tps = None if final[2] is None else float(final[2])
+    return ProxyView(raw(request), raw(final[0]), raw(final[1]), tps)
 
 
 async def _cycle(run: _Run, client: Any, hooks: Hooks, http: Any, i: int, k: int, t: int,
@@ -396,12 +419,19 @@ async def _cycle(run: _Run, client: Any, hooks: Hooks, http: Any, i: int, k: int
         await clock.until_raw(clock.raw_now() + beh.coding_s[i, k] / scale)
         return
 
-    # What the participant experienced, converted back to real seconds.
+    # What the participant experienced, converted back to real seconds: the wait the
+    # proxy delivered (``_proxy_view``), else what the client saw.
     n = int(usage or sum(counts))
     first, last = arrivals[0], arrivals[-1]
     tps_raw = (n - 1) / (last - first) if n > 1 and last > first else float("nan")
-    ttft = first * scale
-    tps = tps_raw / scale
+    ttft_raw, pace_raw, origin = first, tps_raw, 0.0
+    view = await asyncio.to_thread(_proxy_view, run.database, turn.cycle_ids, clock)
+    if view is not None:  # the person's timeline starts when the proxy got the prompt
+        ttft_raw, origin = view.first_sent - view.request, view.request
+        if view.achieved_tps_raw is not None and view.achieved_tps_raw > 0:
+            pace_raw = view.achieved_tps_raw
+    ttft = ttft_raw * scale
+    tps = pace_raw / scale
     r = float(pop.reading_tps[i])
     idle = float(idle_wait_s(ttft, n, tps, r))
     tl = cycle_timeline(
@@ -414,10 +444,11 @@ async def _cycle(run: _Run, client: Any, hooks: Hooks, http: Any, i: int, k: int
     )
     switched = bool(tl["switched"])
     if switched:
-        out_raw = float(tl["switch_at"]) / scale
-        window = await asyncio.to_thread(_proxy_window, run.database, turn.cycle_ids, clock)
-        if window is None:  # not recorded (should not happen): keep inside what we saw
-            window = (headers_at, last)
+        out_raw = origin + float(tl["switch_at"]) / scale
+        # Inside the proxy's window (else, not recorded, which should not happen: inside
+        # what the client saw).
+        window = ((view.request, view.last_sent) if view is not None
+                  else (headers_at, arrivals[-1]))
         lo, hi = window[0] + 0.0005, window[1] - 0.0005
         out_raw = min(max(out_raw, lo), hi) if lo <= hi else (window[0] + window[1]) / 2
         away_raw = float(beh.away_s[i, k]) / scale
@@ -432,7 +463,7 @@ async def _cycle(run: _Run, client: Any, hooks: Hooks, http: Any, i: int, k: int
             "cycle_id": cycle_id,
             "payload": {"app": params.working_app, "category": WORKING_CATEGORY},
         }])
-    decision_raw = float(tl["decision_at"]) / scale
+    decision_raw = origin + float(tl["decision_at"]) / scale
     await clock.until_raw(decision_raw)
     kind = str(decide(np.array(beh.u_decision[i, k]), np.array(pop.acceptance[i]),
                       np.array(pop.partial_accept[i])))

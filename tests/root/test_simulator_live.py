@@ -123,6 +123,26 @@ def test_live_and_virtual_runs_agree(live_run: dict) -> None:
     assert (m["switched_live"] == m["switched_virt"]).mean() > 0.9
 
 
+def test_live_person_acts_on_the_recorded_wait(live_run: dict) -> None:
+    """The simulated person's idle wait is the one the proxy recorded, not the client's
+    later view of it (time_scale would turn the client's lag into seconds of extra wait
+    and bias the threshold low)."""
+    from flowtrial.study.timeline import idle_wait_s
+
+    obs = live_run["res"].extra["observed"]
+    gt = live_run["ground_truth"]
+    reading = {r.participant_id: json.loads(r.params_json)["reading_tps"]
+               for r in gt[gt["scope"] == "participant"].itertuples()}
+    m = obs.merge(live_run["cycles"], left_on="cycle_id", right_on="id")
+    assert len(m) == N * TASKS * PROMPTS
+    recorded = idle_wait_s(m["experienced_ttft_ms"] / 1000 * SCALE, m["n_tokens"],
+                           m["achieved_tps"] / SCALE, m["participant_id_x"].map(reading))
+    assert np.allclose(m["idle_wait_s"], recorded, rtol=1e-6, atol=1e-3)
+    # The client saw its first token later than the proxy sent it.
+    client = m["ttft_raw_s"] * 1000
+    assert (client >= m["experienced_ttft_ms"] - 0.5).all()
+
+
 def test_live_crossover_follows_the_started_task(tmp_path) -> None:
     """The proxy picks the crossover arm from the task the simulator started."""
     data = tomllib.loads(example_study_text())
