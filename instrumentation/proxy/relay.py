@@ -367,7 +367,9 @@ class Exchange:
         text = info.text
         rec.usage, rec.tool_calls, rec.upstream_response_id = (
             info.usage, info.tool_calls, info.response_id)
-        ntok = count_tokens(text) if text else 0
+        # Text and tool-call arguments, as a stream of the same answer would count them.
+        ntok = (count_tokens(text) if text else 0) + (
+            count_tokens(info.tool_args) if info.tool_args else 0)
         due = ready
         if pacer is not None:
             _, completion = adapter.usage_counts(rec.usage)

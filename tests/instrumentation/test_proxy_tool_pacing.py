@@ -176,3 +176,33 @@ def test_all_at_once_holds_the_tool_call_with_the_rest(make_study) -> None:
     row = _last_row(s)
     assert row["tool_calls"] == 1 and row["frame_ms"] is None and on_time(row)
     assert row["experienced_ttft_ms"] >= 200 + usage.completion_tokens / TPS * 1000
+
+
+def _whole_call(protocol: str, base_url: str, key: str) -> str:
+    """A non-streaming tool-only answer through the official SDK; its arguments as sent."""
+    if protocol == "messages":
+        a = anthropic.Anthropic(base_url=base_url, api_key=key, max_retries=0)
+        msg = a.messages.create(model=MODEL, max_tokens=200, messages=[
+            {"role": "user", "content": ASK}],
+            tools=[{"name": "LS", "description": "List files", "input_schema": _PARAMS}])
+        assert msg.content[0].type == "tool_use"
+        return json.dumps(msg.content[0].input)
+    c = openai.OpenAI(base_url=base_url + "/v1", api_key=key, max_retries=0)
+    if protocol == "chat":
+        r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": ASK}],
+                                      tools=[{"type": "function", "function": _LS}])
+        return r.choices[0].message.tool_calls[0].function.arguments
+    resp = c.responses.create(model=MODEL, input=ASK, tools=[{"type": "function", **_LS}])
+    return next(o for o in resp.output if o.type == "function_call").arguments
+
+
+@pytest.mark.parametrize("protocol", ["chat", "messages", "responses"])
+def test_whole_tool_answer_counts_its_arguments(served, protocol: str) -> None:
+    """A non-streaming tool-only answer counts its arguments in tokens_sent, as its stream
+    would: the call is output the model wrote at the arm's pace."""
+    s, px = served
+    arguments = _whole_call(protocol, px.base_url, s.key)
+    assert json.loads(arguments) == {"path": "."}
+    row = _last_row(s)
+    assert row["stream"] in (0, False) and row["tool_calls"] == 1 and row["status"] == "ok"
+    assert row["tokens_sent"] == count_tokens(arguments) >= 3

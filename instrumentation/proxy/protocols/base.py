@@ -183,6 +183,9 @@ class BodyInfo:
     tool_calls: int
     usage: dict[str, Any] | None
     response_id: str | None
+    #: Tool-call arguments as sent (JSON text): output tokens like the text (``tokens_sent``
+    #: counts both, as a stream's argument deltas are counted).
+    tool_args: str = ""
 
 
 #: 19+ digits in a row: a number orjson may read differently (it turns integers beyond 64

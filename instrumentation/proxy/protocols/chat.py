@@ -99,7 +99,7 @@ class ChatAdapter(OpenAIChunkAdapter):
         return out
 
     def read_body(self, body: dict[str, Any]) -> BodyInfo:
-        texts, tools = [], 0
+        texts, args, tools = [], [], 0
         for ch in body.get("choices") or []:
             msg = ch.get("message") if isinstance(ch, dict) else None
             if not isinstance(msg, dict):
@@ -107,6 +107,10 @@ class ChatAdapter(OpenAIChunkAdapter):
             texts.append(text_of_content(msg.get("content")))
             if isinstance(msg.get("tool_calls"), list):
                 tools += len(msg["tool_calls"])
+                for call in msg["tool_calls"]:
+                    fn = call.get("function") if isinstance(call, dict) else None
+                    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                        args.append(fn["arguments"])
         usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
         rid = body.get("id") if isinstance(body.get("id"), str) else None
-        return BodyInfo("".join(texts), tools, usage, rid)
+        return BodyInfo("".join(texts), tools, usage, rid, "".join(args))

@@ -18,6 +18,7 @@ own error codes map onto Anthropic's types (see :data:`ERROR_TYPES`).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from .base import (
@@ -150,7 +151,7 @@ class MessagesAdapter(ProtocolAdapter):
         return anthropic_error(message, kind)
 
     def read_body(self, body: dict[str, Any]) -> BodyInfo:
-        texts, tools = [], 0
+        texts, args, tools = [], [], 0
         for block in body.get("content") or []:
             if not isinstance(block, dict):
                 continue
@@ -158,6 +159,9 @@ class MessagesAdapter(ProtocolAdapter):
                 texts.append(block["text"])
             elif block.get("type") in _TOOL_BLOCKS:
                 tools += 1
+                # The input as a stream's input_json_delta pieces would spell it.
+                if block.get("input") is not None:
+                    args.append(json.dumps(block["input"], ensure_ascii=False))
         usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
         rid = body.get("id") if isinstance(body.get("id"), str) else None
-        return BodyInfo("".join(texts), tools, usage, rid)
+        return BodyInfo("".join(texts), tools, usage, rid, "".join(args))

@@ -193,12 +193,15 @@ class ResponsesAdapter(ProtocolAdapter):
         return _sse("error", obj)
 
     def read_body(self, body: dict[str, Any]) -> BodyInfo:
-        texts, tools = [], 0
+        texts, args, tools = [], [], 0
         for item in body.get("output") or []:
             if not isinstance(item, dict):
                 continue
             if item.get("type") in _TOOL_ITEMS:
                 tools += 1
+                a = item.get("arguments", item.get("input"))  # function / custom tool
+                if isinstance(a, str):
+                    args.append(a)
             elif item.get("type") == "message":
                 for part in item.get("content") or []:
                     if isinstance(part, dict) and part.get("type") in ("output_text", "refusal"):
@@ -207,7 +210,7 @@ class ResponsesAdapter(ProtocolAdapter):
                             texts.append(t)
         usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
         rid = body.get("id") if isinstance(body.get("id"), str) else None
-        return BodyInfo("".join(texts), tools, usage, rid)
+        return BodyInfo("".join(texts), tools, usage, rid, "".join(args))
 
 
 def _sse(name: str | None, obj: Any) -> bytes:
