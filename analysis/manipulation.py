@@ -13,7 +13,9 @@ its releases to ``precision_ms`` (5 ms, the proxy's own violation flag) in raw t
 study compressed s-fold can promise no better than s times that in real time.
 
 **Whose fault.** The proxy cannot send a token before it arrived, and it records when the
-upstream's first and last events arrived (``t_upstream_first_ns``, ``t_upstream_last_ns``).
+upstream's first output (text or tool call) and last event arrived
+(``t_upstream_first_output_ns``, else the first bytes ``t_upstream_first_ns``;
+``t_upstream_last_ns``).
 For a miss on the first token the due time is ``t_request + target TTFT``; for a miss on the
 last token (or on an answer released whole) it is the send time minus the miss. When the
 upstream's event arrived after that due time by at least half the miss, the **upstream** was
@@ -123,7 +125,10 @@ def _cycle_frame(cycles: pd.DataFrame, s: float) -> pd.DataFrame:
     req = _num(cycles, "t_request_ns")
     first = _num(cycles, "t_first_sent_ns")
     last = _num(cycles, "t_last_sent_ns")
-    up_first = _num(cycles, "t_upstream_first_ns")
+    # The upstream's first output (text or tool call); its first bytes where older rows
+    # lack it (schema < 6). Messages and Responses upstreams send a structure event first.
+    up_first = _num(cycles, "t_upstream_first_output_ns")
+    up_first = np.where(np.isfinite(up_first), up_first, _num(cycles, "t_upstream_first_ns"))
     up_last = _num(cycles, "t_upstream_last_ns")
     ttft = _num(cycles, "target_ttft_ms")
     tps = _num(cycles, "target_tps")

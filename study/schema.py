@@ -17,7 +17,7 @@ from sqlalchemy import BigInteger, Column, Index, MetaData, Text, UniqueConstrai
 from sqlmodel import Field, SQLModel
 
 #: Bumped with every Alembic revision in ``study/migrations/versions`` (revision ``000N``).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def _big() -> Column:  # type: ignore[type-arg]
@@ -181,6 +181,9 @@ class Cycle(SQLModel, table=True):
     conversation_key: str | None = None
     client: str | None = None
     t_upstream_last_ns: int | None = Field(default=None, sa_column=_big())
+    #: The upstream's first output (text or a tool call) reached the proxy (schema 6);
+    #: ``t_upstream_first_ns`` is its first bytes, often a structure event before any output.
+    t_upstream_first_output_ns: int | None = Field(default=None, sa_column=_big())
 
 
 class Turn(SQLModel, table=True):

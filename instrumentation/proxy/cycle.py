@@ -216,8 +216,12 @@ class Cycle:
                         terminal = (ev, c)
                         break
                     if kind is Kind.CONTENT:
+                        if rec.t_upstream_first_output_ns is None:
+                            rec.t_upstream_first_output_ns = arrival
                         await content(ev, c, arrival)
                     elif kind is Kind.TOOL:
+                        if rec.t_upstream_first_output_ns is None:
+                            rec.t_upstream_first_output_ns = arrival
                         await tool(ev, c, arrival)
                     elif kind is Kind.ERROR:
                         held_error = self.scrub().raw(adapter.restamp(ev, c))

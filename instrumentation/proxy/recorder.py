@@ -86,6 +86,7 @@ class CycleRecord:
     conversation_key: str | None = None
     client: str | None = None
     t_upstream_last_ns: int | None = None  # the upstream's last event reached the proxy
+    t_upstream_first_output_ns: int | None = None  # ... its first text or tool call
 
     def sent(self, t_ns: int, first_due: int | None, last_due: int | None) -> None:
         """Output tokens due at ``first_due``..``last_due`` were written at ``t_ns``."""
@@ -171,6 +172,7 @@ class CycleRecord:
             "conversation_key": self.conversation_key,
             "client": self.client,
             "t_upstream_last_ns": self.t_upstream_last_ns,
+            "t_upstream_first_output_ns": self.t_upstream_first_output_ns,
         }
         replaced = [name for name, bad in (("prompt", bad_prompt), ("content", bad_content))
                     if bad and capture != "none"]

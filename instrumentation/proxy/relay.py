@@ -367,6 +367,8 @@ class Exchange:
         text = info.text
         rec.usage, rec.tool_calls, rec.upstream_response_id = (
             info.usage, info.tool_calls, info.response_id)
+        if text or info.tool_calls:  # one body: its output arrived with its last byte
+            rec.t_upstream_first_output_ns = ready
         # Text and tool-call arguments, as a stream of the same answer would count them.
         ntok = (count_tokens(text) if text else 0) + (
             count_tokens(info.tool_args) if info.tool_args else 0)

@@ -83,6 +83,7 @@ def add_agent_calls(cycles: pd.DataFrame, plan: AgentPlan, raw_ns: object) -> pd
         end = turn_start + to_raw(plan.ends[..., i].reshape(-1))  # type: ignore[operator]
         r["t_request_ns"] = start
         r["t_upstream_first_ns"] = start
+        r["t_upstream_first_output_ns"] = start
         r["t_upstream_last_ns"] = end
         r["t_first_sent_ns"] = None
         r["t_last_sent_ns"] = None

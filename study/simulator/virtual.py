@@ -179,6 +179,9 @@ def simulate_virtual_frames(
                                     .astype(np.int64)),
         "t_upstream_last_ns": flat(req_ns + np.rint(exp.upstream_last_raw_s * 1e9)
                                    .astype(np.int64)),
+        # The simulated model's first event is its first text.
+        "t_upstream_first_output_ns": flat(req_ns + np.rint(exp.upstream_first_raw_s * 1e9)
+                                           .astype(np.int64)),
         "t_first_sent_ns": flat(first_ns),
         "t_last_sent_ns": flat(last_ns),
         "t_done_ns": flat(done_ns),

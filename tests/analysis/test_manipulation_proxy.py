@@ -1,6 +1,7 @@
 """The manipulation check on cycles the real proxy recorded: a scripted upstream late on the
-first token, one too slow for the arm's pace, and a machine stall in the proxy's own event
-loop with the upstream on time; then the report's section and `analyze --json`."""
+first token, one that sends its structure at once and its first text late, one too slow for
+the arm's pace, and a machine stall in the proxy's own event loop with the upstream on time;
+then the report's section and `analyze --json`."""
 
 from __future__ import annotations
 
@@ -76,8 +77,11 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     late_first = [(0.15, chunks[0]), *[(0, c) for c in chunks[1:]]]
     slow_rate = [(0, chunks[0]), *[(0.01, c) for c in chunks[1:-3]],
                  *[(0, c) for c in chunks[-3:]]]
+    # The role-only chunk at once (as message_start / response.created come), the text late.
+    structure_first = [(0, chunks[0]), (0.15, chunks[1]), *[(0, c) for c in chunks[2:]]]
     on_time = [(0, c) for c in chunks]
     cases = {"upstream_first": ScriptedUpstream(late_first),
+             "structure_first": ScriptedUpstream(structure_first),
              "upstream_rate": ScriptedUpstream(slow_rate),
              "stall": StallingUpstream(0.12),
              "on_time": ScriptedUpstream(on_time)}
@@ -107,6 +111,10 @@ def test_each_fault_is_attributed(recorded: tuple[Path, dict[str, str]]) -> None
     assert first["misses_upstream"] == 1, first
     assert first["upstream_ttft_ms"] >= 1500  # 150 ms raw × 10, after the 300 ms target
     assert first["miss_ms_max"] >= 1000
+    # Early bytes do not make a late upstream look fast: its TTFT is its first text's.
+    structure = _check(path, ids["structure_first"]).by_arm[0]
+    assert structure["misses_upstream"] == 1, structure
+    assert structure["upstream_ttft_ms"] >= 1500 and structure["miss_ms_max"] >= 1000
     rate = _check(path, ids["upstream_rate"]).by_arm[0]
     assert rate["misses_upstream"] == 1, rate
     # The upstream sent one chunk (1-2 tokens) per 10 ms raw: ≤ 20 tokens/s real, far below
@@ -126,8 +134,8 @@ def test_report_section_and_json(recorded: tuple[Path, dict[str, str]]) -> None:
     out = path.parent / "report"
     results = run_analysis(path, out, n_boot=10, seed=0, workers=1, figures=False)
     m = results["checks"]["manipulation"]
-    assert m["n_shaped"] == 8 and m["time_scale"] == SCALE and m["tolerance_ms"] == 50
-    assert m["misses"]["by_fault"]["upstream"] >= 2
+    assert m["n_shaped"] == 10 and m["time_scale"] == SCALE and m["tolerance_ms"] == 50
+    assert m["misses"]["by_fault"]["upstream"] >= 3
     assert m["misses"]["by_fault"]["proxy_machine"] >= 1
     html = (out / "report.html").read_text(encoding="utf-8")
     section = html[html.index("<h3>Manipulation check"):html.index("<h3>Missing data")]
