@@ -1,8 +1,9 @@
 """flowtrial analysis: the preregistered estimators (docs/concepts/analysis.md).
 
 - `flowtrial.analysis.effects`: METR-style task-time effect (`estimate_effect`).
-- `flowtrial.analysis.threshold`: the flow threshold ψ (`fit_threshold`, `simulate_switch_data`,
-  `population_onset_psi`).
+- `flowtrial.analysis.threshold`: the flow threshold ψ (`fit_threshold`);
+  `flowtrial.analysis.threshold_truth`: ψ under a known truth (`simulate_switch_data`,
+  `population_onset_psi`, `pseudo_true_psi`).
 - `flowtrial.analysis.checks`: checks first (`srm_check`, `carryover_check`, `manipulation_check`,
   `missing_data`); `flowtrial.analysis.manipulation`: the manipulation check.
 
@@ -26,8 +27,8 @@ _EXPORTS: dict[str, str] = {
     "estimate_effect": ".effects",
     "ThresholdResult": ".threshold",
     "fit_threshold": ".threshold",
-    "simulate_switch_data": ".threshold",
-    "population_onset_psi": ".threshold",
+    "simulate_switch_data": ".threshold_truth",
+    "population_onset_psi": ".threshold_truth",
     "SRMResult": ".checks",
     "CarryoverResult": ".checks",
     "ManipulationResult": ".manipulation",

@@ -99,7 +99,7 @@ def run_replicate(config: Any, truth: str, threshold_s: float, n_part: int, n_pr
             expected_switch_probability,
         )
 
-        from .threshold import pseudo_true_psi
+        from .threshold_truth import pseudo_true_psi
 
         w = ok["idle_wait_s"].to_numpy(float)
         w = w[np.isfinite(w) & (w > 0)]

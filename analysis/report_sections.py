@@ -403,7 +403,7 @@ def estimand_psi(truth: dict[str, Any], waits_s: Any) -> float | None:
     """
     from flowtrial.study.simulator.params import expected_switch_probability
 
-    from .threshold import pseudo_true_psi
+    from .threshold_truth import pseudo_true_psi
 
     w = np.asarray(waits_s, dtype=float)
     w = w[np.isfinite(w) & (w > 0)]

@@ -97,7 +97,8 @@ def one_study(job: tuple[str, int, int, int, dict[str, Any], int]) -> dict[str, 
         estimate_detection_share,
         fit_personal_threshold,
     )
-    from flowtrial.analysis.threshold import fit_threshold, pseudo_true_psi
+    from flowtrial.analysis.threshold import fit_threshold
+    from flowtrial.analysis.threshold_truth import pseudo_true_psi
     from flowtrial.study.simulator.params import detection_share, expected_switch_probability
 
     cell_name, n_part, n_prompts, seed, cfg, steps = job

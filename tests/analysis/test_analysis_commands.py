@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from flowtrial.analysis.commands import effect, threshold
 from flowtrial.analysis.effects import estimate_effect
-from flowtrial.analysis.threshold import simulate_switch_data
+from flowtrial.analysis.threshold_truth import simulate_switch_data
 from tests.analysis.test_effects import TIME, make_metr_like
 
 app = typer.Typer()

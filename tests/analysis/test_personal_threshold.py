@@ -17,7 +17,7 @@ from flowtrial.analysis.personal_threshold import (
     fit_personal_threshold,
 )
 from flowtrial.analysis.rb_model import CycleData, RandomBreakpointModel
-from flowtrial.analysis.threshold import simulate_switch_data
+from flowtrial.analysis.threshold_truth import simulate_switch_data
 
 
 def _data(df: pd.DataFrame) -> CycleData:

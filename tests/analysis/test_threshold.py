@@ -10,12 +10,8 @@ import pytest
 import statsmodels.api as sm
 
 from flowtrial.analysis import AnalysisInputError
-from flowtrial.analysis.threshold import (
-    _newton,
-    fit_threshold,
-    population_onset_psi,
-    simulate_switch_data,
-)
+from flowtrial.analysis.threshold import _newton, fit_threshold
+from flowtrial.analysis.threshold_truth import population_onset_psi, simulate_switch_data
 
 FAST = {"n_boot": 60, "n_null": 60}
 
@@ -180,7 +176,7 @@ def test_population_onset_psi() -> None:
 def test_pseudo_true_psi_is_the_pooled_estimand() -> None:
     """Without heterogeneity ψ* is ψ; with varying personal thresholds it lies below the
     median, where the pooled fit on a large sample lands too."""
-    from flowtrial.analysis.threshold import pseudo_true_psi
+    from flowtrial.analysis.threshold_truth import pseudo_true_psi
     from flowtrial.study.simulator.params import SimParams, expected_switch_probability
 
     rng = np.random.default_rng(3)

@@ -1,0 +1,168 @@
+"""ψ under a known truth (docs/concepts/analysis.md#flow-threshold): switch data simulated
+from a hinge, smooth or flat truth, and ψ*, the value the pooled hinge of
+:mod:`.threshold` converges to on such data (the onset of the population-averaged curve,
+below the median person's threshold when thresholds differ between people). Used to score
+the estimator (benchmarks, the report's ground-truth row, the power analysis).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from . import AnalysisInputError
+from .threshold import _expit, _newton
+
+__all__ = ["population_onset_psi", "pseudo_true_psi", "simulate_switch_data"]
+
+
+def _sim_logit_eta(
+    truth: str,
+    logw: np.ndarray,
+    log_psi_i: np.ndarray | float,
+    p_low: float,
+    p_high: float,
+    p_flat: float,
+    psi_s: float,
+    wait_range_s: tuple[float, float],
+) -> np.ndarray:
+    def logit(p: float) -> float:
+        return math.log(p / (1 - p))
+
+    w_min, w_max = wait_range_s
+    if truth == "hinge":
+        slope = (logit(p_high) - logit(p_low)) / math.log(w_max / psi_s)
+        return logit(p_low) + slope * np.maximum(0.0, logw - log_psi_i)
+    if truth == "smooth":
+        slope = (logit(p_high) - logit(p_low)) / math.log(w_max / w_min)
+        return logit(p_low) + slope * (logw - math.log(w_min)) + 0.0 * log_psi_i
+    return np.full(np.broadcast(logw, log_psi_i).shape, logit(p_flat))
+
+
+def simulate_switch_data(
+    truth: Literal["hinge", "smooth", "flat"],
+    n_participants: int,
+    n_prompts: int,
+    psi_s: float = 8.0,
+    psi_sd: float = 0.35,
+    p_low: float = 0.03,
+    p_high: float = 0.60,
+    seed: int = 0,
+    *,
+    wait_range_s: tuple[float, float] = (0.2, 60.0),
+    p_flat: float = 0.10,
+    intercept_sd: float = 0.0,
+) -> pd.DataFrame:
+    """Simulate cycles (`participant_id`, `wait_s`, `switched`, `true_psi_s`) with known truth.
+
+    Waits are log-uniform on `wait_range_s` (per-prompt randomisation). Participant i has
+    ψᵢ = ψ·exp(psi_sd·zᵢ) and a random intercept uᵢ ~ N(0, intercept_sd).
+    * hinge:  logit p = logit(p_low) + uᵢ + b·max(0, log w − log ψᵢ), with b such that a
+      participant at ψᵢ = ψ reaches p_high at the longest wait;
+    * smooth: logit p = logit(p_low) + uᵢ + b·(log w − log w_min), p_low at the shortest and
+      p_high at the longest wait, no threshold;
+    * flat:   logit p = logit(p_flat) + uᵢ (the null; p_flat ≈ the default hinge's mean rate).
+    """
+    if truth not in ("hinge", "smooth", "flat"):
+        raise AnalysisInputError(f"unknown truth {truth!r}; use hinge, smooth or flat")
+    rng = np.random.default_rng(seed)
+    w_min, w_max = wait_range_s
+    psi_i = psi_s * np.exp(psi_sd * rng.standard_normal(n_participants))
+    u_i = intercept_sd * rng.standard_normal(n_participants)
+    logw = rng.uniform(math.log(w_min), math.log(w_max), size=(n_participants, n_prompts))
+    eta = _sim_logit_eta(
+        truth, logw, np.log(psi_i)[:, None], p_low, p_high, p_flat, psi_s, wait_range_s
+    )
+    eta = eta + u_i[:, None]
+    switched = rng.random(logw.shape) < _expit(eta)
+    return pd.DataFrame(
+        {
+            "participant_id": np.repeat(np.arange(n_participants), n_prompts),
+            "wait_s": np.exp(logw).ravel(),
+            "switched": switched.ravel().astype(int),
+            "true_psi_s": np.repeat(psi_i, n_prompts),
+        }
+    )
+
+
+def population_onset_psi(
+    psi_s: float = 8.0,
+    psi_sd: float = 0.35,
+    p_low: float = 0.03,
+    p_high: float = 0.60,
+    *,
+    wait_range_s: tuple[float, float] = (0.2, 60.0),
+    intercept_sd: float = 0.0,
+    wait_quantiles: tuple[float, float] = (0.05, 0.95),
+) -> float:
+    """ψ* (seconds): the value `fit_threshold` converges to on data from
+    `simulate_switch_data("hinge", ...)` as the study grows.
+
+    With thresholds varying between people (psi_sd > 0) the pooled hinge fits the
+    population-averaged curve P̄(w) = E_i[P_i(w)], whose onset lies below the median individual
+    threshold ψ (the most sensitive people start switching first). Computed without sampling:
+    P̄ by Gauss–Hermite quadrature over ψᵢ and uᵢ on a fine log-uniform wait grid, then the
+    hinge fitted to P̄ by maximum expected log-likelihood with the estimator's own ψ grid range.
+    """
+    nodes, weights = np.polynomial.hermite_e.hermegauss(40)
+    weights = weights / weights.sum()
+    lo, hi = math.log(wait_range_s[0]), math.log(wait_range_s[1])
+    x = np.linspace(lo, hi, 1201)
+    x = 0.5 * (x[1:] + x[:-1])  # midpoints: equal mass under the log-uniform design
+    log_psi_i = math.log(psi_s) + psi_sd * nodes
+    eta = _sim_logit_eta(
+        "hinge", x[:, None], log_psi_i[None, :], p_low, p_high, 0.5, psi_s, wait_range_s
+    )
+    p_bar = np.zeros_like(x)
+    for u, wu in zip(
+        intercept_sd * nodes if intercept_sd > 0 else [0.0],
+        weights if intercept_sd > 0 else [1.0],
+        strict=True,
+    ):
+        p_bar += wu * (_expit(eta + u) @ weights)
+    c_lo, c_hi = lo + wait_quantiles[0] * (hi - lo), lo + wait_quantiles[1] * (hi - lo)
+    return _expected_fit_psi(x, p_bar, c_lo, c_hi, math.log(p_low / (1 - p_low)))
+
+
+def _expected_fit_psi(logw: np.ndarray, p: np.ndarray, c_lo: float, c_hi: float,
+                      a0: float) -> float:
+    """ψ (s) maximizing the hinge's expected log-likelihood for true probabilities ``p`` at
+    log waits ``logw``, searched over [c_lo, c_hi] in log ψ: a coarse grid, then a fine one
+    around its best point."""
+    n = np.ones_like(logw)
+    grid = np.linspace(c_lo, c_hi, 121)
+    best = grid[0]
+    for _ in range(2):
+        H = np.maximum(0.0, logw[:, None] - grid[None, :])
+        g = grid.size
+        _, _, ll = _newton(H, H * H, p @ H, n, p, np.full(g, a0), np.ones(g))
+        best = grid[int(np.argmax(ll))]
+        step = grid[1] - grid[0]
+        grid = np.linspace(best - step, best + step, 81)
+    return float(math.exp(best))
+
+
+def pseudo_true_psi(
+    waits_s: Sequence[float] | np.ndarray,
+    p_expected: Sequence[float] | np.ndarray,
+    *,
+    wait_quantiles: tuple[float, float] = (0.05, 0.95),
+) -> float:
+    """ψ* for a given design: what `fit_threshold` estimates on these waits as data grow.
+
+    The hinge is fitted by maximum *expected* log-likelihood to the true switch
+    probabilities ``p_expected`` at the study's own waits (one value per cycle, already
+    averaged over the population's individual thresholds), over the same ψ range the
+    estimator searches. This is the estimand of the pooled model (the onset of the
+    population-averaged curve), so CI coverage is scored against it.
+    """
+    logw = np.log(np.asarray(waits_s, dtype=float))
+    p = np.clip(np.asarray(p_expected, dtype=float), 1e-9, 1 - 1e-9)
+    if logw.shape != p.shape or logw.size < 2:
+        raise AnalysisInputError("pseudo_true_psi needs one expected probability per wait")
+    c_lo, c_hi = np.quantile(logw, wait_quantiles)
+    return _expected_fit_psi(logw, p, float(c_lo), float(c_hi), math.log(p.mean() / (1 - p.mean())))
