@@ -27,8 +27,9 @@ class AgentPlan:
 
     steps: int
     starts: np.ndarray  # (p, k, steps − 1): request time of each earlier call
-    ends: np.ndarray  # (p, k, steps − 1): its end (the tool call sent)
+    ends: np.ndarray  # (p, k, steps − 1): its end (the tool call's last token sent)
     prefix_s: np.ndarray  # (p, k): the final call's request time
+    firsts: np.ndarray  # (p, k, steps − 1): the tool call's first token sent (after the TTFT)
 
     @property
     def tool_s(self) -> np.ndarray:
@@ -47,21 +48,24 @@ def tool_run_times(steps: int, shape: tuple[int, int], seed: int, median_s: floa
 
 def plan_agent_turns(steps: int, ttft_s: np.ndarray, tps: np.ndarray, seed: int,
                      tool_median_s: float = 0.5, tool_logsd: float = 0.8) -> AgentPlan:
-    """Lay out K − 1 tool-calling calls before each final answer (real seconds); each tool
-    runs a log-normal time (``SimParams.tool_time``)."""
+    """Lay out K − 1 tool-calling calls before each final answer (real seconds): each is held
+    by the TTFT and its arguments paced as the proxy paces them (the first token at the
+    TTFT, each next one 1/tps later); then the tool runs a log-normal time
+    (``SimParams.tool_time``)."""
     p, k = np.shape(ttft_s)
     m = max(0, steps - 1)
     tool = tool_run_times(steps, (p, k), seed, tool_median_s, tool_logsd)
     pace = np.asarray(tps, dtype=float)
-    gen = np.where(np.isfinite(pace) & (pace > 0), TOOL_CALL_TOKENS / np.where(
+    gen = np.where(np.isfinite(pace) & (pace > 0), (TOOL_CALL_TOKENS - 1) / np.where(
         pace > 0, pace, 1.0), 0.0)
-    call = (np.asarray(ttft_s, dtype=float) + gen)[..., None]  # each earlier call's duration
+    ttft = np.asarray(ttft_s, dtype=float)[..., None]
+    call = ttft + gen[..., None]  # each earlier call's duration
     per = call + tool
     starts = np.concatenate([np.zeros((p, k, min(m, 1))), np.cumsum(per, axis=-1)[..., :-1]],
                             axis=-1) if m else np.zeros((p, k, 0))
     ends = starts + call
     prefix = per.sum(axis=-1)
-    return AgentPlan(steps, starts, ends, prefix)
+    return AgentPlan(steps, starts, ends, prefix, starts + ttft)
 
 
 def add_agent_calls(cycles: pd.DataFrame, plan: AgentPlan, raw_ns: object) -> pd.DataFrame:
@@ -81,23 +85,32 @@ def add_agent_calls(cycles: pd.DataFrame, plan: AgentPlan, raw_ns: object) -> pd
         r["id"] = final["id"].astype(str) + f"-s{i + 1}"
         start = turn_start + to_raw(plan.starts[..., i].reshape(-1))  # type: ignore[operator]
         end = turn_start + to_raw(plan.ends[..., i].reshape(-1))  # type: ignore[operator]
+        first = turn_start + to_raw(plan.firsts[..., i].reshape(-1))  # type: ignore[operator]
         r["t_request_ns"] = start
+        # The simulated model answers at once; the proxy holds and paces the call's
+        # arguments, and records their timeline as a tool-only answer's (the proxy's own
+        # record of such a call: docs/concepts/shaping.md).
         r["t_upstream_first_ns"] = start
         r["t_upstream_first_output_ns"] = start
-        r["t_upstream_last_ns"] = end
-        r["t_first_sent_ns"] = None
-        r["t_last_sent_ns"] = None
+        r["t_upstream_last_ns"] = start
+        r["t_first_sent_ns"] = first
+        r["t_last_sent_ns"] = end
         r["t_done_ns"] = end
         r["started_at"] = list(pd.to_datetime(final["wall_anchor_ns"].to_numpy(np.int64) + start,
                                               unit="ns", utc=True).to_pydatetime())
-        for col in ("experienced_ttft_ms", "generation_wait_ms", "achieved_tps"):
-            r[col] = None
+        r["experienced_ttft_ms"] = (first - start) / 1e6
+        r["generation_wait_ms"] = (end - start) / 1e6
+        span = (end - first) / 1e9
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r["achieved_tps"] = np.where(span > 0, (TOOL_CALL_TOKENS - 1) / span, np.nan)
+        r["achieved_tps"] = r["achieved_tps"].astype(object).where(r["achieved_tps"].notna(),
+                                                                   None)
         r["tokens_completion"] = TOOL_CALL_TOKENS
-        r["tokens_sent"] = 0
+        r["tokens_sent"] = TOOL_CALL_TOKENS
         r["content_chars"] = 0
         r["tool_calls"] = 1
         r["violation"] = False
-        r["violation_ms"] = None
+        r["violation_ms"] = 0.0
         r["request_kind"] = "human" if i == 0 else "continuation"
         rows.append(r)
     final = final.copy()

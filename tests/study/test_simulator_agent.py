@@ -49,3 +49,33 @@ def test_agent_turns_hold_k_calls_with_tool_time_and_turn_level_truth() -> None:
     # The chat answers are the same; the turn makes the person wait (and switch) more.
     assert agent["cycle_truth"]["idle_wait_s"].mean() > chat["cycle_truth"]["idle_wait_s"].mean()
     assert agent["cycle_truth"]["p_switch"].mean() > chat["cycle_truth"]["p_switch"].mean()
+
+
+def test_tool_calls_carry_the_timeline_the_proxy_records() -> None:
+    """A simulated tool call reads like the proxy's record of one: held by the TTFT and its
+    arguments paced at the rate the turn's answer experienced, counted in tokens_sent; the
+    manipulation check then finds the tool calls on target (no more misses than chat)."""
+    from flowtrial.analysis.manipulation import manipulation_check
+    from flowtrial.study.simulator.agent import TOOL_CALL_TOKENS
+
+    scale = make_config().study.time_scale
+    chat, agent = _frames(1)["cycles"], _frames(5)["cycles"]
+    tools = agent[agent["tool_calls"] == 1]
+    final = agent[agent["tool_calls"] == 0].set_index("turn_id")
+    assert len(tools) == 4 * len(final)
+    assert (tools["tokens_sent"] == TOOL_CALL_TOKENS).all()
+    assert (tools["violation_ms"] == 0).all()
+    assert (tools["t_request_ns"] < tools["t_first_sent_ns"]).all()
+    assert (tools["t_first_sent_ns"] < tools["t_last_sent_ns"]).all()
+    same = final.loc[tools["turn_id"]]
+    # The model's speed in this turn (raw ms and tokens/s, to the timestamps' ns rounding).
+    assert (abs(tools["experienced_ttft_ms"].to_numpy()
+                - same["experienced_ttft_ms"].to_numpy()) < 1e-5).all()
+    assert (tools["experienced_ttft_ms"] >= tools["target_ttft_ms"]).all()
+    achieved = tools["achieved_tps"].astype(float).to_numpy()
+    assert (abs(achieved / same["achieved_tps"].astype(float).to_numpy() - 1) < 1e-4).all()
+    misses = [sum(a["misses"] for a in manipulation_check(c, time_scale=scale).by_arm)
+              for c in (chat, agent)]
+    assert misses[1] == misses[0], misses
+
+
