@@ -69,8 +69,10 @@ def test_create_streaming_and_not(served) -> None:
     assert row["experienced_ttft_ms"] >= 150 and on_time(row)
     deltas = [e for e in events if e.type == "content_block_delta"]
     # 800 tokens/s is faster than one token per 8 ms frame: the model's deltas are split only
-    # where they span frames, so there are fewer events than tokens, each whole tokens.
-    assert 1 < len(deltas) < row["tokens_sent"] and row["frame_ms"] == 8
+    # where they span frames, never below one token. (How many tokens the model put in each
+    # delta depends on its own timer, so a quiet machine may see one token per delta:
+    # test_proxy_frames.py checks the frame split on scripted deltas.)
+    assert 1 < len(deltas) <= row["tokens_sent"] and row["frame_ms"] == 8
 
 
 def test_messages_stream_helper_text_and_final_message(served) -> None:
