@@ -19,11 +19,17 @@ seeds and prints their verdicts next to the virtual ones, with the demo's runtim
 Measured (session 8, 2 vCPUs under a load average of 7-14): the demo's design (40 × 2 × 10
 = 800 cycles, TTFT 1-64 s, τ 0.2, floor 10 %, 90 % at 4ψ) found the threshold in 20/20 seeds
 (1-20) and its CI covered the true 8 s in 19/20 (seed 4: 5.27 s, 3.86-6.74 s); the pooled
-ψ̂* was found in 20/20 and covered ψ* in 18/20. With the simulator's defaults (τ 0.35,
+ψ̂* was found in 20/20 and covered ψ* in 18/20. Live (session 9, `run_live`, seeds 1-20,
+a fresh-clone CI beside the first half): found 20/20, covered 19/20 (seed 4 again: 5.16 s,
+3.69-6.68 s), pooled ψ̂* found 20/20 and covering 18/20, 84-109 s per demo. That is after the
+live participants began to act on the wait the proxy recorded: acting on the client's later
+view (×75) had biased ψ̂ low, e.g. seed 1 at 5.15 s live vs 6.12 s virtual, 2/11 missing
+low. With the simulator's defaults (τ 0.35,
 floor 3 %, 60 % at 4ψ) it was found in 0/2 seeds at the old demo's 168 cycles, 1/5 at 480
 (TTFT 1-40 s) and 1/4 at 1,200 (TTFT 2-32 s). Live `flowtrial demo` at load 3-5: seed 2 in
 2 m 07 s, found, 8.36 s (5.61-11.5), covers (virtual: 8.66 s, 5.71-12.27); seed 1 in
-2 m 05 s, found, 5.15 s (3.89-7.17), misses 8 s (virtual: 6.12 s, 4.54-8.30, covers). At
+2 m 05 s, found, 5.15 s (3.89-7.17), misses 8 s (virtual: 6.12 s, 4.54-8.30, covers; after
+the fix above, live: 6.17 s, 4.50-8.26, covers). At
 load 14 a live 40-participant run broke (next to nothing but switches, 83 % violations,
 11 m 29 s).
 
