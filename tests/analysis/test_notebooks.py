@@ -103,8 +103,26 @@ def test_notebook_runs(name: str, executed: dict[str, Any]) -> None:
                 "flow_threshold.ipynb": "true ψ = 8.0 s",
                 "power.ipynb": "false-positive rate"}[name]
     assert expected in text
+    if name == "flow_threshold.ipynb":
+        assert "Unit of waiting: the cycle (" in text
     assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
                for o in outputs)
+
+
+def test_flow_threshold_notebook_waits_on_agent_turns(tmp_path: Path) -> None:
+    """On a simulated agent study (3 calls per prompt) the notebook's waits are the turns,
+    and it says so."""
+    cfg = parse_study(tomllib.loads(example_study_text()))
+    db = init_db(tmp_path / "agent.db", cfg)
+    simulate_virtual(db, cfg, SimParams(), 3, tasks=1, prompts_per_task=4, seed=5,
+                     agent_steps=3)
+    db.dispose()
+    nb = run_notebook("flow_threshold.ipynb", tmp_path / "agent.db", NOTEBOOKS, first_cells=3)
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                   for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    assert "Unit of waiting: the agent turn (12 turns from 36 cycles, 12 with several " \
+           "model calls)" in text, text
+    assert "12 completed waits from 3 participants" in text
 
 
 def test_notebooks_find_the_demo_database_from_their_folder_and_from_the_root(
