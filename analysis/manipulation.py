@@ -24,6 +24,13 @@ slower than the target; otherwise the upstream was on time and the **proxy/machi
 a paused VM, garbage collection — so the two are one class). Without the upstream's arrival
 times the fault is **unknown**.
 
+**The built-in model in the proxy's process** (``[upstream] kind = "mock"``, rows with
+``upstream = "mock"``) shares the machine with the proxy: its output arriving late means the
+machine held it up, unless its own configured speed (``model_speed``: TTFT ms and tokens/s,
+raw) put it after the due time. So for those rows the upstream is at fault only when its own
+schedule (``t_request`` + its TTFT, + (n − 1)/its tokens/s for the last token) was late by
+at least half the miss; a later arrival than its schedule is the **proxy/machine**'s.
+
 **Verdict.** Per arm: *flagged* (``problems``) when the upstream missed in more than
 ``max_violation_rate`` of the shaped cycles beyond chance (one-sided binomial test,
 p < ``alpha``), or the delivered rate is off the target by more than ``tps_tolerance``:
@@ -119,7 +126,8 @@ def _fmt_tps(tps: float | None) -> str:
     return "—" if tps is None else f"{tps:,.0f} tokens/s" if tps >= 10 else f"{tps:.2g} tokens/s"
 
 
-def _cycle_frame(cycles: pd.DataFrame, s: float) -> pd.DataFrame:
+def _cycle_frame(cycles: pd.DataFrame, s: float,
+                 model_speed: tuple[float, float] | None = None) -> pd.DataFrame:
     """One row per cycle with a text timeline: the miss (real ms), its fault, and the
     upstream's own TTFT and rate (real)."""
     req = _num(cycles, "t_request_ns")
@@ -157,6 +165,9 @@ def _cycle_frame(cycles: pd.DataFrame, s: float) -> pd.DataFrame:
     due = np.where(on_first, due_first, np.where(whole, first, last) - viol * 1e6)
     arrival = np.where(on_first, up_first, up_last)
     up_late_ms = (arrival - due) / 1e6
+    if model_speed is not None and "upstream" in cycles.columns:
+        up_late_ms = _in_process_lateness(cycles, model_speed, req, tokens, on_first, due,
+                                          up_late_ms)
     miss_ms = np.clip(viol, 0, None) * s
     fault = np.where(~np.isfinite(up_late_ms), "unknown",
                      np.where(up_late_ms * s >= 0.5 * miss_ms, "upstream", "proxy/machine"))
@@ -264,10 +275,25 @@ def _judge(row: dict[str, Any], missed: pd.DataFrame, s: float, tps_tolerance: f
     return problems, warnings, notes
 
 
+def _in_process_lateness(cycles: pd.DataFrame, model_speed: tuple[float, float],
+                         req: np.ndarray, tokens: np.ndarray, on_first: np.ndarray,
+                         due: np.ndarray, up_late_ms: np.ndarray) -> np.ndarray:
+    """For the built-in model's rows, its lateness by its own schedule (raw ms): what it
+    would have been late had the machine not held it up."""
+    ttft_ms, tps = model_speed
+    inproc = cycles["upstream"].astype(object).to_numpy(object) == "mock"
+    gap_ns = 0.0 if not math.isfinite(tps) or tps <= 0 else 1e9 / tps
+    own_first = req + ttft_ms * 1e6
+    own_last = own_first + np.clip(np.nan_to_num(tokens) - 1, 0, None) * gap_ns
+    own_late_ms = (np.where(on_first, own_first, own_last) - due) / 1e6
+    return np.where(inproc & np.isfinite(up_late_ms), own_late_ms, up_late_ms)
+
+
 def manipulation_check(
     cycles: pd.DataFrame,
     *,
     time_scale: float = 1.0,
+    model_speed: tuple[float, float] | None = None,
     precision_ms: float = PROXY_PRECISION_MS,
     tps_tolerance: float = 0.10,
     max_violation_rate: float = 0.05,
@@ -276,7 +302,8 @@ def manipulation_check(
     """The manipulation check on raw cycle rows (``flowtrial.analysis.metrics.read_frames``'
     ``cycles``: applied targets and monotonic-ns timestamps) of a study run with
     ``time_scale``; see the module docstring for the tolerance, the fault classes and the
-    verdict. Raises ``AnalysisInputError`` without cycles or shaped cycles."""
+    verdict. ``model_speed``: the built-in model's (TTFT ms, tokens/s) when it ran in the
+    proxy's process. Raises ``AnalysisInputError`` without cycles or shaped cycles."""
     need = ["arm", "t_request_ns", "t_first_sent_ns", "t_last_sent_ns", "target_ttft_ms",
             "target_tps", "violation_ms"]
     if not isinstance(cycles, pd.DataFrame):
@@ -290,7 +317,7 @@ def manipulation_check(
         raise AnalysisInputError(f"manipulation_check: time_scale {time_scale} must be > 0")
     if cycles.empty:
         raise AnalysisInputError("manipulation_check: no cycles yet")
-    d = _cycle_frame(cycles, s)
+    d = _cycle_frame(cycles, s, model_speed)
     n_shaped = int(d["shaped"].sum())
     if n_shaped == 0:
         raise AnalysisInputError(

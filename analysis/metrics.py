@@ -90,7 +90,7 @@ CYCLE_COLUMNS = [
     "target_ttft_ms", "target_tps", "target_delivery", "experienced_ttft_ms", "achieved_tps",
     "violation", "violation_ms", "tokens_completion", "tokens_sent", "request_kind", "turn_id",
     "tool_calls", "t_done_ns", "t_upstream_first_ns", "t_upstream_last_ns", "stream", "shaped",
-    "t_upstream_first_output_ns",
+    "t_upstream_first_output_ns", "upstream",
 ]
 _NS_COLUMNS = ["mono_anchor_ns", "wall_anchor_ns", "t_request_ns", "t_first_sent_ns",
                "t_last_sent_ns", "t_done_ns", "t_upstream_first_ns", "t_upstream_last_ns",
@@ -113,6 +113,18 @@ class StudyFrames:
     working_apps: list[str] = field(default_factory=list)
     extra: dict[str, pd.DataFrame] = field(default_factory=dict)
     reading_tps: float = DEFAULT_READING_TPS  # the study's [analysis] reading_tps
+    #: The built-in model's (TTFT ms, tokens/s) when it ran in the proxy's process
+    #: (``[upstream] kind = "mock"``): the manipulation check's fault classes need it.
+    model_speed: tuple[float, float] | None = None
+
+
+def model_speed(config: Any) -> tuple[float, float] | None:
+    """The in-process built-in model's own (TTFT ms, tokens/s), raw; None for another
+    upstream."""
+    up = config.upstream
+    if up.kind != "mock":
+        return None
+    return float(up.mock.ttft_ms), float(up.mock.tokens_per_second)
 
 
 def _empty(columns: list[str]) -> pd.DataFrame:
@@ -164,6 +176,7 @@ def read_frames(database: Any) -> StudyFrames:
         working_apps=list(config.capture.working_apps),
         extra={"assignments": assignments},
         reading_tps=float(config.analysis.reading_tps),
+        model_speed=model_speed(config),
     )
 
 
@@ -193,6 +206,7 @@ def frames_from_tables(tables: Mapping[str, pd.DataFrame], config: Any,
         working_apps=list(config.capture.working_apps),
         extra={"assignments": get("assignments", ["participant_id", "period", "arm"])},
         reading_tps=float(config.analysis.reading_tps),
+        model_speed=model_speed(config),
     )
 
 

@@ -113,8 +113,8 @@ def checks_section(
     else:
         out["carryover"] = {"skipped": f"{design} design: no periods to carry over"}
     # Per model call on the raw rows (applied targets, upstream arrival times), not per turn.
-    out["manipulation"] = run(lambda: checks.manipulation_check(frames.cycles,
-                                                                time_scale=frames.time_scale))
+    out["manipulation"] = run(lambda: checks.manipulation_check(
+        frames.cycles, time_scale=frames.time_scale, model_speed=frames.model_speed))
     # Missing data per arm: cycle outcomes (a missing decision is a cycle nobody answered),
     # and task times and forecasts.
     cyc = cycles.assign(decision=cycles["decision"].where(cycles["decision"] != "none"))

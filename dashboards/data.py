@@ -171,9 +171,10 @@ def arm_summary(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> p
 
 #: The raw cycle columns the manipulation check reads (applied targets, upstream arrivals).
 MANIPULATION_COLUMNS = ("arm", "status", "shaped", "stream", "t_request_ns",
-                        "t_upstream_first_ns", "t_upstream_last_ns", "t_first_sent_ns",
-                        "t_last_sent_ns", "target_ttft_ms", "target_tps", "target_delivery",
-                        "tokens_sent", "achieved_tps", "violation_ms")
+                        "t_upstream_first_ns", "t_upstream_first_output_ns",
+                        "t_upstream_last_ns", "t_first_sent_ns", "t_last_sent_ns",
+                        "target_ttft_ms", "target_tps", "target_delivery", "tokens_sent",
+                        "achieved_tps", "violation_ms", "upstream")
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -183,12 +184,15 @@ def manipulation(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> 
     analyze`` (its JSON: ``checks.manipulation``), or ``{"skipped": why}``."""
     from flowtrial.analysis import AnalysisInputError
     from flowtrial.analysis.manipulation import manipulation_check
+    from flowtrial.analysis.metrics import model_speed
 
     q = select(*[getattr(Cycle, c) for c in MANIPULATION_COLUMNS]).where(*cycle_where(f))
-    with database(url).engine.connect() as conn:
+    db = database(url)
+    with db.engine.connect() as conn:
         df = _frame(conn.execute(q), list(MANIPULATION_COLUMNS))
     try:
-        return manipulation_check(df, time_scale=scale).to_dict()
+        return manipulation_check(df, time_scale=scale,
+                                  model_speed=model_speed(db.config())).to_dict()
     except AnalysisInputError as exc:
         return {"skipped": str(exc)}
 

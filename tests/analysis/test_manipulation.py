@@ -96,6 +96,27 @@ def test_upstream_late_first_token_is_the_upstreams_fault() -> None:
     assert "their misses median 300 ms, max 300 ms (real)" in r.problems[0]
 
 
+def test_in_process_model_held_up_by_the_machine_is_proxy_machine() -> None:
+    """The built-in model in the proxy's process at 10⁶ tokens/s and no TTFT of its own:
+    its first text arriving after the due time means the machine held it up (the demo's
+    case). Its own slower TTFT would make it the upstream's fault; without its speed the
+    check cannot tell and keeps the arrival's verdict."""
+    rows = [{**cycle(up_first=120.0, up_last=121.0, first=120.3), "upstream": "mock"}
+            for _ in range(25)]
+    df = frame(rows)
+    machine = arm(manipulation_check(df, time_scale=75, model_speed=(0.0, 1e6)))
+    assert machine["misses_proxy_machine"] == 25 and machine["misses_upstream"] == 0
+    assert machine["upstream_ttft_ms"] == pytest.approx(120 * 75)  # still what arrived
+    slow = arm(manipulation_check(df, time_scale=75, model_speed=(115.0, 1e6)))
+    assert slow["misses_upstream"] == 25 and slow["misses_proxy_machine"] == 0
+    unknown_speed = arm(manipulation_check(df, time_scale=75))
+    assert unknown_speed["misses_upstream"] == 25
+    # Another upstream's rows are judged by their arrival, model speed or not.
+    other = frame([{**row, "upstream": "openai"} for row in rows])
+    assert arm(manipulation_check(other, time_scale=75, model_speed=(0.0, 1e6))
+               )["misses_upstream"] == 25
+
+
 def test_proxy_late_with_the_upstream_on_time_is_proxy_machine() -> None:
     rows = ([cycle(up_first=5.0, first=140.0) for _ in range(20)]
             + [cycle(first=100.2) for _ in range(20)])
