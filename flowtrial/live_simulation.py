@@ -448,7 +448,7 @@ async def _cycle(run: _Run, client: Any, hooks: Hooks, http: Any, i: int, k: int
         # Inside the proxy's window (else, not recorded, which should not happen: inside
         # what the client saw).
         window = ((view.request, view.last_sent) if view is not None
-                  else (headers_at, arrivals[-1]))
+                  else (headers_at, last))
         lo, hi = window[0] + 0.0005, window[1] - 0.0005
         out_raw = min(max(out_raw, lo), hi) if lo <= hi else (window[0] + window[1]) / 2
         away_raw = float(beh.away_s[i, k]) / scale

@@ -370,8 +370,7 @@ class Exchange:
         if text or info.tool_calls:  # one body: its output arrived with its last byte
             rec.t_upstream_first_output_ns = ready
         # Text and tool-call arguments, as a stream of the same answer would count them.
-        ntok = (count_tokens(text) if text else 0) + (
-            count_tokens(info.tool_args) if info.tool_args else 0)
+        ntok = count_tokens(text) + count_tokens(info.tool_args)
         due = ready
         if pacer is not None:
             _, completion = adapter.usage_counts(rec.usage)

@@ -101,10 +101,8 @@ def add_agent_calls(cycles: pd.DataFrame, plan: AgentPlan, raw_ns: object) -> pd
         r["experienced_ttft_ms"] = (first - start) / 1e6
         r["generation_wait_ms"] = (end - start) / 1e6
         span = (end - first) / 1e9
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore"):  # NaN (NULL): not paced
             r["achieved_tps"] = np.where(span > 0, (TOOL_CALL_TOKENS - 1) / span, np.nan)
-        r["achieved_tps"] = r["achieved_tps"].astype(object).where(r["achieved_tps"].notna(),
-                                                                   None)
         r["tokens_completion"] = TOOL_CALL_TOKENS
         r["tokens_sent"] = TOOL_CALL_TOKENS
         r["content_chars"] = 0
