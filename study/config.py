@@ -75,6 +75,10 @@ class StudySection(_Strict):
     unit: Unit | None = None
     time_scale: float = Field(default=1.0, gt=0)
     idle_limit_s: float = Field(default=600.0, gt=0)
+    #: A user-role request sooner than this after its conversation's answer ended is the
+    #: agent's, not the person's (docs/concepts/turns.md#the-typing-speed-rule); 0 turns
+    #: the rule off.
+    typing_window_s: float = Field(default=1.0, ge=0)
     periods: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
