@@ -123,6 +123,9 @@ class MockSettings(_Strict):
     # Long answers for fast arms: every prose answer N tokens, or N drawn per request from
     # [lo, hi] (deterministic for the seed). None: the corpus answer as it is.
     answer_tokens: int | tuple[int, int] | None = None
+    # Scripted text answers instead of corpus ones: the k-th once the conversation holds
+    # k of them (instrumentation/mock_model/script.py), e.g. to break an agent's format once.
+    script: list[str] = Field(default_factory=list, max_length=100)
 
     @field_validator("answer_tokens")
     @classmethod

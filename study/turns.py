@@ -468,6 +468,19 @@ def latest_recorded_turn(database: Any, participant_id: str, conversation_key: s
     return tid, sorted(calls, key=lambda x: (x.t_request_ns + x.offset_ns, x.cycle_id))
 
 
+def _revise(calls: list[Call], rules: TurnRules, changes: dict[str, dict[str, Any]]) -> None:
+    """Apply the revisions the proxy would have made (study/turn_revision.py) to one
+    participant's calls and note them in ``changes``."""
+    from .turn_revision import REVISED_FROM, REVISED_RULE, find_revisions
+
+    for cid, tid in find_revisions(calls, rules).items():
+        changes.setdefault(cid, {}).update(request_kind="side", kind_rule=REVISED_RULE,
+                                           revised_from=REVISED_FROM, turn_id=tid)
+        for c in calls:
+            if c.cycle_id == cid:
+                c.kind, c.kind_rule, c.turn_id = "side", REVISED_RULE, tid
+
+
 def rebuild_turns(database: Any, rules: TurnRules | None = None) -> int:
     """Rebuild the ``turns`` table from the cycles; returns how many turns there are.
 
@@ -499,9 +512,12 @@ def rebuild_turns(database: Any, rules: TurnRules | None = None) -> int:
                         c.kind = changes[c.cycle_id]["request_kind"]
             unassigned = [c for c in calls if cycles[c.cycle_id].turn_id is None]
             if unassigned:
+                by_id = {c.cycle_id: c for c in unassigned}
                 for cid, tid in assign_calls(unassigned, rules).items():
                     if tid is not None:
                         changes.setdefault(cid, {})["turn_id"] = tid
+                        by_id[cid].turn_id = tid
+            _revise(calls, rules or TurnRules(), changes)
         for cid, values in changes.items():
             session.execute(update(Cycle).where(Cycle.id == cid).values(**values))
         groups: dict[str, list[Call]] = {}

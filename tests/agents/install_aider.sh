@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Installs aider (pinned) in a virtual environment of its own, tests/agents/aider-venv:
-# aider pins many packages (litellm, openai, tokenizers …) that would clash with flowtrial's
-# own. tests/agents/test_agent_turns_more.py runs tests/agents/aider-venv/bin/aider and skips
-# when it is absent. Idempotent: does nothing when the pinned version is installed.
+# Installs aider (pinned) in a virtual environment of its own, .aider-venv at the repository
+# root (hidden and git-ignored, so neither pytest nor the docs checks walk into it): aider
+# pins many packages (litellm, openai, tokenizers …) that would clash with flowtrial's own.
+# tests/agents/test_agent_turns_more.py runs .aider-venv/bin/aider and skips when it is
+# absent. Idempotent: does nothing when the pinned version is installed.
 set -euo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/../.."
 AIDER_VERSION="0.86.2"
-venv="aider-venv"
+venv=".aider-venv"
 if [ -x "$venv/bin/aider" ] && "$venv/bin/python" -m pip show aider-chat 2>/dev/null \
     | grep -qx "Version: $AIDER_VERSION"; then
   exit 0
