@@ -46,7 +46,13 @@ from .classify import Context, classify, features
 from .clients import client_identity
 from .followups import input_key
 
-__all__ = ["TurnTracker", "turn_rules"]
+__all__ = ["PERSON_EVENT_KINDS", "TurnTracker", "turn_rules"]
+
+#: Event kinds that only a person's action makes (the typing-speed rule's "sign the person
+#: acted"; ``turn_start`` is an agent's telemetry of a typed prompt).
+PERSON_EVENT_KINDS = frozenset({"accept", "reject", "partial_accept", "edit", "focus_in",
+                                "focus_out", "afk_end", "task_start", "task_end",
+                                "turn_start"})
 
 _MAX_RESPONSE_IDS = 10_000
 log = logging.getLogger("flowtrial.proxy")
@@ -99,6 +105,14 @@ class TurnTracker:
         """Something showed the person acted (an event from their client or page): a
         user-role request after it is theirs whatever the typing-speed rule says."""
         self.assigner.person_acted(participant_id, wall_ns)
+
+    def note_events(self, participant_id: str, rows: list[dict[str, Any]]) -> None:
+        """Events just recorded (``events`` rows): those a person's action makes (an edit,
+        an accept, a focus change, a prompt an agent reported) count for
+        :meth:`person_acted`."""
+        for row in rows:
+            if row.get("kind") in PERSON_EVENT_KINDS and isinstance(row.get("ts_ns"), int):
+                self.person_acted(participant_id, row["ts_ns"])
 
     # ------------------------------------------------------------------ hooks
     def arrive(self, rec: _Rec, body: Mapping[str, Any], raw: bytes,
