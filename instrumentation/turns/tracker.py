@@ -293,9 +293,12 @@ class TurnTracker:
 
 
 def turn_rules(config: Any) -> TurnRules:
-    """The turn windows a study sets (``[study] idle_limit_s``, ``typing_window_s``)."""
+    """The turn windows a study sets (``[study] idle_limit_s``, ``typing_window_s``). The
+    typing window is a person's real time: with time compressed (``time_scale``) it is that
+    much shorter on the proxy's clock."""
     study = config.study
-    return TurnRules(idle_limit_s=study.idle_limit_s, typing_window_s=study.typing_window_s)
+    return TurnRules(idle_limit_s=study.idle_limit_s,
+                     typing_window_s=study.typing_window_s / study.time_scale)
 
 
 def _hash(text: str) -> str:
