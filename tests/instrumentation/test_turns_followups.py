@@ -244,3 +244,38 @@ def test_tool_steps_drive_an_agent_with_other_tool_names(served: Any) -> None:
         {"role": "user", "content": "Where are we?"}])
     call = r.choices[0].message.tool_calls[0].function
     assert (call.name, json.loads(call.arguments)) == ("run_commands", {"commands": ["pwd"]})
+
+
+def test_a_cut_stream_ends_its_turn_and_new_questions_open_their_own(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real upstream cuts the stream mid-answer; the person's next two questions (new
+    conversations) are new turns, not side calls of the errored turn."""
+    from tests.instrumentation.conftest import build_study
+    from tests.reliability.faulty_upstream import faulty_upstream
+
+    monkeypatch.setenv("FT_TURNS_UPSTREAM_KEY", "sk-turns-upstream-key")
+    with faulty_upstream() as up:
+        s = build_study(tmp_path, {"upstream": {
+            "kind": "openai", "timeout_s": 2,
+            "openai": {"base_url": up.base_url + "/v1", "api_key_env": "FT_TURNS_UPSTREAM_KEY"}}})
+        try:
+            with run_asgi_server(create_proxy_app(s.database, s.config)) as url:
+                client = openai.OpenAI(base_url=url + "/v1", api_key=s.key, max_retries=0)
+                with pytest.raises(openai.APIError):
+                    for _ in client.chat.completions.create(
+                            model=MODEL, stream=True, extra_headers={"x-fault": "die:3"},
+                            messages=[{"role": "user", "content": "Explain the stack."}]):
+                        pass
+                for question in ("What is a queue?", "And a deque?"):
+                    client.chat.completions.create(model=MODEL, messages=[
+                        {"role": "user", "content": question}])
+                rows = s.rows("SELECT request_kind, kind_rule, turn_id, status FROM cycles "
+                              "ORDER BY t_request_ns")
+                assert [(r.request_kind, r.kind_rule) for r in rows] == [
+                    ("human", "new_input")] * 3, rows
+                assert rows[0].status != "ok" and len({r.turn_id for r in rows}) == 3
+                turns = _turns(s, 3)
+                assert sorted(t[5] for t in turns) == ["complete", "complete", "error"]
+                assert _rebuilt(s) == turns
+        finally:
+            s.database.dispose()
