@@ -17,11 +17,14 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from typer.testing import CliRunner
 
+from flowtrial.cli import app
 from flowtrial.instrumentation.mock_model.harmless import pick_harmless
 from flowtrial.instrumentation.proxy import create_proxy_app
 from flowtrial.instrumentation.turns.clients import client_identity
 from flowtrial.study.turns import rebuild_turns
+from flowtrial.study.typing_window import typing_gaps, window_sensitivity
 from tests.instrumentation.conftest import StudySetup
 from tests.instrumentation.servers import run_asgi_server
 
@@ -147,6 +150,14 @@ def test_faster_than_typing_continues_the_turn_and_a_failure_ends_it(served: Any
     turns = _turns(s, 3)
     assert [(t[2], t[5]) for t in turns] == [(2, "complete"), (1, "complete")]
     assert _rebuilt(s) == turns
+    # How the turns hang on the window: the re-ask came within it, the person's prompt after.
+    gaps = typing_gaps(s.database)
+    assert len(gaps) == 2 and gaps[0] < WINDOW_S < WINDOW_S * 1.5 <= gaps[1], gaps
+    assert window_sensitivity(gaps, (gaps[0] / 2, WINDOW_S, 60.0)) == [
+        (gaps[0] / 2, 0), (WINDOW_S, 1), (60.0, 2)]
+    out = CliRunner().invoke(app, ["turns", "--db", str(s.db)])
+    assert out.exit_code == 0, out.output
+    assert "Typing-speed rule: 2 user messages" in " ".join(out.output.split()), out.output
 
 
 def test_a_sign_that_the_person_acted_lifts_the_typing_speed_rule(served: Any) -> None:
