@@ -32,6 +32,7 @@ pytestmark = pytest.mark.both_backends
 
 MODEL = "flowtrial-sim-1"
 WINDOW_S = 0.4  # the study's typing window (short, so the test need not wait 1 s)
+IDLE_S = 1.0  # the study's idle limit (short, so the test need not wait 600 s)
 _LS = {"type": "function", "function": {
     "name": "list_dir", "description": "List a directory",
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
@@ -47,7 +48,7 @@ def _client(url: str, key: str) -> openai.OpenAI:
 
 @pytest.fixture
 def served(make_study: Any) -> Iterator[tuple[StudySetup, openai.OpenAI]]:
-    s = make_study(participants=("p01", "p02"), overrides={"study": {"typing_window_s": WINDOW_S},
+    s = make_study(participants=("p01", "p02"), overrides={"study": {"typing_window_s": WINDOW_S, "idle_limit_s": IDLE_S},
                     "upstream": {"tool_steps": 1,
                                  "mock": {"tokens_per_second": 20000, "ttft_ms": 1}},
                     "arms": [{"name": "shaped", "ttft_ms": 20, "tokens_per_second": 4000}]})
@@ -94,13 +95,16 @@ def _agent_turn(client: openai.OpenAI, text: str) -> None:
 
 
 def test_title_call_before_the_main_request_is_revised_to_side(served: Any) -> None:
-    """Each participant's very first request is a title call. The first participant's is
-    recorded before the main request comes, which revises its row and deletes its turn's;
-    the second's is still streaming when its main request comes, and is revised in memory
-    before its row is written."""
+    """Each participant's very first request is a title call, and so is the first after the
+    idle limit. The first participant's are recorded before the main request comes, which
+    revises their rows and deletes their turns'; the second's is still streaming when its
+    main request comes, and is revised in memory before its row is written."""
     s, client = served
     _title(client, "Which folder is this?")
     _agent_turn(client, "Which folder is this?")
+    time.sleep(IDLE_S * 1.5)
+    _title(client, "Which files are here?")
+    _agent_turn(client, "Which files are here?")
     client = _client(str(client.base_url).removesuffix("/v1/"), s.keys["p02"])
     stream = _title(client, "And what is in it?", stream=True)
     next(iter(stream))  # the title's answer has begun, its cycle is not recorded yet
@@ -111,11 +115,11 @@ def test_title_call_before_the_main_request_is_revised_to_side(served: Any) -> N
     revised = ("side", "revised:same_input_before_main", "human:new_input")
     assert [(r.request_kind, r.kind_rule, r.revised_from) for r in rows] == [
         revised, ("human", "new_input", None),
-        ("continuation", "tool_output:chat:tool_message", None)] * 2, rows
+        ("continuation", "tool_output:chat:tool_message", None)] * 3, rows
     assert [r.turn_id for r in rows[0::3]] == [r.turn_id for r in rows[1::3]]
     assert {(r.client, r.client_sdk) for r in rows} == {("opencode", "ai-sdk")}
     turns = _turns(s, len(rows))
-    assert [(t[2], t[3], t[5]) for t in turns] == [(2, 1, "complete")] * 2, turns
+    assert [(t[2], t[3], t[5]) for t in turns] == [(2, 1, "complete")] * 3, turns
     assert _rebuilt(s) == turns
     # Undone (as another process's cycles would hold them), the rebuild revises them again.
     with s.database.engine.begin() as conn:
