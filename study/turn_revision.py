@@ -14,12 +14,12 @@ revisions in recorded cycles for :func:`flowtrial.study.turns.rebuild_turns`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .turns import Call, TurnRules
 
-__all__ = ["REVISED_FROM", "REVISED_RULE", "find_revisions", "revisable"]
+__all__ = ["REVISED_FROM", "REVISED_RULE", "apply_revisions", "find_revisions", "revisable"]
 
 REVISED_RULE = "revised:same_input_before_main"
 REVISED_FROM = "human:new_input"
@@ -64,3 +64,15 @@ def find_revisions(calls: Sequence[Call], rules: TurnRules) -> dict[str, str]:
                 out[c.cycle_id] = later.turn_id  # type: ignore[assignment]
                 break
     return out
+
+
+def apply_revisions(calls: list[Call], rules: TurnRules, changes: dict[str, dict[str, Any]]
+                    ) -> None:
+    """Revise one participant's calls (in request order) as the proxy would, in place, and
+    note the cycle updates in ``changes`` (cycle id -> column values)."""
+    for cid, tid in find_revisions(calls, rules).items():
+        changes.setdefault(cid, {}).update(request_kind="side", kind_rule=REVISED_RULE,
+                                           revised_from=REVISED_FROM, turn_id=tid)
+        for c in calls:
+            if c.cycle_id == cid:
+                c.kind, c.kind_rule, c.turn_id = "side", REVISED_RULE, tid

@@ -468,19 +468,6 @@ def latest_recorded_turn(database: Any, participant_id: str, conversation_key: s
     return tid, sorted(calls, key=lambda x: (x.t_request_ns + x.offset_ns, x.cycle_id))
 
 
-def _revise(calls: list[Call], rules: TurnRules, changes: dict[str, dict[str, Any]]) -> None:
-    """Apply the revisions the proxy would have made (study/turn_revision.py) to one
-    participant's calls and note them in ``changes``."""
-    from .turn_revision import REVISED_FROM, REVISED_RULE, find_revisions
-
-    for cid, tid in find_revisions(calls, rules).items():
-        changes.setdefault(cid, {}).update(request_kind="side", kind_rule=REVISED_RULE,
-                                           revised_from=REVISED_FROM, turn_id=tid)
-        for c in calls:
-            if c.cycle_id == cid:
-                c.kind, c.kind_rule, c.turn_id = "side", REVISED_RULE, tid
-
-
 def rebuild_turns(database: Any, rules: TurnRules | None = None) -> int:
     """Rebuild the ``turns`` table from the cycles; returns how many turns there are.
 
@@ -491,6 +478,7 @@ def rebuild_turns(database: Any, rules: TurnRules | None = None) -> int:
     from sqlmodel import Session
 
     from .schema import Cycle, Turn
+    from .turn_revision import apply_revisions
 
     with Session(database.engine) as session:
         rows = session.exec(select(Cycle).order_by(  # type: ignore[call-overload]
@@ -517,7 +505,7 @@ def rebuild_turns(database: Any, rules: TurnRules | None = None) -> int:
                     if tid is not None:
                         changes.setdefault(cid, {})["turn_id"] = tid
                         by_id[cid].turn_id = tid
-            _revise(calls, rules or TurnRules(), changes)
+            apply_revisions(calls, rules or TurnRules(), changes)
         for cid, values in changes.items():
             session.execute(update(Cycle).where(Cycle.id == cid).values(**values))
         groups: dict[str, list[Call]] = {}
