@@ -70,7 +70,8 @@ def _kind(name: str, description: str, schema: dict[str, Any]) -> str | None:
     return None
 
 
-def _value(key: str, spec: Any, kind: str, depth: int = 0) -> tuple[bool, Any]:
+def _value(key: str, spec: Any, kind: str, depth: int = 0, pattern: str = "*"
+           ) -> tuple[bool, Any]:
     """(could fill, a safe value) for one argument."""
     spec = spec if isinstance(spec, dict) else {}
     if "const" in spec:
@@ -84,7 +85,7 @@ def _value(key: str, spec: Any, kind: str, depth: int = 0) -> tuple[bool, Any]:
         (t for t in types if t != "null"), "string") if isinstance(types, list) else None)
     if type_ is None:
         for alt in spec.get("anyOf") or spec.get("oneOf") or []:
-            ok, value = _value(key, alt, kind, depth + 1)
+            ok, value = _value(key, alt, kind, depth + 1, pattern)
             if ok:
                 return ok, value
         type_ = "string"
@@ -94,10 +95,10 @@ def _value(key: str, spec: Any, kind: str, depth: int = 0) -> tuple[bool, Any]:
         if _WORDS.search(key):
             return True, "Print the working directory"
         if _PATTERN.search(key):
-            return True, "*" if kind != "search" or "glob" in key.lower() else "TODO"
+            return True, pattern
         return True, "."  # a path, or anything else: the working directory
     if type_ == "array":
-        ok, item = _value(key, spec.get("items"), kind, depth + 1)
+        ok, item = _value(key, spec.get("items"), kind, depth + 1, pattern)
         return ok, [item] if ok else None
     if type_ in ("integer", "number"):
         low = spec.get("minimum", spec.get("exclusiveMinimum", 0))
@@ -106,13 +107,15 @@ def _value(key: str, spec: Any, kind: str, depth: int = 0) -> tuple[bool, Any]:
     if type_ == "boolean":
         return True, False
     if type_ == "object" and depth < 3:
-        return True, safe_arguments(spec, kind, depth + 1)
+        return True, safe_arguments(spec, kind, depth + 1, pattern)
     return False, None
 
 
-def safe_arguments(schema: dict[str, Any], kind: str, depth: int = 0) -> dict[str, Any] | None:
+def safe_arguments(schema: dict[str, Any], kind: str, depth: int = 0, pattern: str = "*"
+                   ) -> dict[str, Any] | None:
     """Arguments for a tool of ``kind`` that fit its JSON schema: the required ones, and a
-    path or pattern where the schema has one (None if a required one cannot be filled)."""
+    path or pattern (``pattern``: ``*`` for a glob, a plain word for a text search) where the
+    schema has one (None if a required one cannot be filled)."""
     props = _props(schema)
     required = [r for r in schema.get("required") or [] if isinstance(r, str)]
     wanted = list(required)
@@ -122,7 +125,7 @@ def safe_arguments(schema: dict[str, Any], kind: str, depth: int = 0) -> dict[st
             wanted.append(key)
     args: dict[str, Any] = {}
     for key in wanted:
-        ok, value = _value(key, props.get(key), kind, depth)
+        ok, value = _value(key, props.get(key), kind, depth, pattern)
         if ok:
             args[key] = value
         elif key in required:
@@ -141,7 +144,9 @@ def pick_harmless(offered: list[tuple[str, str, dict[str, Any]]]
         kind = _kind(name, description or "", schema if isinstance(schema, dict) else {})
         if kind is None or kind in found:
             continue
-        args = safe_arguments(schema if isinstance(schema, dict) else {}, kind)
+        text_search = kind == "search" and re.search(r"grep|search|find", name, re.I)
+        args = safe_arguments(schema if isinstance(schema, dict) else {}, kind,
+                              pattern="TODO" if text_search else "*")
         if args is not None:
             found[kind] = (name, args)
     return next((found[k] for k in _ORDER if k in found), None)

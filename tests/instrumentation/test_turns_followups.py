@@ -48,10 +48,10 @@ def _client(url: str, key: str) -> openai.OpenAI:
 
 @pytest.fixture
 def served(make_study: Any) -> Iterator[tuple[StudySetup, openai.OpenAI]]:
-    s = make_study(participants=("p01", "p02"), overrides={"study": {"typing_window_s": WINDOW_S, "idle_limit_s": IDLE_S},
-                    "upstream": {"tool_steps": 1,
-                                 "mock": {"tokens_per_second": 20000, "ttft_ms": 1}},
-                    "arms": [{"name": "shaped", "ttft_ms": 20, "tokens_per_second": 4000}]})
+    s = make_study(participants=("p01", "p02"), overrides={
+        "study": {"typing_window_s": WINDOW_S, "idle_limit_s": IDLE_S},
+        "upstream": {"tool_steps": 1, "mock": {"tokens_per_second": 20000, "ttft_ms": 1}},
+        "arms": [{"name": "shaped", "ttft_ms": 20, "tokens_per_second": 4000}]})
     with run_asgi_server(create_proxy_app(s.database, s.config)) as url:
         yield s, _client(url, s.key)
 
@@ -242,6 +242,10 @@ def test_harmless_tool_picked_from_any_schema() -> None:
                               "Lists the files of a directory")]) == ("fs_tool", {"path": "."})
     assert pick_harmless([_fn("search_code", {"q": {"type": "object", "properties": {}},
                                               "blob": {}}, ["blob"])]) is not None
+    # A glob gets `*`, a text search a plain word.
+    assert pick_harmless([opencode[1]]) == ("glob", {"pattern": "*"})
+    assert pick_harmless([_fn("Grep", {"pattern": {"type": "string"}, "path": {
+        "type": "string"}}, ["pattern"])]) == ("Grep", {"pattern": "TODO", "path": "."})
     # Nothing harmless: text.
     assert pick_harmless([opencode[0], opencode[4], _fn("write_file", {}, []),
                           _fn("delete", {"path": {"type": "string"}}, ["path"])]) is None
