@@ -1,5 +1,6 @@
 """How the real agents are pointed at flowtrial: one source for the tests and the
-client recipes (docs/clients/).
+client recipes (docs/clients/); `opencode_config` is the recipe in docs/clients/opencode.md,
+`aider_metadata` the model metadata file in docs/clients/aider.md.
 
 `codex_config` is the Codex CLI `config.toml` (tests/agents/test_recipes.py checks that the
 recipe in docs/clients/codex.md is the same); `claude_env` the Claude Code environment.
@@ -195,7 +196,6 @@ def opencode_config(base_url: str, key: str, model: str = MODEL) -> dict[str, An
     """opencode's config (`opencode.json`, or OPENCODE_CONFIG_CONTENT): a custom provider on
     the OpenAI-compatible API at ``base_url`` (ending in `/v1`), nothing shared, no updates."""
     return {
-        "$schema": "https://opencode.ai/config.json",
         "model": f"{OPENCODE_PROVIDER_ID}/{model}",
         "small_model": f"{OPENCODE_PROVIDER_ID}/{model}",
         "autoupdate": False,
