@@ -8,8 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 AIDER_VERSION="0.86.2"
 venv=".aider-venv"
-if [ -x "$venv/bin/aider" ] && "$venv/bin/python" -m pip show aider-chat 2>/dev/null \
-    | grep -qx "Version: $AIDER_VERSION"; then
+installed=$("$venv/bin/python" -c "import importlib.metadata as m; print(m.version('aider-chat'))" \
+  2>/dev/null || true)
+if [ -x "$venv/bin/aider" ] && [ "$installed" = "$AIDER_VERSION" ]; then
   exit 0
 fi
 python3 -m venv "$venv"
