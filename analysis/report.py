@@ -72,7 +72,8 @@ def _wait_unit(cycles: Any) -> dict[str, Any]:
     unit = cycles.attrs.get("wait_unit")
     if unit is None:
         return {"wait_unit": "cycle", "wait_unit_note": None}
-    return {"wait_unit": unit["unit"], "side_calls_set_aside": unit["side_calls"],
+    return {"wait_unit": unit["unit"], "n_model_calls": unit["cycles"],
+            "side_calls_set_aside": unit["side_calls"],
             "retries_merged": unit["retries"], "wait_unit_note": unit["note"]}
 
 

@@ -67,9 +67,11 @@ def _print_summary(r: dict[str, Any], out: Path) -> None:
 
     console = Console()
     st = r["study"]
+    # n_cycles counts the analysis' units of waiting: agent turns where agents made them.
+    units = (f"turns={st['n_cycles']} (of {st.get('n_model_calls')} model calls)"
+             if st.get("wait_unit") == "turn" else f"cycles={st['n_cycles']}")
     console.print(f"[bold]{st['name']}[/bold]  design={st['design']}  "
-                  f"participants={st['n_participants']}  cycles={st['n_cycles']}  "
-                  f"tasks={st['n_tasks']}")
+                  f"participants={st['n_participants']}  {units}  tasks={st['n_tasks']}")
     for m in r.get("messages", []):
         console.print(f"[yellow]note:[/yellow] {m}")
     srm = r["checks"].get("srm") or {}

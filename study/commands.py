@@ -185,10 +185,17 @@ def turns(db: DbOpt) -> None:
     kinds are inferred where the proxy recorded none)."""
     from .storage import database_url, display_url, open_db
     from .turns import rebuild_turns
+    from .typing_window import typing_gaps, window_sensitivity
 
     database = open_db(db)
     try:
         n = rebuild_turns(database)
+        gaps = typing_gaps(database)
     finally:
         database.dispose()
     console.print(f"{display_url(database_url(db))}: {n} turns rebuilt from the cycles.")
+    if gaps:  # how much the turns hang on the typing window (docs/concepts/turns.md)
+        counts = ", ".join(f"{w:g} s: {k}" for w, k in window_sensitivity(gaps))
+        console.print(f"Typing-speed rule: {len(gaps)} user messages followed their "
+                      f"conversation's answer; a window of {counts} would make them the "
+                      "agent's (continuing the turn).")

@@ -75,6 +75,10 @@ class StudySection(_Strict):
     unit: Unit | None = None
     time_scale: float = Field(default=1.0, gt=0)
     idle_limit_s: float = Field(default=600.0, gt=0)
+    #: A user-role request sooner than this after its conversation's answer ended is the
+    #: agent's, not the person's (docs/concepts/turns.md#the-typing-speed-rule); 0 turns
+    #: the rule off.
+    typing_window_s: float = Field(default=1.0, ge=0)
     periods: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
@@ -119,6 +123,9 @@ class MockSettings(_Strict):
     # Long answers for fast arms: every prose answer N tokens, or N drawn per request from
     # [lo, hi] (deterministic for the seed). None: the corpus answer as it is.
     answer_tokens: int | tuple[int, int] | None = None
+    # Scripted text answers instead of corpus ones: the k-th once the conversation holds
+    # k of them (instrumentation/mock_model/script.py), e.g. to break an agent's format once.
+    script: list[str] = Field(default_factory=list, max_length=100)
 
     @field_validator("answer_tokens")
     @classmethod

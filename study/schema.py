@@ -17,7 +17,7 @@ from sqlalchemy import BigInteger, Column, Index, MetaData, Text, UniqueConstrai
 from sqlmodel import Field, SQLModel
 
 #: Bumped with every Alembic revision in ``study/migrations/versions`` (revision ``000N``).
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 11
 
 
 def _big() -> Column:  # type: ignore[type-arg]
@@ -184,6 +184,13 @@ class Cycle(SQLModel, table=True):
     #: The upstream's first output (text or a tool call) reached the proxy (schema 6);
     #: ``t_upstream_first_ns`` is its first bytes, often a structure event before any output.
     t_upstream_first_output_ns: int | None = Field(default=None, sa_column=_big())
+    #: Schema 11 (docs/concepts/turns.md): the client's SDK (``client`` is the agent); a
+    #: hash of the request's new user text and whether it offered tools (what a later
+    #: request's revision compares); the kind and rule a revision replaced (``human:new_input``).
+    client_sdk: str | None = None
+    input_key: str | None = None
+    offers_tools: bool | None = None
+    revised_from: str | None = None
 
 
 class Turn(SQLModel, table=True):

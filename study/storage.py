@@ -235,12 +235,16 @@ def init_db(db: str | Path, config: StudyConfig, config_toml: str | None = None)
 @dataclass
 class WriteBatch:
     """Rows for one table. ``ignore_conflicts`` makes re-inserts no-ops (idempotent imports);
-    ``upsert`` replaces a row with the same primary key (the proxy's turn rows)."""
+    ``upsert`` replaces a row with the same primary key (the proxy's turn rows); ``update``
+    sets the given columns of the row with the row's primary key, ``delete`` deletes it
+    (a turn revision, docs/concepts/turns.md#revising-a-request)."""
 
     table: Any
     rows: Sequence[dict[str, Any]]
     ignore_conflicts: bool = False
     upsert: bool = False
+    update: bool = False
+    delete: bool = False
 
 
 class LazyRow(Sequence[dict[str, Any]]):
@@ -272,6 +276,9 @@ def insert_batch(conn: Any, b: WriteBatch) -> None:
     if b.upsert:
         _upsert(conn, table, b.rows)
         return
+    if b.update or b.delete:
+        _update_or_delete(conn, table, b)
+        return
     if not b.ignore_conflicts:
         conn.execute(table.insert(), list(b.rows))
         return
@@ -283,6 +290,21 @@ def insert_batch(conn: Any, b: WriteBatch) -> None:
     else:  # pragma: no cover - other dialects are not supported for imports
         raise StorageError(f"idempotent insert not supported on {dialect}")
     conn.execute(stmt, list(b.rows))
+
+
+def _update_or_delete(conn: Any, table: Any, b: WriteBatch) -> None:
+    """Update (the row's other columns) or delete rows by primary key."""
+    from sqlalchemy import and_, bindparam
+
+    keys = [c.name for c in table.primary_key.columns]
+    where = and_(*[table.c[k] == bindparam(f"_k_{k}") for k in keys])
+    for row in b.rows:
+        params = {f"_k_{k}": row[k] for k in keys}
+        if b.delete:
+            conn.execute(table.delete().where(where), params)
+        else:
+            conn.execute(table.update().where(where).values(
+                {k: v for k, v in row.items() if k not in keys}), params)
 
 
 def _upsert(conn: Any, table: Any, rows: Sequence[dict[str, Any]]) -> None:
@@ -316,18 +338,18 @@ def _merge(batches: list[WriteBatch]) -> list[WriteBatch]:
     keep the order in which their table first appears, so parents queued before children
     (a participant before its assignments) are still inserted first.
     """
-    groups: dict[tuple[Any, bool, bool, frozenset[str]], list[dict[str, Any]]] = {}
+    groups: dict[tuple[Any, bool, bool, bool, bool, frozenset[str]], list[dict[str, Any]]] = {}
     for b in batches:
         for row in b.rows:
-            groups.setdefault((b.table, b.ignore_conflicts, b.upsert, frozenset(row)),
-                              []).append(row)
+            groups.setdefault((b.table, b.ignore_conflicts, b.upsert, b.update, b.delete,
+                               frozenset(row)), []).append(row)
     out = []
-    for (t, ignore, upsert, _), rows in groups.items():
+    for (t, ignore, upsert, update, delete, _), rows in groups.items():
         if upsert:  # one row per key, the latest: a statement may not update a row twice
             table = t.__table__ if hasattr(t, "__table__") else t
             keys = [c.name for c in table.primary_key.columns]
             rows = list({tuple(r[k] for k in keys): r for r in rows}.values())
-        out.append(WriteBatch(t, rows, ignore, upsert))
+        out.append(WriteBatch(t, rows, ignore, upsert, update, delete))
     return out
 
 

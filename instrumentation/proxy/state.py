@@ -11,7 +11,7 @@ import time
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.storage import Database, RecordWriter, create_db_engine
 
-from ..turns.tracker import TurnTracker
+from ..turns.tracker import TurnTracker, turn_rules
 from .arms import ArmResolver
 from .auth import Authenticator
 from .quiet_gc import QuietCollector
@@ -63,7 +63,8 @@ class ProxyState:
         self.wall_anchor_ns = time.time_ns()
         self.started_monotonic = time.monotonic()
         #: Classifies requests and keeps the turns table (docs/concepts/turns.md).
-        self.turns = TurnTracker(self.mono_anchor_ns, self.wall_anchor_ns, database=database)
+        self.turns = TurnTracker(self.mono_anchor_ns, self.wall_anchor_ns, database=database,
+                                 rules=turn_rules(config))
         self.requests = 0
         self.errors = 0
         self.open_cycles: dict[str, str] = {}  # cycle id -> participant id (in flight)

@@ -127,6 +127,8 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
                         await asyncio.wrap_future(w.submit(batch))
                     else:
                         await asyncio.to_thread(write_rows, database, [batch])
+                    if st is not None:  # a typed prompt reported: the typing-speed rule yields
+                        st.turns.note_events(participant.id, rows)
                 except Exception as exc:  # noqa: BLE001 - the exporter retries; nothing claimed
                     return _status(503, code_pb2.UNAVAILABLE, "the records could not be "
                                    f"written ({type(exc).__name__}): retry", as_json,

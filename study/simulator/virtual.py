@@ -219,6 +219,10 @@ def simulate_virtual_frames(
         "turn_id": ["trn_" + c for c in cycle_ids],
         "conversation_key": None,
         "client": "flowtrial-simulator",
+        "client_sdk": None,
+        "input_key": None,
+        "offers_tools": None,
+        "revised_from": None,
         # No proxy wrote these answers: no delivery granularity to record.
         "frame_ms": None,
     })[CYCLE_COLUMNS]
