@@ -31,6 +31,9 @@ import pandas as pd
 from .schema import TABLES
 from .storage import Database
 
+# The audit of withdrawals and deletions names withdrawn participants: it stays with the study
+# database (the researcher's record that a deletion was carried out), never in an export.
+NOT_EXPORTED = {"audit"}
 # Columns that hold what people wrote or read, and secrets: never in a de-identified export.
 CONTENT_COLUMNS = {"prompt_text", "content_text", "prompt_fingerprint", "content_fingerprint",
                    "error", "config_toml", "description"}
@@ -98,6 +101,8 @@ def export_tables(
     counts: dict[str, int] = {}
     for model in TABLES:
         table = model.__table__  # type: ignore[attr-defined]
+        if table.name in NOT_EXPORTED:
+            continue
         df = pd.read_sql_table(table.name, database.engine)
         df = df.drop(columns=[c for c in SECRET_COLUMNS if c in df.columns])
         if deidentify:
