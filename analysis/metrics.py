@@ -460,6 +460,12 @@ def task_table_from_frames(frames: StudyFrames) -> pd.DataFrame:
     imported = _float(t["time_s"]) if "time_s" in t.columns else np.full(n, np.nan)
     out["task_time_s"] = np.where(np.isfinite(observed), observed, imported) * scale
     out["status"] = t["status"].astype(object).to_numpy() if "status" in t.columns else None
+    # After review (schema 8): entered by the participant in real minutes, so not scaled.
+    out["post_review_s"] = _float(t["post_review_s"]) if "post_review_s" in t.columns \
+        else np.nan
+    out["outcome"] = t["outcome"].astype(object).to_numpy() if "outcome" in t.columns \
+        else None
+    out["link"] = t["link"].astype(object).to_numpy() if "link" in t.columns else None
     tid = pd.to_numeric(frames.cycles.get("task_id", pd.Series([], dtype=float)),
                         errors="coerce").dropna()
     counts = tid.astype(np.int64).value_counts()
