@@ -160,8 +160,10 @@ COMMANDS: dict[str, CommandSpec] = {
         "and team view, read live from the study database.",
         _ANALYSE),
     "export": CommandSpec(
-        "flowtrial.study.commands:export",
-        "Export every table as CSV or Parquet (keys and their hashes are never exported).",
+        "flowtrial.analysis.release_commands:export",
+        "Export every table as CSV or Parquet (keys and their hashes are never exported), or "
+        "with --release a de-identified data package of the analysis tables with its "
+        "codebook.",
         _ANALYSE),
 }
 

@@ -64,6 +64,11 @@ def _pseudo(value: object, salt: bytes) -> object:
     return "h_" + hmac.new(salt, str(value).encode(), hashlib.sha256).hexdigest()[:16]
 
 
+def pseudonym(value: object, salt: bytes) -> object:
+    """``h_`` + a keyed hash of ``value`` (None and NaN stay as they are)."""
+    return _pseudo(value, salt)
+
+
 def _deidentify_payload(raw: object, salt: bytes) -> object:
     if not isinstance(raw, str) or not raw:
         return None
