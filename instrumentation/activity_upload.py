@@ -169,9 +169,11 @@ def activity_routes(database: Database, config: StudyConfig,
         return json_response(200, {"held": await asyncio.to_thread(
             activity_summary, database, p.id)})
 
+    async def activity(request: Request) -> Response:
+        return await (held(request) if request.method == "GET" else upload(request))
+
     return [Route(POLICY_PATH, policy, methods=["GET"]),
-            Route(UPLOAD_PATH, upload, methods=["POST"]),
-            Route(UPLOAD_PATH, held, methods=["GET"])]
+            Route(UPLOAD_PATH, activity, methods=["GET", "POST"])]
 
 
 def activity_paths() -> dict[str, Any]:
