@@ -326,7 +326,7 @@ def tab_category(data: Mapping[str, Any]) -> str:
     return str(cat) if isinstance(cat, str) and cat else "browser"
 
 
-def tab_working_host(data: Mapping[str, Any], working: set[str]) -> str | None:
+def tab_working_host(data: Mapping[str, Any], working: frozenset[str]) -> str | None:
     """The working host a tab shows (e.g. the assistant's web UI), else None."""
     if "url" in data:
         return host_is_working(data.get("url"), working)

@@ -54,7 +54,7 @@ def _host_hash(host: str) -> str:
 
 
 def _filter_data(btype: str, data: Mapping[str, Any], keep_titles: bool,
-                 working: set[str]) -> dict[str, Any]:
+                 working: frozenset[str]) -> dict[str, Any]:
     if btype == "currentwindow":
         out = {"app": data.get("app")}
         if keep_titles and isinstance(data.get("title"), str):

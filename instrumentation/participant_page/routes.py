@@ -220,7 +220,7 @@ def participant_routes(database: Database, config: StudyConfig, *,
         token = signer.issue(p.id, p.key_id)
         sess = signer.verify(token)
         assert sess is not None
-        ctx = {"csrf": signer.csrf(sess), "participant": p.id}
+        ctx: dict[str, Any] = {"csrf": signer.csrf(sess), "participant": p.id}
         if p.withdrawn_at is not None:
             return render("login.html", 403, error="You have withdrawn from this study: "
                           "this key no longer works.", message=None)
