@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +26,14 @@ from flowtrial.instrumentation.participant_page import PREFIX
 from flowtrial.instrumentation.proxy import create_proxy_app
 from flowtrial.study.export import export_tables
 from flowtrial.study.participation import give_consent, withdraw
-from tests.capture.conftest import T0, T0_NS, AwServer, aw_bucket
+from flowtrial.study.questionnaire import instruments_for
+from tests.capture.conftest import T0_NS, AwServer, aw_bucket
 from tests.capture.test_activitywatch import EXPECTED, seeded  # noqa: F401 - a fixture
 from tests.instrumentation.servers import run_asgi_server
 
 NS = 1_000_000_000
+# Consent, uploads, withdrawal and deletion write and read the study database: both backends.
+pytestmark = pytest.mark.both_backends
 MODEL = "flowtrial-sim-1"
 CONSENT = {"consent": {"version": "2026-11-v1",
                        "text": "We record the timing of your assistant's answers.\n\n"
@@ -151,6 +153,31 @@ def test_walk_through(make_study: Any, seeded: AwServer, tmp_path: Path) -> None
         assert study.rows("SELECT count(*) FROM cycles WHERE participant_id <> 'p01'"
                           )[0][0] == 0
 
+        # 3b. A task on the page: its link at the end, then the outcome after review.
+        r = page.post(f"{PREFIX}/tasks", data={"csrf": _csrf(page.get(f"{PREFIX}/").text),
+                                                "name": "Issue 7: retries"})
+        task_url = r.headers["location"].split("?")[0]
+        csrf = _csrf(page.get(task_url).text)
+        assert page.post(task_url + "/forecast", data={"csrf": csrf, "fast_min": "30",
+                                                        "slow_min": "45"}).status_code == 303
+        assert page.post(task_url + "/start", data={"csrf": csrf}).status_code == 303
+        assert page.post(task_url + "/end", data={
+            "csrf": csrf, "status": "done",
+            "link": "https://github.com/acme/app/pull/7"}).status_code == 303
+        answers = {f"{ins.name}.{item.id}": str(ins.points[0])
+                   for ins in instruments_for(study.config) for item in ins.items}
+        assert page.post(task_url + "/questionnaire",
+                         data={"csrf": csrf, **answers}).status_code == 303
+        assert 'id="review"' in page.get(task_url).text
+        r = page.post(task_url + "/review", data={"csrf": csrf, "post_review_min": "25",
+                                                   "outcome": "failed_review", "link": ""})
+        assert r.status_code == 303
+        assert "25.0 min, failed review" in page.get(task_url).text
+        (link, post_review, outcome), = study.rows(
+            "SELECT link, post_review_s, outcome FROM tasks WHERE participant_id='p01'")
+        assert (link, post_review, outcome) == ("https://github.com/acme/app/pull/7", 1500.0,
+                                                "failed_review")
+
         # 4a. A standard export uploaded on the page: titles and URLs do not get in.
         export = _standard_export(tmp_path / "aw-export.json")
         r = page.post(f"{PREFIX}/activity", files={"export": ("aw-export.json",
@@ -158,7 +185,7 @@ def test_walk_through(make_study: Any, seeded: AwServer, tmp_path: Path) -> None
                       data={"csrf": _csrf(page.get(f"{PREFIX}/activity").text)})
         assert r.status_code == 200, r.text
         assert re.search(r'id="new">3<', r.text)
-        assert _count(study, "events") == 3
+        assert _count(study, "events") == 3 + 4  # + the page's task events
         # 4b. A Research Edition export through the API, twice: the second adds nothing.
         auth = {"authorization": f"Bearer {key}"}
         first = httpx.post(url + "/flowtrial/v1/activitywatch", json=_research_export(),
@@ -166,7 +193,7 @@ def test_walk_through(make_study: Any, seeded: AwServer, tmp_path: Path) -> None
         again = httpx.post(url + "/flowtrial/v1/activitywatch", json=_research_export(),
                            headers=auth).json()
         assert first["new"] == 5 and again["new"] == 0 and again["received"] == 5
-        assert _count(study, "events") == 8
+        assert _count(study, "events") == 8 + 4
         # 4c. The sync command against a real aw-server, filtered on "this machine".
         policy = httpx.get(url + "/flowtrial/v1/capture-policy", headers=auth).json()
         assert policy["keep_titles"] is False
@@ -186,7 +213,9 @@ def test_walk_through(make_study: Any, seeded: AwServer, tmp_path: Path) -> None
         assert timeline == EXPECTED
         _no_content(study)
         held = httpx.get(url + "/flowtrial/v1/activitywatch", headers=auth).json()["held"]
-        assert held["events"] == _count(study, "events") == 8 + len(EXPECTED)
+        assert held["events"] == 8 + len(EXPECTED) == study.rows(
+            "SELECT count(*) FROM events WHERE participant_id='p01' AND source='activitywatch'"
+        )[0][0]
         assert f'id="held-events">{held["events"]}<' in page.get(f"{PREFIX}/activity").text
 
         # 5. Another participant withdrawn from another process (the CLI): refused within
@@ -214,10 +243,11 @@ def test_walk_through(make_study: Any, seeded: AwServer, tmp_path: Path) -> None
     assert [(a, p) for a, p, _ in audit] == [("withdraw", "p02"), ("withdraw", "p01"),
                                              ("delete", "p01")]
     counts = json.loads(audit[-1][2])["rows"]
-    assert counts["cycles"] == 4 and counts["events"] == 8 + len(EXPECTED)
+    # Events: the uploads, and the page's task start/end, forecast and questionnaire.
+    assert counts["cycles"] == 4 and counts["events"] == 8 + len(EXPECTED) + 4
+    assert counts["tasks"] == 1 and counts["questionnaire_answers"] > 0
     assert "prompt" not in audit[-1][2] and "Code" not in audit[-1][2]
     files = export_tables(study.database, tmp_path / "export")
     assert files["participants"] == 1
     for f in (tmp_path / "export").glob("*.csv"):
         assert "p01" not in f.read_text(encoding="utf-8"), f.name
-    assert T0 + timedelta(0) == T0  # the fixed timeline of the aw fixtures
