@@ -27,6 +27,7 @@ from flowtrial.study.storage import Database
 __all__ = ["WATCH_S", "Authenticator", "ParticipantInfo", "key_from_headers"]
 
 WATCH_S = 1.0
+WITHDRAWN = Standing(False, "participant_withdrawn")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,23 +55,32 @@ class Authenticator:
         self.config = config
         self._cache: dict[str, ParticipantInfo] = {}
         self._blocked: dict[str, Standing] = {}  # participant id -> why not recorded
+        # Withdrawal is final, and a deleted participant has no row left to say so.
+        self._withdrawn: set[str] = set()
         self._refused: dict[str, int] = {}  # pre-consent refusals not yet written
 
     def refusal(self, pid: str) -> Standing | None:
         """Why the proxy must not serve ``pid`` now (None: serve and record). No I/O."""
+        if pid in self._withdrawn:
+            return WITHDRAWN
         s = self._blocked.get(pid)
         if s is not None and s.code == "consent_required":
             self._refused[pid] = self._refused.get(pid, 0) + 1
         return s
 
+    def withdrawn(self, pid: str) -> bool:
+        """Whether ``pid`` withdrew (their answer in flight is then not recorded). No I/O."""
+        return pid in self._withdrawn
+
     def note(self, pid: str, now: Standing) -> None:
         """Take a change of standing made in this process (the participant page) at once."""
         if now.may_record:
             self._blocked.pop(pid, None)
+        elif now.code == "participant_withdrawn":
+            self._withdrawn.add(pid)
+            self._cache = {k: v for k, v in self._cache.items() if v.id != pid}
         else:
             self._blocked[pid] = now
-            if now.code == "participant_withdrawn":
-                self._cache = {k: v for k, v in self._cache.items() if v.id != pid}
 
     def refresh(self) -> None:
         """Re-read who may not be recorded and write the refusal counts (blocking: run it in
@@ -80,6 +90,7 @@ class Authenticator:
         counts, self._refused = self._refused, {}
         add_refusals(self.database, counts)
         codes = not_recording(self.database, self.config)
+        self._withdrawn.update(p for p, c in codes.items() if c == WITHDRAWN.code)
         self._blocked = {pid: Standing(False, code) for pid, code in codes.items()}
         # A deleted participant's key must stop working too.
         cached = {v.id for v in self._cache.values()}

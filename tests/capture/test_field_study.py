@@ -251,3 +251,27 @@ def test_walk_through(make_study: Any, seeded: AwServer, tmp_path: Path) -> None
     assert files["participants"] == 1
     for f in (tmp_path / "export").glob("*.csv"):
         assert "p01" not in f.read_text(encoding="utf-8"), f.name
+
+
+def test_an_answer_in_flight_at_withdrawal_is_not_recorded(make_study: Any) -> None:
+    slow = {"arms": [{"name": "team", "ttft_ms": 100, "tokens_per_second": 40}],
+            "upstream": {"mock": {"answer_tokens": 60}}}
+    study = make_study(slow, participants=("p01",))
+    key = study.keys["p01"]
+    app = create_proxy_app(study.database, study.config)
+    with run_asgi_server(app) as url:
+        page = httpx.Client(base_url=url, timeout=10, follow_redirects=False)
+        assert page.post(f"{PREFIX}/login", data={"key": key}).status_code == 303
+        csrf = _csrf(page.get(f"{PREFIX}/").text)
+        c = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+        stream = c.chat.completions.create(model=MODEL, stream=True, messages=[
+            {"role": "user", "content": "a long answer please"}])
+        got = [next(iter(stream))]  # the answer is under way (about 1.5 s in all)
+        r = page.post(f"{PREFIX}/withdraw", data={"csrf": csrf, "delete": "yes"})
+        assert r.status_code == 200
+        got += list(stream)
+        assert len(got) > 10
+        time.sleep(0.3)
+    for table in TABLES_WITH_PARTICIPANT:
+        assert _count(study, table) == 0, table
+    assert study.rows("SELECT count(*) FROM cycles")[0][0] == 0
