@@ -123,8 +123,13 @@ def test_walk_through(make_study: Any, seeded: AwServer, tmp_path: Path) -> None
         r = httpx.post(url + "/flowtrial/v1/activitywatch", json=_research_export(),
                        headers={"authorization": f"Bearer {key}"})
         assert r.status_code == 403
+        # Every other way in refuses too: events, Continue's destination, OTLP telemetry.
+        for path in ("/flowtrial/v1/events", "/flowtrial/v1/continue",
+                     "/flowtrial/otlp/v1/logs"):
+            r = httpx.post(url + path, json={}, headers={"authorization": f"Bearer {key}"})
+            assert r.status_code == 403, (path, r.text)
         _wait(lambda: study.rows("SELECT refused_requests FROM participants WHERE id='p01'"
-                                 )[0][0] >= 2, "the refusal count")
+                                 )[0][0] >= 6, "the refusal count")
         for table in ("cycles", "turns", "events", "tasks"):
             assert _count(study, table) == 0, table
 
