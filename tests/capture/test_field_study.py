@@ -16,7 +16,9 @@ import anthropic
 import httpx
 import openai
 import pytest
+import websockets
 from typer.testing import CliRunner
+from websockets.sync.client import connect as ws_connect
 
 from flowtrial.cli import app as cli_app
 from flowtrial.instrumentation.activitywatch import AFK, WEB, WINDOW
@@ -123,6 +125,11 @@ def test_walk_through(make_study: Any, seeded: AwServer, tmp_path: Path) -> None
         r = httpx.post(url + "/flowtrial/v1/activitywatch", json=_research_export(),
                        headers={"authorization": f"Bearer {key}"})
         assert r.status_code == 403
+        with pytest.raises(websockets.InvalidStatus) as ws:  # the Responses WebSocket mode
+            ws_connect(url.replace("http://", "ws://") + "/v1/responses",
+                       additional_headers={"Authorization": f"Bearer {key}"})
+        assert ws.value.response.status_code == 403
+        assert json.loads(ws.value.response.body)["error"]["code"] == "consent_required"
         # Every other way in refuses too: events, Continue's destination, OTLP telemetry.
         for path in ("/flowtrial/v1/events", "/flowtrial/v1/continue",
                      "/flowtrial/otlp/v1/logs"):
