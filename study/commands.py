@@ -123,6 +123,10 @@ def status(
         f"time_scale={st.time_scale:g}  participants={st.participants}  tasks={st.tasks}  "
         f"events={st.events}"
     )
+    if st.withdrawn or st.awaiting_consent or st.refused_requests:
+        console.print(f"participation: withdrawn={st.withdrawn}  awaiting consent="
+                      f"{st.awaiting_consent}  requests refused before consent="
+                      f"{st.refused_requests}")
     t = Table(title="Arms")
     t.add_column("arm")
     t.add_column("assigned", justify="right")

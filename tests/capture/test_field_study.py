@@ -29,6 +29,7 @@ from flowtrial.instrumentation.proxy import create_proxy_app
 from flowtrial.study.export import export_tables
 from flowtrial.study.participation import give_consent, withdraw
 from flowtrial.study.questionnaire import instruments_for
+from flowtrial.study.status import study_status
 from tests.capture.conftest import T0_NS, AwServer, aw_bucket
 from tests.capture.test_activitywatch import EXPECTED, seeded  # noqa: F401 - a fixture
 from tests.instrumentation.servers import run_asgi_server
@@ -139,6 +140,8 @@ def test_walk_through(make_study: Any, seeded: AwServer, tmp_path: Path) -> None
                                  )[0][0] >= 6, "the refusal count")
         for table in ("cycles", "turns", "events", "tasks"):
             assert _count(study, table) == 0, table
+        st = study_status(study.database)
+        assert st.awaiting_consent == 2 and st.refused_requests >= 6 and st.withdrawn == 0
 
         # 2. Consent on the page, then "connect your assistant" with the key filled in.
         page = httpx.Client(base_url=url, timeout=10, follow_redirects=False)

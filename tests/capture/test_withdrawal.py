@@ -64,6 +64,9 @@ def test_withdraw_then_delete(make_study: Any, tmp_path: Path) -> None:
     assert withdraw(study.database, "p01") == {}
     assert study.rows("SELECT withdrawn_at FROM participants WHERE id='p01'")[0][0] is not None
     assert _holding(study, "p01")["cycles"] == 3
+    status = CliRunner().invoke(app, ["status", "--db", str(study.db), "--json"])
+    assert status.exit_code == 0, status.output
+    assert json.loads(status.output)["withdrawn"] == 1
     out = CliRunner().invoke(app, ["withdraw", "--db", str(study.db), "--participant", "p01",
                                    "--delete"])
     assert out.exit_code == 0, out.output
