@@ -158,6 +158,15 @@ def test_walk_through(make_study: Any, seeded: AwServer, tmp_path: Path) -> None
         assert codex_toml.text.replace('"', "&#34;") in r.text  # the page shows it escaped
         assert f"export ANTHROPIC_API_KEY={key}" in r.text
 
+        # Later visits: a placeholder, or the key filled in when pasted again (only theirs).
+        later = page.get(f"{PREFIX}/connect").text
+        assert "ft_your_participant_key" in later and key not in later
+        bad = page.post(f"{PREFIX}/connect", data={"csrf": _csrf(later),
+                                                    "key": study.keys["p02"]})
+        assert bad.status_code == 401 and study.keys["p02"] not in bad.text
+        good = page.post(f"{PREFIX}/connect", data={"csrf": _csrf(later), "key": key})
+        assert good.status_code == 200 and f"export FLOWTRIAL_API_KEY={key}" in good.text
+
         # 3. A few prompts through the official SDKs: recorded now.
         for i in range(3):
             assert _chat(url, key, f"prompt {i}").strip()
