@@ -104,3 +104,23 @@ def test_policy_filter_keeps_titles_only_when_content_is_kept() -> None:
         {"category": "chat", "working_host": "claude.ai"}, {"category": "mail"}]
     kept = filter_export(buckets, {**policy, "keep_titles": True})
     assert "payroll.xlsx" in str(kept)
+
+
+def test_sync_needs_only_the_core_install(tmp_path: Any) -> None:
+    """The participant-side command runs with none of the extras importable (no web stack,
+    no aw-client): here it reaches no proxy and says so on one line, exit 2."""
+    import subprocess
+    import sys
+
+    blocked = ("starlette", "uvicorn", "httpx", "jinja2", "aw_client", "requests",
+               "statsmodels", "orjson", "websockets")
+    code = ("import sys\n"
+            f"for m in {blocked!r}: sys.modules[m] = None\n"
+            "sys.argv = ['flowtrial', 'sync-activitywatch', '--proxy', 'http://127.0.0.1:9',"
+            " '--key', 'ft_x_y', '--aw', 'http://127.0.0.1:9']\n"
+            "from flowtrial.cli import main\nmain()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot reach http://127.0.0.1:9/flowtrial/v1/capture-policy" in proc.stderr
+    assert "Traceback" not in proc.stderr
