@@ -53,7 +53,9 @@ open_ended             True where cycle_time_s is NaN for that reason
 
 ``task_table`` columns: task_id, participant_id, name, arm, period, forecast_fast_s,
 forecast_slow_s, started_at, ended_at, task_time_s (ended − started, else the imported
-``time_s``; both × time_scale), status, n_cycles.
+``time_s``; both × time_scale), status, post_review_s (implementation time after review, as
+entered: not scaled), outcome (done / abandoned / failed_review), link (pull request or
+issue), n_cycles.
 
 Both functions read with ``pandas.read_sql`` and are vectorized; the switch join uses
 ``merge_asof`` (100,000 cycles in a few seconds). The ``*_from_frames`` variants do the same
