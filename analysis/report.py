@@ -33,7 +33,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import AnalysisInputError
+from flowtrial.study.provenance import provenance
+
+from . import AnalysisInputError, task_outcomes
 from . import report_figures as figs
 from .agent_telemetry import agent_section, read_agent_events
 from .metrics import (
@@ -312,6 +314,7 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
             "idle_limit_s": frames.idle_limit_s,
             "median_response_tokens": median_tokens,
             **_wait_unit(cycles),
+            **provenance(config),
         },
         "wait_measure": PRIMARY_WAIT,
         "wait_measure_label": WAIT_MEASURES[PRIMARY_WAIT],
@@ -320,6 +323,8 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
     results["checks"] = checks_section(config, frames, cycles, tasks)
     say("checks done")
     results["task_effect"] = task_effect_section(config, tasks, median_tokens or 300.0)
+    results["task_post_review"] = task_outcomes.post_review_section(
+        config, tasks, median_tokens or 300.0)
     say("task-time effect done")
 
     reading = float(frames.reading_tps)

@@ -61,6 +61,17 @@ COMMANDS: dict[str, CommandSpec] = {
         "Enroll a participant: assigns arms and prints their API key once (only a hash is "
         "kept).",
         _STUDY),
+    "withdraw": CommandSpec(
+        "flowtrial.study.commands:withdraw",
+        "Withdraw a participant: the proxy stops recording them at once (within a second); "
+        "with --delete every row of theirs is deleted, leaving one audit line with row "
+        "counts.",
+        _STUDY),
+    "onboard": CommandSpec(
+        "flowtrial.instrumentation.field_commands:onboard",
+        "Print a participant's ready-to-paste settings for one assistant (the same the "
+        "participant page shows), with their key filled in when it is in $FLOWTRIAL_KEY.",
+        _STUDY),
     "status": CommandSpec(
         "flowtrial.study.commands:status",
         "Show enrollment, assignments and cycles per arm, and the sample-ratio-mismatch "
@@ -89,6 +100,12 @@ COMMANDS: dict[str, CommandSpec] = {
         "flowtrial.instrumentation.capture_commands:import_activitywatch",
         "Import a participant's ActivityWatch window, AFK, editor and browser data as focus "
         "events (idempotent: importing the same data twice adds nothing).",
+        _CAPTURE),
+    "sync-activitywatch": CommandSpec(
+        "flowtrial.instrumentation.field_commands:sync_activitywatch",
+        "Send your ActivityWatch data to the study: only what its capture policy allows, "
+        "filtered on this machine (no window titles or web addresses unless the study keeps "
+        "content).",
         _CAPTURE),
     "import-otel": CommandSpec(
         "flowtrial.instrumentation.capture_commands:import_otel",
@@ -143,8 +160,10 @@ COMMANDS: dict[str, CommandSpec] = {
         "and team view, read live from the study database.",
         _ANALYSE),
     "export": CommandSpec(
-        "flowtrial.study.commands:export",
-        "Export every table as CSV or Parquet (keys and their hashes are never exported).",
+        "flowtrial.analysis.release_commands:export",
+        "Export every table as CSV or Parquet (keys and their hashes are never exported), or "
+        "with --release a de-identified data package of the analysis tables with its "
+        "codebook.",
         _ANALYSE),
 }
 

@@ -1,4 +1,4 @@
-"""The study's own commands: init, validate, enroll, status, export, migrate, turns.
+"""The study's own commands: init, validate, enroll, status, export, withdraw, migrate, turns.
 
 Kept light at import time: each command imports what it needs inside its body, so that
 ``flowtrial CMD --help`` stays fast.
@@ -68,7 +68,9 @@ def enroll(
     db: DbOpt,
     participant: Annotated[str, typer.Option("--participant", help="Pseudonymous id, e.g. p01.")],
     consent_at: Annotated[
-        str | None, typer.Option("--consent-at", help="ISO time consent was given (default now).")
+        str | None, typer.Option("--consent-at", help=(
+            "ISO time consent was given (default now; with a [consent] text: given on the "
+            "participant page)."))
     ] = None,
 ) -> None:
     """Enroll a participant: assigns arms and prints their API key once (only a hash is kept)."""
@@ -121,6 +123,10 @@ def status(
         f"time_scale={st.time_scale:g}  participants={st.participants}  tasks={st.tasks}  "
         f"events={st.events}"
     )
+    if st.withdrawn or st.awaiting_consent or st.refused_requests:
+        console.print(f"participation: withdrawn={st.withdrawn}  awaiting consent="
+                      f"{st.awaiting_consent}  requests refused before consent="
+                      f"{st.refused_requests}")
     t = Table(title="Arms")
     t.add_column("arm")
     t.add_column("assigned", justify="right")
@@ -165,6 +171,31 @@ def export(
     for name, n in counts.items():
         t.add_row(name, str(n))
     console.print(t)
+
+
+def withdraw(
+    db: DbOpt,
+    participant: Annotated[str, typer.Option("--participant", help="The participant's id.")],
+    delete: Annotated[bool, typer.Option(
+        "--delete", help="Also delete every row of theirs in every table (one transaction).")
+    ] = False,
+) -> None:
+    """Withdraw a participant: the proxy stops recording them at once (within a second);
+    with --delete every row of theirs is deleted, leaving one audit line with row counts."""
+    from .participation import withdraw as do_withdraw
+    from .storage import open_db
+
+    database = open_db(db)
+    try:
+        counts = do_withdraw(database, participant, delete_data=delete)
+    finally:
+        database.dispose()
+    console.print(escape(f"{participant}: withdrawn; nothing more is recorded."),
+                  highlight=False)
+    if delete:
+        rows = ", ".join(f"{t} {n}" for t, n in sorted(counts.items())) or "none"
+        console.print(escape(f"Deleted {sum(counts.values())} rows ({rows})."),
+                      highlight=False, soft_wrap=True)
 
 
 def migrate(db: DbOpt) -> None:

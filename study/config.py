@@ -272,6 +272,17 @@ class ProxySection(_Strict):
     # The *name* of the variable holding the admin token (GET /flowtrial/v1/admin/...);
     # unset variable = admin endpoints disabled. Never the token itself.
     admin_token_env: str = "FLOWTRIAL_ADMIN_TOKEN"
+    # The address participants reach the proxy at (behind TLS or a tunnel), used in the
+    # settings the participant page and `flowtrial onboard` print; default http://host:port.
+    public_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
+
+    @property
+    def base_url(self) -> str:
+        """Where participants' assistants reach the proxy (no trailing slash)."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
 
     @model_validator(mode="after")
     def _inbox_holds_a_message(self) -> ProxySection:
@@ -293,6 +304,14 @@ class ProxySection(_Strict):
         return name
 
 
+class ConsentSection(_Strict):
+    """A field study's consent (docs/researchers/field-study.md): until a participant agrees
+    to this text on the participant page, the proxy refuses their requests."""
+
+    version: str = Field(min_length=1, max_length=64)
+    text: str = Field(min_length=1)
+
+
 class StudyConfig(_Strict):
     """The whole study file."""
 
@@ -304,6 +323,7 @@ class StudyConfig(_Strict):
     analysis: AnalysisSection = AnalysisSection()
     proxy: ProxySection = ProxySection()
     questionnaire: QuestionnaireSection = QuestionnaireSection()
+    consent: ConsentSection | None = None
 
     @model_validator(mode="after")
     def _design(self) -> StudyConfig:
@@ -334,6 +354,12 @@ class StudyConfig(_Strict):
             if a.name == name:
                 return a
         raise KeyError(name)
+
+    def config_hash(self) -> str:
+        """SHA-256 of the whole validated study configuration (canonical JSON): names the
+        exact study a report, ``results.json`` or a release package came from."""
+        canon = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canon.encode()).hexdigest()
 
     def randomization_fingerprint(self) -> str:
         """Hash of the parts that fix who gets which latency; they must not change mid-study."""

@@ -57,7 +57,8 @@ def enroll(
             key_salt=k.salt,
             key_hash=k.key_hash,
             enrolled_index=index,
-            consent_at=consent_at or now,
+            # A study with a [consent] text asks for consent on the participant page.
+            consent_at=consent_at or (None if config.consent is not None else now),
             created_at=now,
             simulated=simulated,
             working_apps_json=json.dumps(working_apps) if working_apps else None,

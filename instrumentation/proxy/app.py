@@ -45,6 +45,7 @@ from .responses import (
     error,
     json_response,
     proxy_state,
+    refused,
     too_large,
     unauthorized,
     unavailable,
@@ -78,6 +79,9 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
         if participant is None:
             st.errors += 1
             return unauthorized(adapter)
+        if (standing := st.auth.refusal(participant.id)) is not None:
+            st.errors += 1
+            return refused(standing, adapter)
         try:
             body = await read_body(request, st.max_body_bytes)
         except BodyTooLarge:

@@ -13,6 +13,8 @@ here or beside its feature, and one entry in the root's list.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -27,7 +29,15 @@ from flowtrial.study.storage import Database
 from ..request_body import BodyTooLarge, read_body
 from .events_api import EventsRejected, accept_events
 from .openapi import admin_paths, continue_paths, document_paths, events_paths, openapi_routes
-from .responses import error, json_response, proxy_state, too_large, unauthorized, unavailable
+from .responses import (
+    error,
+    json_response,
+    proxy_state,
+    refused,
+    too_large,
+    unauthorized,
+    unavailable,
+)
 from .state import ProxyState
 
 log = logging.getLogger(__name__)
@@ -35,7 +45,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "AdminEndpoints", "AgentTelemetry", "AppContext", "ContinueDestination", "EventsApi",
     "Extension",
-    "OpenApiDocument", "ParticipantPage", "ProxyExtension", "builtin_extensions",
+    "OpenApiDocument", "ParticipantPage", "Participation", "ProxyExtension", "builtin_extensions",
 ]
 
 
@@ -101,6 +111,9 @@ async def _events(request: Request) -> Response:
     if participant is None:
         st.errors += 1
         return unauthorized()
+    if (standing := st.auth.refusal(participant.id)) is not None:
+        st.errors += 1
+        return refused(standing)
     try:
         body = await read_body(request, st.max_body_bytes)
         n = await accept_events(st, participant.id, body)
@@ -148,6 +161,37 @@ class ParticipantPage(Extension):
         from ..participant_page import participant_routes
 
         return participant_routes(ctx.database, ctx.config, secret=ctx.page_secret)
+
+
+class Participation(Extension):
+    """Keeps the proxy's view of who may be recorded current (consent, withdrawal) and writes
+    the pre-consent refusal counts (:meth:`.auth.Authenticator.watch`); the activity upload
+    endpoints (:mod:`..activity_upload`)."""
+
+    name = "participation"
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+
+    def routes(self, ctx: AppContext) -> list[BaseRoute]:
+        from ..activity_upload import activity_routes
+
+        return activity_routes(ctx.database, ctx.config)
+
+    def openapi(self) -> dict[str, Any]:
+        from ..activity_upload import activity_paths
+
+        return activity_paths()
+
+    async def startup(self, state: ProxyState) -> None:
+        self._task = asyncio.create_task(state.auth.watch())
+
+    async def shutdown(self, state: ProxyState) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await asyncio.to_thread(state.auth.refresh)  # the last refusal counts
 
 
 class AdminEndpoints(Extension):
@@ -200,7 +244,7 @@ def builtin_extensions() -> list[ProxyExtension]:
     receiver when the ``[telemetry]`` extra is installed (without it those paths are 404 and
     the proxy's log says why)."""
     shipped: list[ProxyExtension] = [EventsApi(), ContinueDestination(), ParticipantPage(),
-                                     AdminEndpoints(), OpenApiDocument()]
+                                     Participation(), AdminEndpoints(), OpenApiDocument()]
     if telemetry_available():
         shipped.append(AgentTelemetry())
     else:

@@ -51,7 +51,7 @@ class ProxyState:
         self.config = config
         self.writer = writer
         self.upstreams = upstreams
-        self.auth = Authenticator(database)
+        self.auth = Authenticator(database, config)
         self.arms = ArmResolver(database, config)
         self.recorder = Recorder(writer, config.capture.content, recorded_by=self.instance)
         self.keepalive_ns = int(config.proxy.keepalive_s * 1e9)

@@ -255,6 +255,14 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         else:
             await send({"type": "websocket.close", "code": 1008})
         return
+    if (standing := state.auth.refusal(participant.id)) is not None:
+        state.errors += 1
+        body = openai_error(standing.message, "permission_error", standing.code)
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await _deny(send, 403, body)
+        else:
+            await send({"type": "websocket.close", "code": 1008})
+        return
     await send({"type": "websocket.accept"})
     conn = _Connection(state, participant, send, forwardable_request_headers(headers),
                        key_from_headers(headers))

@@ -103,6 +103,8 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
                 return _status(401, code_pb2.UNAUTHENTICATED,
                                "missing or unknown flowtrial participant key: set the OTLP "
                                "headers to Authorization=Bearer ft_… (your own key)", as_json)
+            if st is not None and (standing := st.auth.refusal(participant.id)) is not None:
+                return _status(403, code_pb2.PERMISSION_DENIED, standing.message, as_json)
             try:
                 body = await read_body(request, limit)
                 message, as_json = decode_request(signal, body,

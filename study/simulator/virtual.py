@@ -346,6 +346,7 @@ def _tasks(params: SimParams, beh: Behaviour, pop: Population, targets: Targets,
         "status": "done",
         "time_s": None,
         "created_at": _to_datetimes(VIRTUAL_EPOCH_NS + raw_ns(start_real).reshape(-1)),
+        "link": None, "post_review_s": None, "outcome": "done",
     })[TASK_COLUMNS]
 
 
