@@ -87,6 +87,9 @@ def create_db_engine(db: str | Path, *, pooled: bool = False) -> Engine:
         raise StorageError(
             f"{display_url(url)}: unsupported database: use a SQLite file path or a "
             "postgresql://user@host/dbname URL")
+    from .extras import require
+
+    require("postgres", f"the database {display_url(url)}")
     # pre_ping: a connection the server dropped (restart, failover) is replaced, not used.
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
 
