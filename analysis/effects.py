@@ -370,11 +370,12 @@ def estimate_effect(
     se: dict[str, float | None] = {k_: None for k_ in SE_TYPES}
     p: dict[str, float | None] = {k_: None for k_ in SE_TYPES}
     for name, res in fits.items():
-        se[name] = float(np.asarray(res.bse)[1])
-        ci[name], p[name] = _row(beta, se[name])
+        se[name] = se_name = float(np.asarray(res.bse)[1])
+        ci[name], p[name] = _row(beta, se_name)
     if prep.groups is not None and n_clusters is not None:
-        se["cluster_cr2"] = _cr2_se(exog, np.asarray(fits["nonrobust"].resid), prep.groups)
-        ci["cluster_cr2"], p["cluster_cr2"] = _row_t(beta, se["cluster_cr2"], n_clusters - 1)
+        se["cluster_cr2"] = se_cr2 = _cr2_se(exog, np.asarray(fits["nonrobust"].resid),
+                                             prep.groups)
+        ci["cluster_cr2"], p["cluster_cr2"] = _row_t(beta, se_cr2, n_clusters - 1)
 
     mixed_row = _mixed(prep) if (mixed and prep.groups is not None) else None
     return EffectResult(

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -25,10 +24,14 @@ from typer.core import TyperCommand, TyperGroup
 
 from .study.errors import FlowtrialError
 
-try:  # typer >= 0.25 carries its own copy of click; its exceptions are the ones raised
-    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+try:  # typer >= 0.25 carries its own copy of click and does not install click itself: its
+    # classes are the ones typer builds, its exceptions the ones raised
+    from typer import _click as click
 except ImportError:  # pragma: no cover - older typer runs on click itself
-    from click.exceptions import NoArgsIsHelpError, UsageError
+    import click  # type: ignore[no-redef]
+
+NoArgsIsHelpError = click.exceptions.NoArgsIsHelpError
+UsageError = click.exceptions.UsageError
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,7 @@ def _hide_flag_types(params: list[click.Parameter]) -> list[click.Parameter]:
 def _parse_args(parse: object, ctx: click.Context, args: list[str]) -> list[str]:
     """Parse, making sure a usage error knows its command (the option parser's do not)."""
     try:
-        return parse(ctx, args)  # type: ignore[operator, no-any-return]
+        return parse(ctx, args)  # type: ignore[operator]
     except UsageError as exc:
         if exc.ctx is None:
             exc.ctx = ctx
@@ -263,9 +266,8 @@ class LazyGroup(TyperGroup):
         if spec is None:
             return None
         if self._listing:
-            stub = click.Command(cmd_name, help=spec.summary or None)
-            stub.rich_help_panel = spec.panel  # type: ignore[attr-defined]
-            return stub
+            return TyperCommand(cmd_name, help=spec.summary or None,
+                                rich_help_panel=spec.panel)
         return load_command(cmd_name)
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
@@ -277,7 +279,7 @@ class LazyGroup(TyperGroup):
     def make_context(self, info_name: str | None, args: list[str],
                      parent: click.Context | None = None, **extra: object) -> click.Context:
         try:
-            return super().make_context(info_name, args, parent, **extra)  # type: ignore[arg-type]
+            return super().make_context(info_name, args, parent, **extra)
         except NoArgsIsHelpError:
             raise
         except UsageError as exc:

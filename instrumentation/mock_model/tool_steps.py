@@ -61,7 +61,8 @@ def _tools(protocol: str, body: dict[str, Any]) -> list[tuple[str, dict[str, Any
 
 def _arguments(kind: str, schema: dict[str, Any]) -> dict[str, Any] | None:
     """Arguments for a lister or shell tool that fit its schema (None if they cannot)."""
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    raw = schema.get("properties")
+    props: dict[str, Any] = raw if isinstance(raw, dict) else {}
     required = [r for r in schema.get("required") or [] if isinstance(r, str)]
     args: dict[str, Any] = {}
     if kind == "shell":
