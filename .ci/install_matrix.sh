@@ -33,10 +33,13 @@ one() {  # one job: copy the tree, make the venv, install, smoke; its log in $ro
   { git -C "$repo" ls-files -z --cached --others --exclude-standard \
       | (cd "$repo" && tar --null -T - -cf -) | tar -xf - -C "$dir/src"
     "$python" -m venv "$dir/venv"
-    "$dir/venv/bin/python" -m pip install --quiet -e "$dir/src[${EXTRAS[$job]}]"
+    # --no-compile: modules compile when first imported (most of SciPy, pandas never are)
+    "$dir/venv/bin/python" -m pip install --quiet --no-compile -e "$dir/src[${EXTRAS[$job]}]"
+    echo "$((SECONDS - start))" >"$dir/installed_after"
     "$python" "$repo/.ci/install_smoke.py" "$job" "$dir/venv" "$dir/src"
   } >"$root/$job.log" 2>&1 && status=ok || status=FAILED
-  echo "install [$job] pip install -e '.[${EXTRAS[$job]}]': $status in $((SECONDS - start)) s"
+  echo "install [$job] pip install -e '.[${EXTRAS[$job]}]': $status in $((SECONDS - start)) s" \
+       "(installed after $(cat "$dir/installed_after" 2>/dev/null || echo '?') s)"
   if [ "$status" != ok ]; then tail -n 60 "$root/$job.log"; return 1; fi
 }
 export -f one

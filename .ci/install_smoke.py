@@ -35,7 +35,7 @@ class Job:
         self.bin, self.src, self.work = venv / "bin", src, work
         # The fresh install only: nothing of CI's environment leaks in.
         self.env = {"PATH": f"{self.bin}:/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8",
-                    "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "120"}
+                    "COLUMNS": "120"}
 
     def run(self, *args: str, timeout: float = 600, env: dict[str, str] | None = None,
             program: str = "flowtrial") -> str:
