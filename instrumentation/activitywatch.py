@@ -226,13 +226,12 @@ def load_server(url: str, since: datetime | None = None, until: datetime | None 
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ActivityWatchError(
             f"--server {url!r}: use the server's address, e.g. http://127.0.0.1:5600")
-    try:
-        from aw_client import ActivityWatchClient
-    except ImportError:
-        raise ActivityWatchError(
-            "reading from an ActivityWatch server needs the aw-client package: "
-            "pip install aw-client (or use --export FILE.json)") from None
+    from flowtrial.study.extras import require
+
+    require("activitywatch", "reading from an ActivityWatch server (--server; or use "
+            "--export FILE.json)")
     import requests
+    from aw_client import ActivityWatchClient
 
     try:
         client = ActivityWatchClient("flowtrial-import", host=parts.hostname,

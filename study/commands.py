@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -96,7 +96,7 @@ def enroll(
     print(key)
 
 
-def _assignment_text(design: str, assignments: list) -> str:  # type: ignore[type-arg]
+def _assignment_text(design: str, assignments: list[Any]) -> str:
     """What a participant was assigned, in the design's own words."""
     if design == "per_prompt" or not assignments:
         return "each prompt draws its own latency (per-prompt design)"

@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -165,7 +166,7 @@ class UpstreamSection(_Strict):
         if "kind" not in self.model_fields_set and (named or self.base_url is not None):
             # A study that names a real endpoint means it: never fall back to the simulated
             # model just because `kind` was left out.
-            self.kind = named[0] if named else "openai"
+            self.kind = "anthropic" if named and named[0] == "anthropic" else "openai"
         elif self.kind == "mock" and (named or self.base_url is not None):
             what = ", ".join(f"[upstream.{f}]" for f in named) or "base_url"
             raise ValueError(f'kind = "mock" (the built-in simulated model) would ignore '
@@ -385,7 +386,7 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _message(err: dict[str, Any]) -> str:
+def _message(err: Mapping[str, Any]) -> str:
     ctx = err.get("ctx") or {}
     kind = err["type"]
     if kind == "greater_than":

@@ -101,6 +101,10 @@ def export_tables(
     ``salt``: the pseudonym key of a de-identified export (default: a fresh random one, so
     pseudonyms differ between exports and cannot be recomputed from the data).
     """
+    if fmt == "parquet":
+        from .extras import require
+
+        require("parquet", "export --format parquet")
     out_dir.mkdir(parents=True, exist_ok=True)
     key = salt if salt is not None else secrets.token_bytes(32)
     counts: dict[str, int] = {}

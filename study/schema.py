@@ -20,7 +20,7 @@ from sqlmodel import Field, SQLModel
 SCHEMA_VERSION = 11
 
 
-def _big() -> Column:  # type: ignore[type-arg]
+def _big() -> Column:
     return Column(BigInteger, nullable=True)
 
 

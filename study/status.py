@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sqlalchemy import func, select
+from sqlmodel import col
 
 from .participants import PER_PROMPT_ARM
 from .randomization import SRMResult, srm_check
@@ -54,11 +55,12 @@ def study_status(database: Database) -> StudyStatus:
     with database.session() as s:
         n_part = s.execute(select(func.count()).select_from(Participant)).scalar_one()
         assign_rows = s.execute(
-            select(Assignment.arm, func.count()).where(Assignment.period == 0)
+            select(col(Assignment.arm), func.count()).where(col(Assignment.period) == 0)
             .group_by(Assignment.arm)
         ).all()
         cycle_rows = s.execute(
-            select(Cycle.arm, Cycle.status, func.count()).group_by(Cycle.arm, Cycle.status)
+            select(col(Cycle.arm), col(Cycle.status), func.count())
+            .group_by(Cycle.arm, Cycle.status)
         ).all()
         n_events = s.execute(select(func.count()).select_from(Event)).scalar_one()
         n_tasks = s.execute(select(func.count()).select_from(Task)).scalar_one()

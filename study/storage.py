@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, inspect, make_url, select, text
+from sqlalchemy import Engine, Insert, create_engine, event, inspect, make_url, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError
@@ -87,6 +87,9 @@ def create_db_engine(db: str | Path, *, pooled: bool = False) -> Engine:
         raise StorageError(
             f"{display_url(url)}: unsupported database: use a SQLite file path or a "
             "postgresql://user@host/dbname URL")
+    from .extras import require
+
+    require("postgres", f"the database {display_url(url)}")
     # pre_ping: a connection the server dropped (restart, failover) is replaced, not used.
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
 
@@ -176,7 +179,8 @@ def init_db(db: str | Path, config: StudyConfig, config_toml: str | None = None)
     database = open_db(db, must_exist=False)
     if _read_version(database.engine) is None:
         with database.engine.begin() as conn:
-            SQLModel.metadata.create_all(conn, tables=[t.__table__ for t in TABLES])
+            SQLModel.metadata.create_all(
+                conn, tables=[t.__table__ for t in TABLES])  # type: ignore[attr-defined]
             conn.execute(Meta.__table__.insert().values(  # type: ignore[attr-defined]
                 key="schema_version", value=str(SCHEMA_VERSION)))
             stamp_head(conn)
@@ -283,6 +287,7 @@ def insert_batch(conn: Any, b: WriteBatch) -> None:
         conn.execute(table.insert(), list(b.rows))
         return
     dialect = conn.dialect.name
+    stmt: Insert
     if dialect == "sqlite":
         stmt = sqlite_insert(table).on_conflict_do_nothing()
     elif dialect == "postgresql":

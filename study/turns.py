@@ -20,7 +20,7 @@ continuation), naming the rule ``inferred:…``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -109,7 +109,8 @@ class Call:
 
 def call_from_row(row: Any) -> Call:
     """A :class:`Call` from a ``cycles`` row (a mapping or an object with its columns)."""
-    g = row.get if isinstance(row, dict) else (lambda k, d=None: getattr(row, k, d))
+    g: Callable[..., Any] = (row.get if isinstance(row, dict)
+                             else (lambda k, d=None: getattr(row, k, d)))
     mono, wall = int(g("mono_anchor_ns") or 0), int(g("wall_anchor_ns") or 0)
     end = g("t_last_sent_ns")
     if end is None:
@@ -462,7 +463,7 @@ def latest_recorded_turn(database: Any, participant_id: str, conversation_key: s
             .order_by(c.started_at.desc(), c.id.desc()).limit(1)).scalar()
         if tid is None:
             return None, []
-        rows = conn.execute(select(Cycle.__table__).where(
+        rows = conn.execute(select(Cycle.__table__).where(  # type: ignore[attr-defined]
             c.participant_id == participant_id, c.turn_id == tid)).mappings().all()
     calls = [call_from_row(dict(r)) for r in rows]
     return tid, sorted(calls, key=lambda x: (x.t_request_ns + x.offset_ns, x.cycle_id))
@@ -475,14 +476,14 @@ def rebuild_turns(database: Any, rules: TurnRules | None = None) -> int:
     (:class:`TurnAssigner`), both written back; every turn row is then recomputed from its
     cycles (:func:`summarize_turn`), so the proxy's rows come out unchanged."""
     from sqlalchemy import delete, select, update
-    from sqlmodel import Session
+    from sqlmodel import Session, col
 
     from .schema import Cycle, Turn
     from .turn_revision import apply_revisions
 
     with Session(database.engine) as session:
         rows = session.exec(select(Cycle).order_by(  # type: ignore[call-overload]
-            Cycle.participant_id, Cycle.t_request_ns, Cycle.id)).scalars().all()
+            Cycle.participant_id, col(Cycle.t_request_ns), Cycle.id)).scalars().all()
         by_participant: dict[str, list[Call]] = {}
         cycles = {}
         for r in rows:
@@ -507,7 +508,7 @@ def rebuild_turns(database: Any, rules: TurnRules | None = None) -> int:
                         by_id[cid].turn_id = tid
             apply_revisions(calls, rules or TurnRules(), changes)
         for cid, values in changes.items():
-            session.execute(update(Cycle).where(Cycle.id == cid).values(**values))
+            session.execute(update(Cycle).where(col(Cycle.id) == cid).values(**values))
         groups: dict[str, list[Call]] = {}
         for calls in by_participant.values():
             for c in calls:

@@ -30,7 +30,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.storage import Database, RecordWriter
@@ -329,7 +329,8 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
                 await tuning.stop()  # after the drain: those streams are shaped too
 
     fast = {a.path: _protocol_endpoint(a) for a in ADAPTERS.values()}
-    routes = [Route(path, endpoint, methods=["POST"]) for path, endpoint in fast.items()]
+    routes: list[BaseRoute] = [Route(path, endpoint, methods=["POST"])
+                               for path, endpoint in fast.items()]
     routes += [
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,6 +25,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from flowtrial.study.config import StudyConfig
+from flowtrial.study.extras import install_hint
 from flowtrial.study.storage import Database
 
 from ..request_body import BodyTooLarge, read_body
@@ -232,11 +234,16 @@ class AgentTelemetry(Extension):
         return telemetry_routes(ctx.database, ctx.config)
 
 
-def telemetry_available() -> bool:
-    """Whether the ``[telemetry]`` extra (opentelemetry-proto) is installed."""
-    import importlib.util
+#: What the proxy says when the ``[telemetry]`` extra is missing (it serves on without it).
+TELEMETRY_OFF = (f"agent telemetry (OTLP) off: {install_hint('telemetry')} to receive it "
+                 "(docs/clients/telemetry.md)")
 
-    return importlib.util.find_spec("opentelemetry.proto") is not None
+
+def telemetry_available() -> bool:
+    """Whether the ``[telemetry]`` extra (opentelemetry-proto, protobuf) is installed."""
+    from flowtrial.study.extras import available
+
+    return available("telemetry")
 
 
 def builtin_extensions() -> list[ProxyExtension]:
@@ -248,5 +255,13 @@ def builtin_extensions() -> list[ProxyExtension]:
     if telemetry_available():
         shipped.append(AgentTelemetry())
     else:
-        log.info("agent telemetry (OTLP) off: pip install 'flowtrial[telemetry]' to receive it")
+        log.info(TELEMETRY_OFF)
     return shipped
+
+
+def telemetry_off_note(extensions: Sequence[ProxyExtension]) -> str | None:
+    """The line ``flowtrial proxy`` prints when it serves no OTLP receiver because the
+    ``[telemetry]`` extra is missing (None when it serves one, or left it out on purpose)."""
+    if any(e.name == AgentTelemetry.name for e in extensions) or telemetry_available():
+        return None
+    return TELEMETRY_OFF

@@ -51,7 +51,7 @@ def too_large(limit: int, adapter: ProtocolAdapter | None = None) -> Response:
 
 
 def proxy_state(request: Request) -> ProxyState:
-    return request.app.state.proxy  # type: ignore[no-any-return]
+    return request.app.state.proxy
 
 
 def unavailable(st: ProxyState, adapter: ProtocolAdapter | None = None) -> Response:
