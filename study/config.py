@@ -30,7 +30,12 @@ Design = Literal["parallel", "crossover", "per_prompt"]
 Unit = Literal["participant", "task", "session", "prompt"]
 Delivery = Literal["stream", "all_at_once"]
 ContentMode = Literal["none", "fingerprint", "full"]
-UpstreamKind = Literal["mock", "openai", "anthropic"]
+UpstreamKind = Literal["mock", "openai", "anthropic", "gemini"]
+#: Whose credential reaches a real upstream: the study's key (``api_key_env``) or each
+#: participant's own (pass-through: docs/operators/credentials.md).
+Credentials = Literal["study", "participant"]
+#: The API families a proxy forwards to, as ``[upstream.<family>]`` tables.
+FAMILIES = ("openai", "anthropic", "gemini")
 
 # Which randomization units make sense for each design.
 ALLOWED_UNITS: dict[str, tuple[str, ...]] = {
@@ -91,12 +96,24 @@ class StudySection(_Strict):
 
 class Endpoint(_Strict):
     base_url: str
-    api_key_env: str
+    api_key_env: str | None = None
+    credentials: Credentials = "study"
 
     @model_validator(mode="after")
     def _check(self) -> Endpoint:
         _check_endpoint(self.base_url, self.api_key_env)
+        _check_credentials(self.credentials, self.api_key_env)
         return self
+
+
+def _check_credentials(credentials: str, api_key_env: str | None) -> None:
+    if credentials == "study" and api_key_env is None:
+        raise ValueError('needs api_key_env (the name of the variable holding the study\'s '
+                         'key), or credentials = "participant" to forward each '
+                         "participant's own")
+    if credentials == "participant" and api_key_env is not None:
+        raise ValueError('credentials = "participant" forwards each participant\'s own '
+                         "credential: remove api_key_env (the study's key would never be sent)")
 
 
 def _check_endpoint(base_url: str | None, api_key_env: str | None) -> None:
@@ -150,11 +167,13 @@ class UpstreamSection(_Strict):
     # Messages to `anthropic` (issue: real agents speak different protocols).
     openai: Endpoint | None = None
     anthropic: Endpoint | None = None
+    gemini: Endpoint | None = None
+    credentials: Credentials = "study"  # for base_url (each [upstream.<family>] has its own)
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamSection:
         _check_endpoint(self.base_url, self.api_key_env)
-        named = [f for f in ("openai", "anthropic") if getattr(self, f) is not None]
+        named = [f for f in FAMILIES if getattr(self, f) is not None]
         if "kind" not in self.model_fields_set and (named or self.base_url is not None):
             # A study that names a real endpoint means it: never fall back to the simulated
             # model just because `kind` was left out.
@@ -170,9 +189,21 @@ class UpstreamSection(_Strict):
             side = getattr(self, self.kind)
             if self.base_url is None and side is None:
                 raise ValueError(f"kind {self.kind!r} needs base_url (and api_key_env)")
-            if self.base_url is not None and self.api_key_env is None:
-                raise ValueError(f"kind {self.kind!r} needs api_key_env (the variable's name)")
+            if self.base_url is not None:
+                try:
+                    _check_credentials(self.credentials, self.api_key_env)
+                except ValueError as exc:
+                    raise ValueError(f"kind {self.kind!r} {exc}") from None
         return self
+
+    def endpoints(self) -> dict[str, Endpoint]:
+        """Family -> the endpoint serving it (``base_url`` serves ``kind``)."""
+        out = {f: e for f in FAMILIES if (e := getattr(self, f)) is not None}
+        if self.kind != "mock" and self.base_url is not None and self.kind not in out:
+            out[self.kind] = Endpoint.model_construct(
+                base_url=self.base_url, api_key_env=self.api_key_env,
+                credentials=self.credentials)
+        return out
 
 
 class Range(_Strict):
@@ -479,7 +510,7 @@ def describe_study(config: StudyConfig) -> list[str]:
     up = config.upstream
     where = {"mock": "the built-in simulated model (no key, no network)"}.get(
         up.kind, up.base_url or "")
-    named = [f"[upstream.{f}] {getattr(up, f).base_url}" for f in ("openai", "anthropic")
+    named = [f"[upstream.{f}] {getattr(up, f).base_url}" for f in FAMILIES
              if getattr(up, f) is not None]
     lines.append(f"upstream: {up.kind}" + (f", {where}" if where else "")
                  + "".join(f"; {n}" for n in named))

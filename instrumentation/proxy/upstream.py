@@ -36,6 +36,9 @@ from flowtrial.study.config import StudyConfig
 from flowtrial.study.errors import FlowtrialError
 
 from .http1 import HeaderInjectionError, LeanTransport, request_head
+from .protocols import FAMILIES
+from .protocols.base import OPENAI, Family
+from .protocols.messages import ANTHROPIC_VERSION
 from .scrub import Scrubber
 
 __all__ = [
@@ -54,7 +57,6 @@ __all__ = [
 ]
 
 CYCLE_HEADER = "x-flowtrial-cycle-id"
-ANTHROPIC_VERSION = "2023-06-01"
 _TERMINAL_WS = {"response.completed", "response.incomplete", "response.failed", "error"}
 _TERMINAL_MARKS = tuple(f'"{t}"'.encode() for t in _TERMINAL_WS)
 
@@ -65,8 +67,8 @@ _HOP = {
 }
 # ``expect``: the proxy has the whole body before it calls the upstream, so a client's
 # ``100-continue`` has been answered already (RFC 9110 §10.1.1) and is not passed on.
-_REQUEST_DROP = _HOP | {"authorization", "x-api-key", "api-key", "accept-encoding", "cookie",
-                        "expect"}
+_REQUEST_DROP = _HOP | {"authorization", "x-api-key", "api-key", "x-goog-api-key",
+                        "accept-encoding", "cookie", "expect"}
 _RESPONSE_DROP = _HOP | {"content-encoding", "set-cookie", "date", "server", CYCLE_HEADER}
 
 
@@ -129,6 +131,7 @@ class Upstream:
     """Interface: one model endpoint the proxy forwards to."""
 
     name: str = "upstream"
+    credentials: str = "study"  # whose credential it is sent: "study" | "participant"
 
     async def start(self) -> None:
         """Open connections / clients (idempotent)."""
@@ -215,13 +218,18 @@ class HttpUpstream(Upstream):
     :mod:`flowtrial.instrumentation.proxy.http1` (benchmarks/bench_upstream_client.py: it
     against httpx's own client in one run)."""
 
-    def __init__(self, base_url: str, api_key_env: str | None, *, family: str = "openai",
-                 timeout_s: float = 600.0, connect_timeout_s: float = 10.0) -> None:
+    def __init__(self, base_url: str, api_key_env: str | None, *,
+                 family: Family | str = "openai", timeout_s: float = 600.0,
+                 connect_timeout_s: float = 10.0, credentials: str = "study",
+                 label: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key_env = api_key_env
-        self.family = family
+        self.family = FAMILIES[family] if isinstance(family, str) else family
+        #: "study": the key variable's value goes upstream; "participant": the client's own
+        #: credential does (pass-through, :func:`credential_headers`), never the study's.
+        self.credentials = credentials
         url = httpx.URL(self.base_url)
-        self.name = f"{family}:{url.host}"
+        self.name = label or f"{self.family.name}:{url.host}"
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._lean: LeanTransport | None = None
         # Where to connect, the Host header and the base path, once.
@@ -241,9 +249,7 @@ class HttpUpstream(Upstream):
             self._lean = None
 
     def url_for(self, path: str) -> str:
-        if self.family == "openai" and path.startswith("/v1/"):
-            path = path[3:]
-        return self.base_url + path
+        return self.base_url + self.family.upstream_path(path)
 
     def _key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
@@ -257,19 +263,17 @@ class HttpUpstream(Upstream):
         return cached[1]
 
     def _auth_headers(self) -> dict[str, str]:
-        if not self.api_key_env:
+        if not self.api_key_env or self.credentials == "participant":
             return {}
         key = self._key()
         if not key:
             raise UpstreamError(
                 502, f"the upstream key variable {self.api_key_env} is not set for the proxy"
             )
-        if self.family == "anthropic":
-            return {"x-api-key": key}
-        return {"authorization": f"Bearer {key}"}
+        return self.family.auth_headers(key)
 
     def open_socket(self, headers: dict[str, str]) -> UpstreamSocket:
-        if self.family != "openai":
+        if self.family is not OPENAI:
             return super().open_socket(headers)
         url = self.url_for("/v1/responses")
         url = "ws" + url[4:] if url.startswith("http") else url
@@ -277,8 +281,8 @@ class HttpUpstream(Upstream):
 
     def _request_headers(self, headers: dict[str, str]) -> dict[str, str]:
         req_headers = {**headers, **self._auth_headers(), "accept-encoding": "identity"}
-        if self.family == "anthropic":
-            req_headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+        for k, v in self.family.default_headers:
+            req_headers.setdefault(k, v)
         return req_headers
 
     async def request(self, method: str, path: str, headers: dict[str, str],
@@ -288,8 +292,7 @@ class HttpUpstream(Upstream):
         before the request leaves, all of it added TTFT."""
         await self.start()
         assert self._lean is not None
-        if self.family == "openai" and path.startswith("/v1/"):
-            path = path[3:]
+        path = self.family.upstream_path(path)
         try:
             # The base URL's own path (e.g. /v1) comes before the request's.
             head = request_head(method, self._base_path + path, self._host_header,
@@ -456,7 +459,7 @@ def missing_key_vars(config: StudyConfig) -> list[str]:
     up = config.upstream
     if up.kind == "mock":
         return []
-    names = [up.api_key_env] + [e.api_key_env for e in (up.openai, up.anthropic) if e]
+    names = [up.api_key_env] + [e.api_key_env for e in up.endpoints().values()]
     out: list[str] = []
     for name in names:
         if name and not os.environ.get(name) and name not in out:
@@ -478,19 +481,12 @@ class UpstreamRouter:
             mock = MockUpstream(tokens_per_second=m.tokens_per_second, ttft_ms=m.ttft_ms,
                                 seed=m.seed, tool_steps=up.tool_steps,
                                 answer_tokens=m.answer_range())
-            return cls({"openai": mock, "anthropic": mock})
-        fams: dict[str, Upstream] = {}
-        for family in ("openai", "anthropic"):
-            side = getattr(up, family)
-            if side is not None:
-                fams[family] = HttpUpstream(side.base_url, side.api_key_env, family=family,
-                                            timeout_s=up.timeout_s,
-                                            connect_timeout_s=up.connect_timeout_s)
-        if up.base_url is not None and up.kind not in fams:
-            fams[up.kind] = HttpUpstream(up.base_url, up.api_key_env, family=up.kind,
+            return cls(dict.fromkeys(FAMILIES, mock))
+        return cls({family: HttpUpstream(e.base_url, e.api_key_env, family=family,
                                          timeout_s=up.timeout_s,
-                                         connect_timeout_s=up.connect_timeout_s)
-        return cls(fams)
+                                         connect_timeout_s=up.connect_timeout_s,
+                                         credentials=e.credentials)
+                    for family, e in up.endpoints().items()})
 
     def for_family(self, family: str) -> Upstream | None:
         return self.by_family.get(family)
