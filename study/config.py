@@ -233,8 +233,40 @@ class PerPromptSection(_Strict):
     frame_ms: FrameMs = DEFAULT_FRAME_MS
 
 
+class NamedUpstream(_Strict):
+    """``[upstreams.NAME]``: an upstream an arm can name (``[[arms]] upstream = "NAME"``),
+    besides the study's default ``[upstream]``. A real one serves the protocols of its
+    ``kind`` (openai | anthropic | gemini); ``kind = "mock"`` is a simulated model of its own
+    speed (``[upstreams.NAME.mock]``) serving every protocol."""
+
+    kind: UpstreamKind
+    base_url: str | None = None
+    api_key_env: str | None = None
+    credentials: Credentials = "study"
+    mock: MockSettings = MockSettings()
+
+    @model_validator(mode="after")
+    def _check(self) -> NamedUpstream:
+        _check_endpoint(self.base_url, self.api_key_env)
+        if self.kind == "mock":
+            if self.base_url is not None or self.api_key_env is not None:
+                raise ValueError('kind = "mock" (a simulated model) takes no base_url or '
+                                 "api_key_env: remove them, or set kind to the API")
+            return self
+        if self.base_url is None:
+            raise ValueError(f"kind {self.kind!r} needs base_url")
+        _check_credentials(self.credentials, self.api_key_env)
+        return self
+
+
 class ArmConfig(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    #: A named upstream (``[upstreams.NAME]``) serving this arm; None: the default
+    #: ``[upstream]``.
+    upstream: str | None = Field(default=None, min_length=1)
+    #: The model this arm's requests are served by, replacing the one the client asked for
+    #: (recorded as ``cycles.served_model``); None: the client's own.
+    model: str | None = Field(default=None, min_length=1)
     ttft_ms: float | None = Field(default=None, ge=0)
     tokens_per_second: float | None = Field(default=None, gt=0)
     jitter: float = Field(default=0.0, ge=0)
@@ -322,6 +354,7 @@ class StudyConfig(_Strict):
 
     study: StudySection
     upstream: UpstreamSection = UpstreamSection()
+    upstreams: dict[str, NamedUpstream] = Field(default_factory=dict)
     per_prompt: PerPromptSection | None = None
     arms: list[ArmConfig] = Field(default_factory=list)
     capture: CaptureSection = CaptureSection()
@@ -336,6 +369,12 @@ class StudyConfig(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"arms: duplicate arm name {dupes[0]!r}: names must be unique")
+        for a in self.arms:
+            if a.upstream is not None and a.upstream not in self.upstreams:
+                known = ", ".join(sorted(self.upstreams)) or "none"
+                raise ValueError(f"arms: arm {a.name!r} names upstream {a.upstream!r}, which "
+                                 f"is not defined: add [upstreams.{a.upstream}] or fix the "
+                                 f"name (defined: {known})")
         if design == "per_prompt":
             pp = self.per_prompt
             if pp is None or (pp.ttft_ms is None and pp.tokens_per_second is None):
@@ -365,7 +404,9 @@ class StudyConfig(_Strict):
             "seed": self.study.seed,
             "design": self.study.design,
             "unit": self.study.unit,
-            "arms": [a.model_dump() for a in self.arms],
+            # Unset routing keys left out: studies from before they existed keep their hash.
+            "arms": [{k: v for k, v in a.model_dump().items()
+                      if v is not None or k not in ("upstream", "model")} for a in self.arms],
             "per_prompt": self.per_prompt.model_dump() if self.per_prompt else None,
         }
         return hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:16]
@@ -504,7 +545,9 @@ def describe_study(config: StudyConfig) -> list[str]:
                                f"{a.tokens_per_second:g}" if a.tokens_per_second else
                                "upstream's own", a.delivery, a.jitter)
             weight = f", weight {a.weight:g}" if a.weight != 1 else ""
-            lines.append(f"arm {a.name}: {desc}{weight}")
+            route = "".join([f", upstream {a.upstream}" if a.upstream else "",
+                             f", model {a.model}" if a.model else ""])
+            lines.append(f"arm {a.name}: {desc}{weight}{route}")
         if s.design == "crossover":
             lines.append(f"periods: {s.periods or len(config.arms)}")
     up = config.upstream

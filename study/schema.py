@@ -17,7 +17,7 @@ from sqlalchemy import BigInteger, Column, Index, MetaData, Text, UniqueConstrai
 from sqlmodel import Field, SQLModel
 
 #: Bumped with every Alembic revision in ``study/migrations/versions`` (revision ``000N``).
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def _big() -> Column:  # type: ignore[type-arg]
@@ -184,6 +184,9 @@ class Cycle(SQLModel, table=True):
     #: The upstream's first output (text or a tool call) reached the proxy (schema 6);
     #: ``t_upstream_first_ns`` is its first bytes, often a structure event before any output.
     t_upstream_first_output_ns: int | None = Field(default=None, sa_column=_big())
+    #: The model the upstream was asked for when the cycle's arm replaced the client's
+    #: ``model`` (schema 7, ``[[arms]] model``); NULL: the client's own (``model``) was served.
+    served_model: str | None = None
 
 
 class Turn(SQLModel, table=True):

@@ -217,19 +217,24 @@ class Exchange:
             st.errors += 1
             await self._send_whole(403, adapter.error_body(str(exc), code="no_assignment"))
             return
-        upstream = st.upstreams.for_family(adapter.family.name)
+        route = st.upstreams.route(rec.arm, adapter.family.name)
+        upstream = route.upstream
         if upstream is None:
             await self._fail(501, f"this proxy has no upstream for the {adapter.name} protocol: "
-                                  f"add [upstream.{adapter.family.name}] to the study file",
-                             "upstream_error", "no_upstream")
+                                  f"{route.why}", "upstream_error", "no_upstream")
             return
         rec.upstream = upstream.name
+        path, body = self.path, self.body
+        if route.model is not None and route.model != self.info.model:
+            # The arm's model replaces the client's (a JSON body re-written, or the URL).
+            rec.served_model = route.model
+            path, body = adapter.with_model(path, body, route.model)
         headers = forwardable_request_headers(self.headers)
         if upstream.credentials == "participant":
             headers.update(self._own_credential())
         headers[CYCLE_HEADER] = rec.id
         try:
-            reply = await upstream.request("POST", self.path, headers, self.body)
+            reply = await upstream.request("POST", path, headers, body)
         except UpstreamError as exc:
             code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
             await self._fail(exc.status, exc.message, "upstream_error", code)

@@ -35,7 +35,8 @@ _ESCAPED_BYTES = re.compile(_ESCAPED_STRING.pattern.encode())
 def upstream_key_values(config: StudyConfig) -> list[str]:
     """The current values of every upstream key variable the study names (any side)."""
     up = config.upstream
-    names = [up.api_key_env] + [e.api_key_env for e in up.endpoints().values()]
+    names = [up.api_key_env] + [e.api_key_env for e in up.endpoints().values()] + [
+        u.api_key_env for u in config.upstreams.values()]
     return [v for n in names if n and (v := os.environ.get(n))]
 
 

@@ -407,6 +407,13 @@ class ProtocolAdapter:
         """The path (and query) the upstream is asked, for the client's ``path``."""
         return path + ("?" + query if query else "")
 
+    def with_model(self, path: str, body: bytes, model: str) -> tuple[str, bytes]:
+        """The request's path and body asking for ``model`` instead (an arm's model): the
+        body's ``model`` field here; Gemini's is in the URL."""
+        obj = json.loads(body)
+        obj["model"] = model
+        return path, dumps(obj).encode()
+
     def complete_at_eof(self) -> bool:
         """Whether a stream that ended without a terminal event is complete all the same."""
         return False

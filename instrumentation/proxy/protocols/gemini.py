@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from typing import Any, ClassVar
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 from .base import (
     BodyInfo,
@@ -174,6 +174,11 @@ class GeminiAdapter(ProtocolAdapter):
         if self.url_params.get("method") == "streamGenerateContent":
             params.append(("alt", "sse"))
         return path + ("?" + urlencode(params) if params else "")
+
+    def with_model(self, path: str, body: bytes, model: str) -> tuple[str, bytes]:
+        old = self.url_params.get("model", "")
+        head, sep, tail = path.partition(f"/models/{old}:")
+        return (head + f"/models/{quote(model, safe='')}:" + tail if sep else path), body
 
     @property
     def json_array(self) -> bool:
