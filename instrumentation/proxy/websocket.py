@@ -45,7 +45,13 @@ from typing import Any
 from starlette.datastructures import Headers
 
 from .arms import NoAssignmentError
-from .auth import ParticipantInfo, key_from_headers
+from .auth import (
+    CREDENTIAL_HEADERS,
+    PATH_KEY,
+    ParticipantInfo,
+    client_secrets,
+    separate_identity,
+)
 from .cycle import Cycle
 from .health import UNAVAILABLE_MESSAGE
 from .protocols.base import JsonFrames, dumps, openai_error
@@ -76,7 +82,7 @@ class _Connection:
     """One accepted client socket: its sends, its upstream session, its turn counter."""
 
     def __init__(self, state: ProxyState, participant: ParticipantInfo, send: Any,
-                 headers: dict[str, str], client_key: str | None = None) -> None:
+                 headers: dict[str, str], client_key: list[str] | None = None) -> None:
         self.state = state
         self.participant = participant
         #: The key the client authenticated with: only to redact it from error text.
@@ -133,7 +139,7 @@ class SocketFrames:
         if frame:
             await self.conn.send(frame)
 
-    def client_key(self) -> str | None:
+    def client_key(self) -> list[str] | None:
         return self.conn.client_key
 
 
@@ -244,7 +250,13 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         return
     state.requests += 1
     headers = Headers(scope=scope)
-    participant = state.auth.cached(headers) or await state.auth.authenticate(headers)
+    path_key = scope.get(PATH_KEY)
+    participant = state.auth.cached(headers, path_key) or await state.auth.authenticate(
+        headers, path_key)
+    up = state.upstreams.for_family("openai")
+    if participant is not None and up is not None and up.credentials == "participant" and (
+            not separate_identity(headers, path_key)):
+        participant = None  # their own credential would go up as the flowtrial key
     if participant is None:
         state.errors += 1
         body = openai_error("missing or unknown flowtrial participant key: send your own key "
@@ -256,8 +268,10 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
             await send({"type": "websocket.close", "code": 1008})
         return
     await send({"type": "websocket.accept"})
-    conn = _Connection(state, participant, send, forwardable_request_headers(headers),
-                       key_from_headers(headers))
+    forwarded = forwardable_request_headers(headers)
+    if up is not None and up.credentials == "participant":  # pass-through: theirs goes up
+        forwarded.update({h: v for h in CREDENTIAL_HEADERS if (v := headers.get(h))})
+    conn = _Connection(state, participant, send, forwarded, client_secrets(headers, path_key))
     inbox: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
     queued = 0  # bytes (characters) of the messages waiting in the inbox
     current: asyncio.Task[None] | None = None

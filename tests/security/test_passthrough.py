@@ -14,6 +14,7 @@ in the database files, the proxy's output or any export.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ import pytest
 from google import genai
 from google.genai import types
 from typer.testing import CliRunner
+from websockets.sync.client import connect as ws_connect
 
 from flowtrial.cli import app as cli
 from flowtrial.instrumentation.mock_model import MockModel
@@ -79,7 +81,7 @@ class OwnCredentialGate:
         self.seen: list[dict[str, str]] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.inner(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
@@ -87,6 +89,10 @@ class OwnCredentialGate:
         given = {headers.get(h, "").removeprefix("Bearer ") for h in _CREDENTIAL}
         if given & self.allowed:
             await self.inner(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await receive()
+            await send({"type": "websocket.close", "code": 1008})
             return
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json")]})
@@ -166,7 +172,8 @@ def test_own_credentials_pass_through_and_are_kept_nowhere(
     cycles = pd.read_csv(tmp_path / "export-csv" / "cycles.csv")
     assert set(cycles["participant_id"]) == {"alice", "bob"}
     assert set(cycles["protocol"]) == {"chat", "responses", "messages", "gemini"}
-    assert (cycles["status"] == "ok").all() and len(cycles) == 4  # count_tokens: no cycle
+    assert (cycles["status"] == "ok").all() and len(cycles) == 5  # count_tokens: no cycle
+    assert "websocket" in set(cycles["transport"])
 
 
 def _refusals(url: str, keys: dict[str, str], own: dict[str, str],
@@ -201,6 +208,15 @@ def _traffic(url: str, keys: dict[str, str], own: dict[str, str]) -> None:
     assert r.choices[0].message.content
     assert list(oa.responses.create(model=MODEL, input="write a loop", stream=True,
                                     max_output_tokens=16))
+    # The Responses WebSocket mode (Codex), identified by the path too.
+    ws_url = url.replace("http://", "ws://") + f"/p/{a}/v1/responses"
+    with ws_connect(ws_url, additional_headers={
+            "authorization": f"Bearer {own['alice openai']}"}) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hello",
+                            "max_output_tokens": 8}))
+        while json.loads(ws.recv(timeout=20))["type"] not in ("response.completed",
+                                                              "response.incomplete"):
+            pass
     # Bob's Claude Code on a subscription: an OAuth bearer token, his key in a header.
     an = anthropic.Anthropic(base_url=url, auth_token=own["bob oauth"], max_retries=0,
                              default_headers={"x-flowtrial-key": b})
