@@ -60,13 +60,13 @@ from .responses import (
     unauthorized,
     unavailable,
 )
+from .routing import UpstreamRouter
 from .runtime_tuning import ProxyTuning, give_way
 from .state import ProxyState, close_writer, make_writer
 from .upstream import (
     CYCLE_HEADER,
     Upstream,
     UpstreamError,
-    UpstreamRouter,
     forwardable_request_headers,
 )
 from .websocket import serve_responses_socket

@@ -77,9 +77,9 @@ def run_proxy(study: Path, db: str, host: str | None, port: int | None,
     from flowtrial.study.storage import init_db
 
     from .app import GRACE_S, create_proxy_app
+    from .routing import missing_key_vars
     from .server import base_url_of, bind_socket, make_server
     from .state import close_writer, make_writer
-    from .upstream import missing_key_vars
     from .workers import MAX_WORKERS, run_workers
 
     config = load_study(study)

@@ -8,12 +8,14 @@ quotes it gets it redacted here already, so even the answers relayed outside a c
 (``/v1/models``, ``count_tokens``) cannot pass it on. Connection failures become
 :class:`UpstreamError` 502, timeouts 504.
 
-Path mapping follows the SDKs' ``base_url`` conventions: for the OpenAI family the base URL
-includes the version (``https://api.openai.com/v1``) and the proxy path's ``/v1`` prefix is
-dropped; for the Anthropic family the base URL has no version
-(``https://api.anthropic.com``) and the full path is appended. Anthropic requests get the key
-as ``x-api-key``; the client's ``anthropic-version`` / ``anthropic-beta`` headers pass through
-(``anthropic-version`` defaults to :data:`ANTHROPIC_VERSION` when the client sent none).
+How a request is addressed is its protocol's :class:`~.protocols.base.Family` (nothing here
+branches on a family): whether the base URL carries the version (OpenAI's
+``https://api.openai.com/v1``: the proxy path's ``/v1`` is dropped; Anthropic's and Google's
+have none), the header the key goes in (``Authorization: Bearer``, ``x-api-key``,
+``x-goog-api-key``) and default headers (``anthropic-version`` =
+:data:`ANTHROPIC_VERSION` when the client sent none); the client's ``anthropic-beta`` and
+SDK headers pass through. With ``credentials = "participant"`` no study key is sent: the
+relay passes the participant's own credential on (:mod:`.auth`).
 
 The Responses WebSocket mode: :meth:`Upstream.open_socket` gives an :class:`UpstreamSocket`
 per client connection — for the mock, :meth:`MockModel.respond_ws` in-process; for a real
@@ -32,7 +34,6 @@ from typing import Any
 
 import httpx
 
-from flowtrial.study.config import StudyConfig
 from flowtrial.study.errors import FlowtrialError
 
 from .http1 import HeaderInjectionError, LeanTransport, request_head
@@ -49,12 +50,9 @@ __all__ = [
     "Upstream",
     "UpstreamError",
     "UpstreamReply",
-    "Route",
-    "UpstreamRouter",
     "UpstreamSocket",
     "forwardable_request_headers",
     "forwardable_response_headers",
-    "missing_key_vars",
 ]
 
 CYCLE_HEADER = "x-flowtrial-cycle-id"
@@ -227,7 +225,7 @@ class HttpUpstream(Upstream):
         self.api_key_env = api_key_env
         self.family = FAMILIES[family] if isinstance(family, str) else family
         #: "study": the key variable's value goes upstream; "participant": the client's own
-        #: credential does (pass-through, :func:`credential_headers`), never the study's.
+        #: credential does (pass-through: the relay adds it), never the study's.
         self.credentials = credentials
         url = httpx.URL(self.base_url)
         self.name = label or f"{self.family.name}:{url.host}"
@@ -452,95 +450,3 @@ class _HttpSocket(UpstreamSocket):
                 await ws.close()
             except Exception:  # noqa: BLE001 - closing a dead socket
                 pass
-
-
-def missing_key_vars(config: StudyConfig) -> list[str]:
-    """Names of the key variables the study's real upstreams need but the environment lacks
-    (only names: the keys themselves are never read here)."""
-    up = config.upstream
-    names = [up.api_key_env] + [e.api_key_env for e in up.endpoints().values()] + [
-        u.api_key_env for u in config.upstreams.values()]
-    out: list[str] = []
-    for name in names:
-        if name and not os.environ.get(name) and name not in out:
-            out.append(name)
-    return out
-
-
-@dataclass(frozen=True)
-class Route:
-    """Where one request goes: the upstream, and the model it is asked for (None: the
-    client's own)."""
-
-    upstream: Upstream | None
-    model: str | None = None
-    why: str = ""  # when ``upstream`` is None: what is missing
-
-
-class UpstreamRouter:
-    """Which upstream serves which protocol family (``[upstream]``), and which named
-    upstream and model each arm uses (``[upstreams.NAME]``, ``[[arms]] upstream/model``)."""
-
-    def __init__(self, by_family: dict[str, Upstream],
-                 named: dict[str, tuple[str, Upstream]] | None = None,
-                 arms: dict[str, tuple[str | None, str | None]] | None = None) -> None:
-        self.by_family = by_family
-        self.named = named or {}  # name -> (kind, upstream)
-        self.arms = arms or {}  # arm -> (upstream name, model)
-
-    @classmethod
-    def from_config(cls, config: StudyConfig) -> UpstreamRouter:
-        up = config.upstream
-        arms = {a.name: (a.upstream, a.model) for a in config.arms
-                if a.upstream is not None or a.model is not None}
-        named = {name: (u.kind, _build(u.kind, u.base_url, u.api_key_env, u.credentials, up,
-                                       u.mock, label=name))
-                 for name, u in config.upstreams.items()}
-        if up.kind == "mock":
-            mock = _build("mock", None, None, "study", up, up.mock)
-            return cls(dict.fromkeys(FAMILIES, mock), named, arms)
-        return cls({family: _build(family, e.base_url, e.api_key_env, e.credentials, up)
-                    for family, e in up.endpoints().items()}, named, arms)
-
-    def for_family(self, family: str) -> Upstream | None:
-        return self.by_family.get(family)
-
-    def route(self, arm: str, family: str) -> Route:
-        """The upstream and model for a request of ``family`` in ``arm``."""
-        name, model = self.arms.get(arm, (None, None))
-        if name is None:
-            up = self.by_family.get(family)
-            return Route(up, model, "" if up else f"add [upstream.{family}] to the study file")
-        kind, up = self.named[name]
-        if kind not in ("mock", family):
-            return Route(None, model, f"arm {arm!r} uses [upstreams.{name}], a {kind} API, "
-                                      f"which does not serve this {family} request")
-        return Route(up, model)
-
-    def _all(self) -> set[Upstream]:
-        return set(self.by_family.values()) | {u for _, u in self.named.values()}
-
-    async def start(self) -> None:
-        for u in self._all():
-            await u.start()
-
-    async def stop(self) -> None:
-        for u in self._all():
-            await u.stop()
-
-
-def _build(kind: str, base_url: str | None, api_key_env: str | None, credentials: str,
-           up: Any, mock: Any = None, label: str | None = None) -> Upstream:
-    """One upstream: the simulated model (``mock`` settings; the study's ``tool_steps``) or
-    a real API of family ``kind``."""
-    if kind == "mock":
-        out: Upstream = MockUpstream(tokens_per_second=mock.tokens_per_second,
-                                     ttft_ms=mock.ttft_ms, seed=mock.seed,
-                                     tool_steps=up.tool_steps, answer_tokens=mock.answer_range())
-        if label:
-            out.name = f"mock:{label}"
-        return out
-    assert base_url is not None
-    return HttpUpstream(base_url, api_key_env, family=kind, timeout_s=up.timeout_s,
-                        connect_timeout_s=up.connect_timeout_s, credentials=credentials,
-                        label=f"{label}:{kind}" if label else None)
