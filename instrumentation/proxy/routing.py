@@ -57,9 +57,10 @@ class UpstreamRouter:
         up = config.upstream
         arms = {a.name: (a.upstream, a.model) for a in config.arms
                 if a.upstream is not None or a.model is not None}
-        named = {name: (u.kind, _build(u.kind, u.base_url, u.api_key_env, u.credentials, up,
-                                       u.mock, label=name))
-                 for name, u in config.upstreams.items()}
+        named: dict[str, tuple[str, Upstream]] = {
+            name: (u.kind, _build(u.kind, u.base_url, u.api_key_env, u.credentials, up, u.mock,
+                                  label=name))
+            for name, u in config.upstreams.items()}
         if up.kind == "mock":
             mock = _build("mock", None, None, "study", up, up.mock)
             return cls(dict.fromkeys(FAMILIES, mock), named, arms)
