@@ -81,13 +81,17 @@ def _check(result: Any, gate: OwnCredentialGate, rows: Any, protocol: str) -> No
         (protocol, "ok", "p01")}, why
 
 
+@pytest.mark.parametrize("token_var", ["ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"])
 def test_claude_code_bearer_token_passes_through(
         claude_bin: Path, workdir: Path, agent_env: dict[str, str], passthrough: Any,
-        outbound_trap: OutboundTrap) -> None:
+        outbound_trap: OutboundTrap, token_var: str) -> None:
+    """A bearer token (``ANTHROPIC_AUTH_TOKEN``) and a subscription's OAuth token
+    (``CLAUDE_CODE_OAUTH_TOKEN``, what ``claude setup-token`` gives) both reach the upstream
+    as ``Authorization: Bearer``."""
     url, key, gate, rows = passthrough
     env = agent_env | claude_env(url, key)
     del env["ANTHROPIC_API_KEY"]  # the person's own token instead, as a bearer token
-    env |= {"ANTHROPIC_AUTH_TOKEN": OWN, "ANTHROPIC_CUSTOM_HEADERS": f"x-flowtrial-key: {key}"}
+    env |= {token_var: OWN, "ANTHROPIC_CUSTOM_HEADERS": f"x-flowtrial-key: {key}"}
     result = run_agent([claude_bin, "-p", PROMPT, "--model", MODEL,
                         "--no-session-persistence"], env, workdir)
     _check(result, gate, rows, "messages")
