@@ -9,10 +9,13 @@ Gemini CLI, the ``/p/<key>`` base URL. The recipes in docs/operators/credentials
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +116,69 @@ def test_codex_own_key_passes_through(
                         "never", "-C", workdir, PROMPT], env, workdir)
     _check(result, gate, rows, "responses")
     assert outbound_trap.attempts == []
+
+
+def _chatgpt_sign_in(codex_home: Path) -> tuple[str, str]:
+    """A ChatGPT sign-in as ``codex login`` stores it (``auth.json``: fake, unsigned JWTs that
+    expire in a month, refreshed just now): (access token, account id)."""
+    def part(obj: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
+
+    exp = int(time.time()) + 30 * 86400
+    claims = {"https://api.openai.com/auth": {"chatgpt_plan_type": "pro",
+                                              "chatgpt_account_id": "acct-flowtrial",
+                                              "chatgpt_user_id": "user-flowtrial"}}
+    head = part({"alg": "RS256", "typ": "JWT"})
+    access = f"{head}.{part({'exp': exp, **claims})}.c2ln"
+    id_token = f"{head}.{part({'email': 'p01@example.org', 'exp': exp, **claims})}.c2ln"
+    (codex_home / "auth.json").write_text(json.dumps({
+        "OPENAI_API_KEY": None,
+        "tokens": {"id_token": id_token, "access_token": access, "refresh_token": "rt-fake",
+                   "account_id": "acct-flowtrial"},
+        "last_refresh": datetime.now(UTC).isoformat().replace("+00:00", "Z")}),
+        encoding="utf-8")
+    return access, "acct-flowtrial"
+
+
+def test_codex_chatgpt_sign_in_passes_through(
+        codex_bin: Path, workdir: Path, agent_env: dict[str, str], tmp_path: Path,
+        outbound_trap: OutboundTrap) -> None:
+    """Codex signed in with ChatGPT: a custom provider with ``requires_openai_auth = true``
+    sends the ChatGPT access token (and ``chatgpt-account-id``) to the proxy, which forwards
+    them; Codex still contacts chatgpt.com on its own beside the model calls."""
+    home = tmp_path / "codex_home"
+    home.mkdir()
+    access, account = _chatgpt_sign_in(home)
+    gate = OwnCredentialGate(create_mock_app(MockModel(tokens_per_second=1e6, ttft_ms=0)),
+                             {access})
+    with run_asgi_server(gate) as upstream:
+        study = tmp_path / "study.toml"
+        study.write_text(STUDY.format(up=upstream), encoding="utf-8")
+        db = tmp_path / "study.db"
+        config = load_study(study)
+        database = init_db(db, config, study.read_text(encoding="utf-8"))
+        key = enroll(database, config, "p01")[1]
+        database.dispose()
+        proxy = Proxy(study, db, {**os.environ, "PYTHONPATH": str(ROOT)})
+        try:
+            url = proxy.wait_ready()
+            codex = codex_config(url + "/v1")
+            provider = codex["model_providers"]["flowtrial"]
+            del provider["env_key"]
+            provider |= {"requires_openai_auth": True, "http_headers": {"x-flowtrial-key": key}}
+            (home / "config.toml").write_text(to_toml(codex), encoding="utf-8")
+            result = run_agent([codex_bin, "exec", "--skip-git-repo-check", "--ephemeral",
+                                "--color", "never", "-C", workdir, PROMPT],
+                               agent_env | {"CODEX_HOME": str(home)}, workdir)
+        finally:
+            logs = proxy.stop()
+    assert result.returncode == 0, result.stderr[-2000:]
+    calls = [r for r in gate.seen if r["path"] == "/v1/responses"]
+    assert calls and all(r.get("authorization") == f"Bearer {access}"
+                         and r.get("chatgpt-account-id") == account for r in calls)
+    assert access not in logs and key not in logs
+    # What Codex sends beside the model calls on a ChatGPT sign-in goes to chatgpt.com.
+    assert {a.split()[1] for a in outbound_trap.attempts} <= {"chatgpt.com:443"}
 
 
 @pytest.mark.parametrize("identity", ["header", "path"])
