@@ -92,7 +92,8 @@ class _Connection:
         self.turns = 0
         self.headers = headers
         self.upstream_name = ""
-        self._upstream: UpstreamSocket | None = None
+        self.model: str | None = None
+        self._sockets: dict[str, UpstreamSocket] = {}  # upstream name -> its session
         self.closed = False
 
     async def send(self, frame: bytes) -> None:
@@ -102,20 +103,25 @@ class _Connection:
             self.closed = True
             raise
 
-    def upstream(self) -> UpstreamSocket:
-        """The upstream session (opened on first use; raises UpstreamError)."""
-        if self._upstream is None:
-            up = self.state.upstreams.for_family("openai")
-            if up is None:
-                raise UpstreamError(501, "this proxy has no upstream for the responses "
-                                         "protocol: add [upstream.openai] to the study file")
-            self.upstream_name = up.name
-            self._upstream = up.open_socket(self.headers)
-        return self._upstream
+    def upstream(self, arm: str | None = None) -> UpstreamSocket:
+        """The upstream session for ``arm`` (its named upstream, else ``[upstream.openai]``;
+        one per upstream, opened on first use; raises UpstreamError). Sets
+        ``upstream_name`` and ``model`` (the arm's model, None: the client's own)."""
+        route = self.state.upstreams.route(arm or "", "openai")
+        self.model = route.model
+        up = route.upstream
+        if up is None:
+            raise UpstreamError(501, "this proxy has no upstream for the responses "
+                                     f"protocol: {route.why}")
+        self.upstream_name = up.name
+        sock = self._sockets.get(up.name)
+        if sock is None:
+            sock = self._sockets[up.name] = up.open_socket(self.headers)
+        return sock
 
     async def close(self) -> None:
-        if self._upstream is not None:
-            await self._upstream.close()
+        for sock in self._sockets.values():
+            await sock.close()
 
 
 class SocketFrames:
@@ -206,7 +212,7 @@ class SocketTurn:
                                           403))
             return
         try:
-            sock = self.conn.upstream()
+            sock = self.conn.upstream(rec.arm)
             rec.upstream = self.conn.upstream_name
             await sock.connect()
         except UpstreamError as exc:
@@ -217,7 +223,11 @@ class SocketTurn:
                                                                      "upstream_unreachable")
             await cycle.finish_stream(ws_error(message, "server_error", code, exc.status))
             return
-        events = sock.turn(self.message, {CYCLE_HEADER: rec.id})
+        message = self.message
+        if self.conn.model is not None and self.conn.model != message.get("model"):
+            rec.served_model = self.conn.model  # the arm's model replaces the client's
+            message = {**message, "model": self.conn.model}
+        events = sock.turn(message, {CYCLE_HEADER: rec.id})
         rec.http_status = 101
         kind = Prefetch if cycle.pacer is not None else Direct
         src = kind(events, adapter, rec, JsonFrames())

@@ -1,10 +1,12 @@
 """Per-arm models: named upstreams (``[upstreams.NAME]``) and an arm's ``model`` replacing
 the client's. A study with two arms on two models (and two simulated upstreams) records
-both, the requested and the served model, over the OpenAI SDK and Gemini's model-in-the-URL;
-an arm naming an undefined upstream is refused by ``flowtrial validate``."""
+both, the requested and the served model, over the OpenAI SDK, Gemini's model-in-the-URL
+and the Responses WebSocket mode; an arm naming an undefined upstream is refused by
+``flowtrial validate``."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 from google import genai
 from google.genai import types
 from typer.testing import CliRunner
+from websockets.sync.client import connect as ws_connect
 
 from flowtrial.cli import app as cli
 from flowtrial.instrumentation.proxy import serve_proxy
@@ -55,6 +58,26 @@ def test_two_arms_on_two_models_record_both(served) -> None:
         assert r["upstream"] == {"spark": "mock:fast", "codex": "mock:slow"}[r["arm"]]
         if r["protocol"] == "chat":
             assert answered[r["participant_id"]] == ARMS[r["arm"]]
+
+
+def test_websocket_turns_take_their_arms_model(served) -> None:
+    """The Responses WebSocket mode: each turn goes to its arm's upstream, asking its model."""
+    s, px = served
+    for key in s.keys.values():
+        with ws_connect(px.base_url.replace("http://", "ws://") + "/v1/responses",
+                        additional_headers={"authorization": f"Bearer {key}"}) as ws:
+            ws.send(json.dumps({"type": "response.create", "model": "client-model",
+                                "input": "hello", "max_output_tokens": 8}))
+            while (ev := json.loads(ws.recv(timeout=20)))["type"] not in (
+                    "response.completed", "response.incomplete"):
+                pass
+            assert ev["response"]["model"] in ARMS.values()
+    rows = [r._mapping for r in s.rows(
+        "SELECT arm, model, served_model, upstream FROM cycles WHERE transport = 'websocket'")]
+    assert len(rows) == len(PEOPLE)
+    for r in rows:
+        assert (r["model"], r["served_model"]) == ("client-model", ARMS[r["arm"]])
+        assert r["upstream"] == {"spark": "mock:fast", "codex": "mock:slow"}[r["arm"]]
 
 
 def test_validate_refuses_an_unknown_upstream(tmp_path: Path) -> None:
