@@ -223,11 +223,11 @@ class SocketTurn:
                                                                      "upstream_unreachable")
             await cycle.finish_stream(ws_error(message, "server_error", code, exc.status))
             return
-        message = self.message
-        if self.conn.model is not None and self.conn.model != message.get("model"):
+        create = self.message
+        if self.conn.model is not None and self.conn.model != create.get("model"):
             rec.served_model = self.conn.model  # the arm's model replaces the client's
-            message = {**message, "model": self.conn.model}
-        events = sock.turn(message, {CYCLE_HEADER: rec.id})
+            create = {**create, "model": self.conn.model}
+        events = sock.turn(create, {CYCLE_HEADER: rec.id})
         rec.http_status = 101
         kind = Prefetch if cycle.pacer is not None else Direct
         src = kind(events, adapter, rec, JsonFrames())
