@@ -73,7 +73,7 @@ def _arguments(kind: str, schema: dict[str, Any]) -> dict[str, Any] | None:
 def _pick(view: RequestInfo) -> tuple[str, dict[str, Any]] | None:
     for kinds, names in (("lister", _LISTERS), ("shell", _SHELLS)):
         for wanted in names:
-            for name, schema in view.tools:
+            for name, _, schema in view.tools:
                 if name.lower() == wanted:
                     args = _arguments(kinds, schema if isinstance(schema, dict) else {})
                     if args is not None:

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 try:
     import orjson as _orjson
@@ -39,6 +39,7 @@ __all__ = [
     "RequestInfo",
     "SSEEvent",
     "SSEParser",
+    "ToolSpec",
     "dumps",
     "field_template",
     "json_str",
@@ -172,6 +173,21 @@ class Classified:
 Ends = Literal["user_text", "tool_output", "assistant", "empty"]
 
 
+class ToolSpec(NamedTuple):
+    """One function tool a request offers."""
+
+    name: str
+    description: str
+    schema: dict[str, Any]
+
+
+def tool_spec(name: str, description: Any, schema: Any) -> ToolSpec:
+    """A :class:`ToolSpec` from a protocol's fields (a bad description or schema reads as
+    empty)."""
+    return ToolSpec(name, description if isinstance(description, str) else "",
+                    schema if isinstance(schema, dict) else {})
+
+
 @dataclass(slots=True)
 class RequestInfo:
     """One request, read once by its protocol module into the view every reader shares: the
@@ -187,8 +203,8 @@ class RequestInfo:
     ends_how: str = ""  # the wire-level reason (``chat:tool_message`` …)
     conversation_key: str | None = None  # hash of the system prompt and first user text
     offers_tools: bool = False
-    #: (name, JSON schema of the arguments) of each function tool offered.
-    tools: tuple[tuple[str, dict[str, Any]], ...] = ()
+    #: Each function tool offered: name, description, JSON schema of its arguments.
+    tools: tuple[ToolSpec, ...] = ()
     tool_calls_since_person: int = 0  # model tool calls after the person's last message
     has_person: bool = True  # the input holds a message from the person at all
     max_tokens: int | None = None

@@ -24,6 +24,7 @@ from .base import (
     loose_text,
     request_info,
     text_of_content,
+    tool_spec,
 )
 
 _SYSTEM = ("system", "developer")
@@ -58,7 +59,8 @@ class ChatAdapter(OpenAIChunkAdapter):
         return request_info(
             body, last_user_text(messages), ends=ends, ends_how=f"chat:{how}",
             conversation_key=conversation_key(system[0] if system else "", first_user),
-            tools=tuple((fn["name"], fn.get("parameters") or {}) for t in dicts(body.get("tools"))
+            tools=tuple(tool_spec(fn["name"], fn.get("description"), fn.get("parameters"))
+                        for t in dicts(body.get("tools"))
                         if t.get("type") == "function" and isinstance(fn := t.get("function"), dict)
                         and isinstance(fn.get("name"), str)),
             tool_calls_since_person=sum(1 for m in messages[last + 1:]

@@ -31,11 +31,13 @@ from .base import (
     ProtocolAdapter,
     RequestInfo,
     SSEEvent,
+    ToolSpec,
     conversation_key,
     dicts,
     dumps,
     exact_obj,
     json_of,
+    tool_spec,
 )
 
 __all__ = ["GEMINI", "GeminiAdapter", "gemini_error", "google_status"]
@@ -96,8 +98,8 @@ def _has(content: dict[str, Any], key: str) -> bool:
     return any(field(p, key) is not None for p in _parts(content))
 
 
-def function_declarations(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(name, JSON schema) of each function declared in ``tools``."""
+def function_declarations(body: dict[str, Any]) -> list[ToolSpec]:
+    """Each function declared in ``tools``."""
     out = []
     for tool in dicts(body.get("tools")):
         for decl in dicts(field(tool, "functionDeclarations")):
@@ -106,7 +108,7 @@ def function_declarations(body: dict[str, Any]) -> list[tuple[str, dict[str, Any
                 schema = next((v for k in ("parametersJsonSchema", "parameters_json_schema",
                                            "parameters") if isinstance(v := decl.get(k), dict)),
                               {})
-                out.append((decl["name"], schema))
+                out.append(tool_spec(decl["name"], decl.get("description"), schema))
     return out
 
 

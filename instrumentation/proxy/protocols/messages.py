@@ -38,6 +38,7 @@ from .base import (
     loose_text,
     request_info,
     text_of_content,
+    tool_spec,
 )
 
 __all__ = ["ANTHROPIC", "ANTHROPIC_VERSION", "ERROR_TYPES", "MessagesAdapter", "anthropic_error"]
@@ -120,7 +121,8 @@ class MessagesAdapter(ProtocolAdapter):
         return request_info(
             body, _last_user_text(body.get("messages")), ends=ends, ends_how=f"messages:{how}",
             conversation_key=conversation_key(loose_text(body.get("system")), first_user),
-            tools=tuple((t["name"], t.get("input_schema") or {}) for t in dicts(body.get("tools"))
+            tools=tuple(tool_spec(t["name"], t.get("description"), t.get("input_schema"))
+                        for t in dicts(body.get("tools"))
                         if isinstance(t.get("name"), str) and "input_schema" in t),
             tool_calls_since_person=sum(1 for m in messages[last + 1:]
                                         if m.get("role") == "assistant"

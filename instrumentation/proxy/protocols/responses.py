@@ -40,6 +40,7 @@ from .base import (
     request_info,
     split_on_field,
     text_of_content,
+    tool_spec,
 )
 
 _SEQ = re.compile(rb'"sequence_number"(\s*:\s*)(\d+)')
@@ -130,7 +131,8 @@ class ResponsesAdapter(ProtocolAdapter):
         return request_info(
             body, _input_text(items), ends=ends, ends_how=f"responses:{how}",
             conversation_key=conversation_key(system, first_user) if previous is None else None,
-            tools=tuple((t["name"], t.get("parameters") or {}) for t in dicts(body.get("tools"))
+            tools=tuple(tool_spec(t["name"], t.get("description"), t.get("parameters"))
+                        for t in dicts(body.get("tools"))
                         if t.get("type") == "function" and isinstance(t.get("name"), str)),
             tool_calls_since_person=sum(1 for i in listed[person + 1:] if isinstance(i, dict)
                                         and i.get("type") in _CALL_ITEMS),
