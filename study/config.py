@@ -31,7 +31,12 @@ Design = Literal["parallel", "crossover", "per_prompt"]
 Unit = Literal["participant", "task", "session", "prompt"]
 Delivery = Literal["stream", "all_at_once"]
 ContentMode = Literal["none", "fingerprint", "full"]
-UpstreamKind = Literal["mock", "openai", "anthropic"]
+UpstreamKind = Literal["mock", "openai", "anthropic", "gemini"]
+#: Whose credential reaches a real upstream: the study's key (``api_key_env``) or each
+#: participant's own (pass-through: docs/operators/credentials.md).
+Credentials = Literal["study", "participant"]
+#: The API families a proxy forwards to, as ``[upstream.<family>]`` tables.
+FAMILIES = ("openai", "anthropic", "gemini")
 
 # Which randomization units make sense for each design.
 ALLOWED_UNITS: dict[str, tuple[str, ...]] = {
@@ -96,12 +101,24 @@ class StudySection(_Strict):
 
 class Endpoint(_Strict):
     base_url: str
-    api_key_env: str
+    api_key_env: str | None = None
+    credentials: Credentials = "study"
 
     @model_validator(mode="after")
     def _check(self) -> Endpoint:
         _check_endpoint(self.base_url, self.api_key_env)
+        _check_credentials(self.credentials, self.api_key_env)
         return self
+
+
+def _check_credentials(credentials: str, api_key_env: str | None) -> None:
+    if credentials == "study" and api_key_env is None:
+        raise ValueError('needs api_key_env (the name of the variable holding the study\'s '
+                         'key), or credentials = "participant" to forward each '
+                         "participant's own")
+    if credentials == "participant" and api_key_env is not None:
+        raise ValueError('credentials = "participant" forwards each participant\'s own '
+                         "credential: remove api_key_env (the study's key would never be sent)")
 
 
 def _check_endpoint(base_url: str | None, api_key_env: str | None) -> None:
@@ -158,11 +175,13 @@ class UpstreamSection(_Strict):
     # Messages to `anthropic` (issue: real agents speak different protocols).
     openai: Endpoint | None = None
     anthropic: Endpoint | None = None
+    gemini: Endpoint | None = None
+    credentials: Credentials = "study"  # for base_url (each [upstream.<family>] has its own)
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamSection:
         _check_endpoint(self.base_url, self.api_key_env)
-        named = [f for f in ("openai", "anthropic") if getattr(self, f) is not None]
+        named = [f for f in FAMILIES if getattr(self, f) is not None]
         if "kind" not in self.model_fields_set and (named or self.base_url is not None):
             # A study that names a real endpoint means it: never fall back to the simulated
             # model just because `kind` was left out.
@@ -178,9 +197,21 @@ class UpstreamSection(_Strict):
             side = getattr(self, self.kind)
             if self.base_url is None and side is None:
                 raise ValueError(f"kind {self.kind!r} needs base_url (and api_key_env)")
-            if self.base_url is not None and self.api_key_env is None:
-                raise ValueError(f"kind {self.kind!r} needs api_key_env (the variable's name)")
+            if self.base_url is not None:
+                try:
+                    _check_credentials(self.credentials, self.api_key_env)
+                except ValueError as exc:
+                    raise ValueError(f"kind {self.kind!r} {exc}") from None
         return self
+
+    def endpoints(self) -> dict[str, Endpoint]:
+        """Family -> the endpoint serving it (``base_url`` serves ``kind``)."""
+        out = {f: e for f in FAMILIES if (e := getattr(self, f)) is not None}
+        if self.kind != "mock" and self.base_url is not None and self.kind not in out:
+            out[self.kind] = Endpoint.model_construct(
+                base_url=self.base_url, api_key_env=self.api_key_env,
+                credentials=self.credentials)
+        return out
 
 
 class Range(_Strict):
@@ -210,8 +241,40 @@ class PerPromptSection(_Strict):
     frame_ms: FrameMs = DEFAULT_FRAME_MS
 
 
+class NamedUpstream(_Strict):
+    """``[upstreams.NAME]``: an upstream an arm can name (``[[arms]] upstream = "NAME"``),
+    besides the study's default ``[upstream]``. A real one serves the protocols of its
+    ``kind`` (openai | anthropic | gemini); ``kind = "mock"`` is a simulated model of its own
+    speed (``[upstreams.NAME.mock]``) serving every protocol."""
+
+    kind: UpstreamKind
+    base_url: str | None = None
+    api_key_env: str | None = None
+    credentials: Credentials = "study"
+    mock: MockSettings = MockSettings()
+
+    @model_validator(mode="after")
+    def _check(self) -> NamedUpstream:
+        _check_endpoint(self.base_url, self.api_key_env)
+        if self.kind == "mock":
+            if self.base_url is not None or self.api_key_env is not None:
+                raise ValueError('kind = "mock" (a simulated model) takes no base_url or '
+                                 "api_key_env: remove them, or set kind to the API")
+            return self
+        if self.base_url is None:
+            raise ValueError(f"kind {self.kind!r} needs base_url")
+        _check_credentials(self.credentials, self.api_key_env)
+        return self
+
+
 class ArmConfig(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    #: A named upstream (``[upstreams.NAME]``) serving this arm; None: the default
+    #: ``[upstream]``.
+    upstream: str | None = Field(default=None, min_length=1)
+    #: The model this arm's requests are served by, replacing the one the client asked for
+    #: (recorded as ``cycles.served_model``); None: the client's own.
+    model: str | None = Field(default=None, min_length=1)
     ttft_ms: float | None = Field(default=None, ge=0)
     tokens_per_second: float | None = Field(default=None, gt=0)
     jitter: float = Field(default=0.0, ge=0)
@@ -318,6 +381,7 @@ class StudyConfig(_Strict):
 
     study: StudySection
     upstream: UpstreamSection = UpstreamSection()
+    upstreams: dict[str, NamedUpstream] = Field(default_factory=dict)
     per_prompt: PerPromptSection | None = None
     arms: list[ArmConfig] = Field(default_factory=list)
     capture: CaptureSection = CaptureSection()
@@ -333,6 +397,12 @@ class StudyConfig(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"arms: duplicate arm name {dupes[0]!r}: names must be unique")
+        for a in self.arms:
+            if a.upstream is not None and a.upstream not in self.upstreams:
+                known = ", ".join(sorted(self.upstreams)) or "none"
+                raise ValueError(f"arms: arm {a.name!r} names upstream {a.upstream!r}, which "
+                                 f"is not defined: add [upstreams.{a.upstream}] or fix the "
+                                 f"name (defined: {known})")
         if design == "per_prompt":
             pp = self.per_prompt
             if pp is None or (pp.ttft_ms is None and pp.tokens_per_second is None):
@@ -368,7 +438,9 @@ class StudyConfig(_Strict):
             "seed": self.study.seed,
             "design": self.study.design,
             "unit": self.study.unit,
-            "arms": [a.model_dump() for a in self.arms],
+            # Unset routing keys left out: studies from before they existed keep their hash.
+            "arms": [{k: v for k, v in a.model_dump().items()
+                      if v is not None or k not in ("upstream", "model")} for a in self.arms],
             "per_prompt": self.per_prompt.model_dump() if self.per_prompt else None,
         }
         return hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:16]
@@ -507,13 +579,15 @@ def describe_study(config: StudyConfig) -> list[str]:
                                f"{a.tokens_per_second:g}" if a.tokens_per_second else
                                "upstream's own", a.delivery, a.jitter)
             weight = f", weight {a.weight:g}" if a.weight != 1 else ""
-            lines.append(f"arm {a.name}: {desc}{weight}")
+            route = "".join([f", upstream {a.upstream}" if a.upstream else "",
+                             f", model {a.model}" if a.model else ""])
+            lines.append(f"arm {a.name}: {desc}{weight}{route}")
         if s.design == "crossover":
             lines.append(f"periods: {s.periods or len(config.arms)}")
     up = config.upstream
     where = {"mock": "the built-in simulated model (no key, no network)"}.get(
         up.kind, up.base_url or "")
-    named = [f"[upstream.{f}] {getattr(up, f).base_url}" for f in ("openai", "anthropic")
+    named = [f"[upstream.{f}] {getattr(up, f).base_url}" for f in FAMILIES
              if getattr(up, f) is not None]
     lines.append(f"upstream: {up.kind}" + (f", {where}" if where else "")
                  + "".join(f"; {n}" for n in named))

@@ -202,6 +202,9 @@ class Cycle(SQLModel, table=True):
     input_key: str | None = None
     offers_tools: bool | None = None
     revised_from: str | None = None
+    #: The model the upstream was asked for when the cycle's arm replaced the client's
+    #: ``model`` (schema 7, ``[[arms]] model``); NULL: the client's own (``model``) was served.
+    served_model: str | None = None
 
 
 class Turn(SQLModel, table=True):

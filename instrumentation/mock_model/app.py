@@ -22,7 +22,9 @@ def create_mock_app(model: MockModel) -> Starlette:
 
     async def http(request: Request) -> Response:
         body = await request.body()
-        reply = await model.respond(request.method, request.url.path, request.headers, body)
+        # The query goes along: Gemini's ``alt=sse`` chooses the stream's framing.
+        path = request.url.path + ("?" + request.url.query if request.url.query else "")
+        reply = await model.respond(request.method, path, request.headers, body)
         return StreamingResponse(reply.body, status_code=reply.status, headers=reply.headers)
 
     async def responses_socket(websocket: WebSocket) -> None:

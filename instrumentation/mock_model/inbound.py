@@ -15,9 +15,10 @@ from typing import Any, Literal
 
 from ..tokens import count_tokens
 
-__all__ = ["Protocol", "RequestError", "Turn", "decode_body", "parse_turn"]
+__all__ = ["Protocol", "RequestError", "Turn", "decode_body", "parse_gemini", "parse_turn"]
 
-Protocol = Literal["chat", "completions", "responses", "messages", "count_tokens"]
+Protocol = Literal["chat", "completions", "responses", "messages", "count_tokens", "gemini",
+                   "gemini_count"]
 
 # Marker tokens of fill-in-the-middle prompts (StarCoder, CodeLlama, DeepSeek, Qwen, Continue)
 # and phrases of autocomplete system prompts: such requests get bare code back.
@@ -34,7 +35,8 @@ _INLINE_SYSTEM = re.compile(
 _SHORT_SYSTEM = 4000  # characters
 _ANTHROPIC_ROLES = ("user", "assistant", "system")
 # Keys whose values carry conversational text in any of the protocols' message shapes.
-_TEXT_KEYS = ("text", "content", "output", "arguments", "input", "thinking")
+_TEXT_KEYS = ("text", "content", "output", "arguments", "input", "thinking",
+              "parts", "args", "response")  # the last three: Gemini's contents
 
 
 class RequestError(Exception):
@@ -428,3 +430,35 @@ _PARSERS = {
     "messages": _messages,
     "count_tokens": _count_tokens,
 }
+
+
+def parse_gemini(data: dict[str, Any], model: str, method: str) -> Turn:
+    """Validate a Gemini request (the model and the method are in its URL) and reduce it to a
+    Turn; its reading is the protocol module's
+    (:class:`~flowtrial.instrumentation.proxy.protocols.gemini.GeminiAdapter`)."""
+    from ..proxy.protocols import read_view
+
+    contents = data.get("contents")
+    if not isinstance(contents, list) or not contents or not all(
+            isinstance(c, dict) and isinstance(c.get("parts"), list) for c in contents):
+        raise RequestError("* GenerateContentRequest.contents: contents is not specified"
+                           if not contents else "Invalid JSON payload: each content needs "
+                           "'parts' (a list)", param="contents")
+    view = read_view("gemini", data, {"model": model, "method": method})
+    system = data.get("systemInstruction") or data.get("system_instruction")
+    config = data.get("generationConfig")
+    schema = None
+    if isinstance(config, dict) and config.get("responseMimeType") == "application/json":
+        spec = config.get("responseJsonSchema", config.get("responseSchema"))
+        schema = spec if isinstance(spec, dict) else {}
+    return Turn(
+        protocol="gemini_count" if method == "countTokens" else "gemini",
+        model=model,
+        stream=view.stream,
+        max_tokens=view.max_tokens if view.max_tokens and view.max_tokens > 0 else None,
+        prompt_tokens=_prompt_tokens(system, contents, tools=data.get("tools")),
+        focus_text=view.prompt_text,
+        key=_canonical("gemini", system, contents),
+        code_only=_looks_inline(data, _joined(system), view.prompt_text),
+        schema=schema,
+    )

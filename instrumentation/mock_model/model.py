@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..proxy.protocols import read_view
 from ..tokens import split_tokens
 from .anthropic_wire import (
     anthropic_error,
@@ -18,12 +19,22 @@ from .anthropic_wire import (
     messages_stream,
 )
 from .corpus import load_corpus
+from .gemini_wire import (
+    gemini_body,
+    gemini_error,
+    gemini_model,
+    gemini_stream,
+    gemini_tool_body,
+    gemini_tool_stream,
+    json_array,
+)
 from .generation import Generation, Job, Schedule, generate
 from .inbound import (
     Protocol,
     RequestError,
     Turn,
     decode_body,
+    parse_gemini,
     parse_turn,
 )
 from .openai_wire import (
@@ -62,7 +73,8 @@ _ROUTES: dict[str, Protocol] = {
     "messages": "messages",
     "messages/count_tokens": "count_tokens",
 }
-_ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-", "responses": "resp_", "messages": "msg_"}
+_ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-", "responses": "resp_", "messages": "msg_",
+              "gemini": ""}
 _STREAMS = {
     "chat": chat_stream,
     "completions": completions_stream,
@@ -165,6 +177,10 @@ class MockModel:
         start = time.monotonic()
         method = method.upper()
         route = _route(path)
+        if route.startswith("v1beta/"):
+            return await self._gemini(method, route[7:], path, headers, body, start)
+        if route.startswith("models/") and ":" in route:  # Gemini's v1 (model in the URL)
+            return await self._gemini(method, route, path, headers, body, start)
         if route == "models" or route.startswith("models/"):
             if method != "GET":
                 return _error(None, RequestError(f"Invalid method for URL ({method} {path})", 405))
@@ -240,6 +256,40 @@ class MockModel:
         async for event in events:
             yield event
 
+    async def _gemini(self, method: str, route: str, path: str, headers: Mapping[str, str],
+                      body: bytes, start: float) -> MockReply:
+        """Google's Gemini API: ``models``, ``models/<m>:generateContent`` |
+        ``:streamGenerateContent`` (``?alt=sse`` or the JSON array) | ``:countTokens``."""
+        if route == "models":
+            if method != "GET":
+                return _gemini_error(RequestError(f"Invalid method ({method} {path})", 405))
+            return _json(200, {"models": [gemini_model(m) for m in MODEL_IDS]})
+        model, _, verb = route.removeprefix("models/").partition(":")
+        if not model or verb not in ("generateContent", "streamGenerateContent", "countTokens"):
+            return _gemini_error(RequestError(f"Invalid URL ({method} {path})", 404))
+        if method != "POST":
+            return _gemini_error(RequestError(f"Invalid method ({method} {path})", 405))
+        try:
+            data = decode_body(body)
+            turn = parse_gemini(data, model, verb)
+        except RequestError as exc:
+            return _gemini_error(exc)
+        if verb == "countTokens":
+            return _json(200, {"totalTokens": turn.prompt_tokens})
+        view = read_view("gemini", data, {"model": model, "method": verb})
+        call = self.tools.plan("gemini", data, view)
+        job = self._job(turn, {k.lower(): v for k, v in headers.items()}, start, tool_call=call)
+        if not turn.stream:
+            if call is not None:
+                await job.schedule.sleep_until(job.schedule.due(0))
+                return _json(200, gemini_tool_body(job))
+            await job.schedule.sleep_until(job.schedule.due(max(0, job.gen.output_tokens - 1)))
+            return _json(200, gemini_body(job))
+        stream = gemini_tool_stream(job) if call is not None else gemini_stream(job)
+        if "alt=sse" in path.partition("?")[2]:
+            return MockReply(200, dict(_SSE), stream)
+        return MockReply(200, {"content-type": _JSON}, json_array(stream))
+
     # ------------------------------------------------------------------ helpers
 
     def _model_entry(self, model_id: str) -> dict[str, Any]:
@@ -291,6 +341,10 @@ def _json(status: int, obj: Any, headers: dict[str, str] | None = None) -> MockR
     data = dumps(obj).encode()
     head = {"content-type": _JSON, "content-length": str(len(data)), **(headers or {})}
     return MockReply(status, head, _once(data))
+
+
+def _gemini_error(exc: RequestError) -> MockReply:
+    return _json(exc.status, gemini_error(exc.message, exc.status))
 
 
 def _error(protocol: Protocol | None, exc: RequestError) -> MockReply:

@@ -18,11 +18,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..proxy.protocols import RequestInfo, read_view
 from .harmless import pick_harmless
 
 __all__ = ["ToolCall", "ToolPlanner"]
 
-_CALL_TYPES = ("function_call", "custom_tool_call", "local_shell_call")
+_PROTOCOLS = ("chat", "responses", "messages", "gemini")
 _MAX_CHAINS = 10_000
 
 
@@ -36,62 +37,6 @@ class ToolCall:
     step: int  # 1-based step of the turn
 
 
-def _tools(protocol: str, body: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(name, description, JSON schema of the arguments) of each function tool offered."""
-    out = []
-    for tool in body.get("tools") or []:
-        if not isinstance(tool, dict):
-            continue
-        spec: Any = None
-        if protocol == "chat":
-            spec = tool.get("function") if tool.get("type") == "function" else None
-            schema = spec.get("parameters") if isinstance(spec, dict) else None
-        elif protocol == "responses":
-            spec = tool if tool.get("type") == "function" else None
-            schema = tool.get("parameters")
-        elif protocol == "messages":
-            spec = tool if "input_schema" in tool else None
-            schema = tool.get("input_schema")
-        if isinstance(spec, dict) and isinstance(spec.get("name"), str):
-            description = spec.get("description")
-            out.append((spec["name"], description if isinstance(description, str) else "",
-                        schema if isinstance(schema, dict) else {}))
-    return out
-
-
-def _calls_since_person(protocol: str, body: dict[str, Any]) -> tuple[int, bool]:
-    """Tool calls the model made since the person's last message, and whether the input
-    holds such a message at all."""
-    if protocol == "chat":
-        messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
-        last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
-        return sum(1 for m in messages[last + 1:] if m.get("role") == "assistant"
-                   and m.get("tool_calls")), last >= 0
-    if protocol == "messages":
-        messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
-
-        def person(m: dict[str, Any]) -> bool:
-            content = m.get("content")
-            return m.get("role") == "user" and not (isinstance(content, list) and any(
-                isinstance(b, dict) and b.get("type") == "tool_result" for b in content))
-
-        last = max((i for i, m in enumerate(messages) if person(m)), default=-1)
-        return sum(1 for m in messages[last + 1:] if m.get("role") == "assistant"
-                   and isinstance(m.get("content"), list) and any(
-                       isinstance(b, dict) and b.get("type") == "tool_use"
-                       for b in m["content"])), last >= 0
-    items = body.get("input")
-    listed = [items] if isinstance(items, str) else items if isinstance(items, list) else []
-
-    def user(i: Any) -> bool:
-        return isinstance(i, str) or (isinstance(i, dict) and i.get("type") in (None, "message")
-                                      and i.get("role", "user") == "user")
-
-    last = max((k for k, i in enumerate(listed) if user(i)), default=-1)
-    return sum(1 for i in listed[last + 1:] if isinstance(i, dict)
-               and i.get("type") in _CALL_TYPES), last >= 0
-
-
 class ToolPlanner:
     """Decides, per request, whether to answer with a tool call (and which)."""
 
@@ -102,17 +47,22 @@ class ToolPlanner:
         self.seed = seed
         self._chains: dict[str, int] = {}  # Responses id -> tool steps of its turn so far
 
-    def plan(self, protocol: str, body: dict[str, Any]) -> ToolCall | None:
-        """The tool call to answer ``body`` with, or None for the text answer."""
-        if self.steps == 0 or protocol not in ("chat", "responses", "messages"):
+    def plan(self, protocol: str, body: dict[str, Any],
+             view: RequestInfo | None = None) -> ToolCall | None:
+        """The tool call to answer ``body`` with, or None for the text answer. ``view``: the
+        request as its protocol module reads it (tools offered, tool calls since the person's
+        last message), read here when not given."""
+        if self.steps == 0 or protocol not in _PROTOCOLS:
             return None
-        done, has_person = _calls_since_person(protocol, body)
-        previous = body.get("previous_response_id")
-        if protocol == "responses" and not has_person and isinstance(previous, str):
+        if view is None:
+            view = read_view(protocol, body)
+        done = view.tool_calls_since_person
+        previous = view.previous_response_id
+        if protocol == "responses" and not view.has_person and previous is not None:
             done += self._chains.get(previous, 0)
         if done >= self.steps:
             return None
-        picked = pick_harmless(_tools(protocol, body))
+        picked = pick_harmless(list(view.tools))
         if picked is None:
             return None
         name, args = picked

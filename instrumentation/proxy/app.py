@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -30,16 +31,26 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import Route
 
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.storage import Database, RecordWriter
 
 from ..request_body import BodyTooLarge, read_body
+from .auth import CREDENTIAL_HEADERS, PATH_KEY, ParticipantInfo, separate_identity
 from .extensions import AppContext, ProxyExtension, builtin_extensions
 from .health import RETRY_AFTER_S
 from .openapi import health_paths
-from .protocols import ADAPTERS, MessagesAdapter, ProtocolAdapter
+from .protocols import (
+    FAMILIES,
+    PROTOCOLS,
+    GeminiAdapter,
+    MessagesAdapter,
+    ProtocolAdapter,
+    match_route,
+    shape_for,
+)
+from .protocols.gemini import GEMINI
 from .relay import Exchange
 from .responses import (
     error,
@@ -50,13 +61,13 @@ from .responses import (
     unauthorized,
     unavailable,
 )
+from .routing import UpstreamRouter
 from .runtime_tuning import ProxyTuning, give_way
 from .state import ProxyState, close_writer, make_writer
 from .upstream import (
     CYCLE_HEADER,
     Upstream,
     UpstreamError,
-    UpstreamRouter,
     forwardable_request_headers,
 )
 from .websocket import serve_responses_socket
@@ -65,6 +76,52 @@ __all__ = ["GRACE_S", "ProxyApp", "create_proxy_app"]
 
 log = logging.getLogger("flowtrial.proxy")
 GRACE_S = 30.0  # how long shutdown waits for open streams before recording them abandoned
+ROUTE_PARAMS = "flowtrial.route_params"  # ASGI scope entry: a templated route's parameters
+
+
+def _strip_path_key(scope: dict[str, Any]) -> None:
+    """``/p/<key>/rest`` → ``/rest``, the key kept in the scope (:data:`PATH_KEY`): the
+    participant's identity for clients that can only set a base URL."""
+    _, _, rest = scope["path"][3:].partition("/")
+    key = scope["path"][3:].split("/", 1)[0]
+    if not key:
+        return
+    scope[PATH_KEY] = key
+    scope["path"] = "/" + rest
+    scope["raw_path"] = scope["path"].encode()
+
+
+def _credentials(request: Request, adapter: ProtocolAdapter) -> tuple[Any, str | None]:
+    """The request's headers (a Gemini ``?key=`` moved into ``x-goog-api-key``: one place
+    to find, forward and redact it) and its ``/p/<key>/`` path key."""
+    headers: Any = request.headers
+    if adapter.family is GEMINI and "x-goog-api-key" not in headers and (
+            key := request.query_params.get("key")):
+        headers = {**headers, "x-goog-api-key": key}
+    return headers, request.scope.get(PATH_KEY)
+
+
+async def _participant(st: ProxyState, headers: Any, path_key: str | None,
+                       adapter: ProtocolAdapter) -> ParticipantInfo | Response:
+    """The participant, or the protocol's 401: unknown key, or (pass-through) no identity
+    apart from the credential that would be forwarded."""
+    participant = st.auth.cached(headers, path_key) or await st.auth.authenticate(
+        headers, path_key)
+    if participant is None:
+        st.errors += 1
+        return unauthorized(adapter)
+    up = st.upstreams.for_family(adapter.family.name)
+    if up is not None and up.credentials == "participant" and not separate_identity(
+            headers, path_key):
+        st.errors += 1
+        return error(401, "this study forwards your own provider credential: send your "
+                          "flowtrial key in the x-flowtrial-key header or use the base URL "
+                          "with /p/<your flowtrial key>", code="invalid_api_key",
+                     adapter=adapter)
+    if (standing := st.auth.refusal(participant.id)) is not None:
+        st.errors += 1
+        return refused(standing, adapter)
+    return participant
 
 
 def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
@@ -72,16 +129,15 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
         st = proxy_state(request)
         st.requests += 1
         adapter = adapter_cls()
+        params = request.scope.get(ROUTE_PARAMS)
+        if params is not None:
+            adapter.url_params = {**params, "alt": request.query_params.get("alt", "")}
         if not st.recorder.gate.ok:
             return unavailable(st, adapter)
-        participant = st.auth.cached(request.headers) or await st.auth.authenticate(
-            request.headers)
-        if participant is None:
-            st.errors += 1
-            return unauthorized(adapter)
-        if (standing := st.auth.refusal(participant.id)) is not None:
-            st.errors += 1
-            return refused(standing, adapter)
+        headers, path_key = _credentials(request, adapter)
+        participant = await _participant(st, headers, path_key, adapter)
+        if isinstance(participant, Response):
+            return participant
         try:
             body = await read_body(request, st.max_body_bytes)
         except BodyTooLarge:
@@ -104,9 +160,10 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
             return error(400, "the request body must be a JSON object", code="invalid_json",
                           adapter=adapter)
         info = adapter.read_request(obj)
-        exchange = Exchange(st, adapter, participant, body, info, request.headers, t_request,
-                            request.scope.get("query_string", b"").decode("latin-1"))
-        joins = st.turns.arrive(exchange.rec, obj, body, request.headers)
+        exchange = Exchange(st, adapter, participant, body, info, headers, t_request,
+                            request.scope.get("query_string", b"").decode("latin-1"),
+                            request.url.path, path_key)
+        joins = st.turns.arrive(exchange.rec, obj, body, headers)
         if joins is not None:  # a continuation: its turn may be another process's
             await st.turns.reconcile(exchange.rec, joins)
         return exchange
@@ -116,17 +173,27 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
 
 
 async def models(request: Request) -> Response:
-    """The arm-neutral model list, from the upstream (for the mock, its list)."""
+    """The arm-neutral model list, from the upstream (for the mock, its list); Gemini's
+    ``GET /v1beta/models`` from the Gemini upstream."""
     st = proxy_state(request)
     st.requests += 1
-    if await st.auth.authenticate(request.headers) is None:
+    gemini = request.url.path.startswith("/v1beta/")
+    adapter = GeminiAdapter() if gemini else None
+    headers, path_key = _credentials(request, adapter or GeminiAdapter())
+    if await st.auth.authenticate(headers, path_key) is None:
         st.errors += 1
-        return unauthorized()
-    upstream = st.upstreams.for_family("openai") or st.upstreams.for_family("anthropic")
+        return unauthorized(adapter)
+    families = ("gemini",) if gemini else ("openai", "anthropic")
+    upstream = next((u for f in families if (u := st.upstreams.for_family(f))), None)
     if upstream is None:
-        return error(501, "no upstream configured", "upstream_error", "no_upstream")
+        return error(501, "no upstream configured", "upstream_error", "no_upstream",
+                     adapter=adapter)
+    forwarded = forwardable_request_headers(headers)
+    if upstream.credentials == "participant":
+        forwarded.update({h: v for h in CREDENTIAL_HEADERS if (v := headers.get(h))})
     try:
-        reply = await upstream.models(forwardable_request_headers(request.headers))
+        reply = await (upstream.request("GET", request.url.path, forwarded, b"") if gemini
+                       else upstream.models(forwarded))
         try:
             body = b"".join([c async for c in reply.body])
         finally:
@@ -134,54 +201,62 @@ async def models(request: Request) -> Response:
     except UpstreamError as exc:
         st.errors += 1
         code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-        return error(exc.status, exc.message, "upstream_error", code)
+        return error(exc.status, exc.message, "upstream_error", code, adapter=adapter)
     return Response(body, reply.status, media_type=reply.content_type or "application/json")
 
 
-async def count_tokens(request: Request) -> Response:
-    """``POST /v1/messages/count_tokens``: passed to the Anthropic upstream as is. Not a
-    cycle: it answers no prompt, so there is nothing to shape (docs/internals/protocols.md)."""
-    st = proxy_state(request)
-    st.requests += 1
-    adapter = MessagesAdapter()
-    if await st.auth.authenticate(request.headers) is None:
-        st.errors += 1
-        return unauthorized(adapter)
-    try:
-        body = await read_body(request, st.max_body_bytes)
-    except BodyTooLarge:
-        st.errors += 1
-        return too_large(st.max_body_bytes, adapter)
-    try:  # forwarded as is, but only a JSON object (the protocol's shape) goes upstream
-        ok = isinstance(json.loads(body), dict)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        ok = False
-    if not ok:
-        st.errors += 1
-        return error(400, "the request body must be a JSON object (Anthropic count_tokens "
-                           "request)", code="invalid_json", adapter=adapter)
-    upstream = st.upstreams.for_family("anthropic")
-    if upstream is None:
-        return error(501, "this proxy has no upstream for Anthropic Messages: add "
-                           "[upstream.anthropic] to the study file", "upstream_error",
-                      "no_upstream", adapter=adapter)
-    path = request.url.path
-    if request.url.query:
-        path += "?" + request.url.query
-    try:
-        reply = await upstream.request("POST", path, forwardable_request_headers(
-            request.headers), body)
+def _count_tokens(adapter_cls: type[ProtocolAdapter]) -> Any:
+    async def endpoint(request: Request) -> Response:
+        """A token count (``POST /v1/messages/count_tokens``, Gemini's ``:countTokens``):
+        passed to the protocol's upstream as is. Not a cycle: it answers no prompt, so
+        there is nothing to shape (docs/internals/protocols.md)."""
+        st = proxy_state(request)
+        st.requests += 1
+        adapter = adapter_cls()
+        headers, path_key = _credentials(request, adapter)
+        participant = await _participant(st, headers, path_key, adapter)
+        if isinstance(participant, Response):
+            return participant
         try:
-            out = b"".join([c async for c in reply.body])
-        finally:
-            await reply.close()
-    except UpstreamError as exc:
-        st.errors += 1
-        code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-        return error(exc.status, exc.message, "upstream_error", code, adapter=adapter)
-    headers = {k: v for k, v in reply.headers if k.lower() not in ("content-type", CYCLE_HEADER)}
-    return Response(out, reply.status, headers=headers,
-                    media_type=reply.content_type or "application/json")
+            body = await read_body(request, st.max_body_bytes)
+        except BodyTooLarge:
+            st.errors += 1
+            return too_large(st.max_body_bytes, adapter)
+        try:  # forwarded as is, but only a JSON object (the protocol's shape) goes upstream
+            ok = isinstance(json.loads(body), dict)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            ok = False
+        if not ok:
+            st.errors += 1
+            return error(400, f"the request body must be a JSON object ({adapter.name} token "
+                               "count request)", code="invalid_json", adapter=adapter)
+        family = adapter.family.name
+        upstream = st.upstreams.for_family(family)
+        if upstream is None:
+            return error(501, f"this proxy has no upstream for {adapter.name}: add "
+                               f"[upstream.{family}] to the study file", "upstream_error",
+                          "no_upstream", adapter=adapter)
+        path = adapter.upstream_path(request.url.path, request.url.query)
+        forwarded = forwardable_request_headers(headers)
+        if upstream.credentials == "participant":
+            forwarded.update({h: v for h in CREDENTIAL_HEADERS if (v := headers.get(h))})
+        try:
+            reply = await upstream.request("POST", path, forwarded, body)
+            try:
+                out = b"".join([c async for c in reply.body])
+            finally:
+                await reply.close()
+        except UpstreamError as exc:
+            st.errors += 1
+            code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
+            return error(exc.status, exc.message, "upstream_error", code, adapter=adapter)
+        headers_out = {k: v for k, v in reply.headers
+                       if k.lower() not in ("content-type", CYCLE_HEADER)}
+        return Response(out, reply.status, headers=headers_out,
+                        media_type=reply.content_type or "application/json")
+
+    endpoint.__name__ = f"count_tokens_{adapter_cls.name}"
+    return endpoint
 
 
 async def root(request: Request) -> Response:
@@ -206,13 +281,27 @@ async def health(request: Request) -> Response:
     return json_response(503, body, {"retry-after": str(RETRY_AFTER_S)})
 
 
+def _unknown_path(request: Request) -> None:
+    """Count and log a request to a path the proxy does not serve (the path only: no body,
+    no query, no headers), so an unsupported client is visible to the operator."""
+    counts: Counter[str] = request.app.state.unknown_paths
+    path = request.url.path[:200]
+    if path not in counts and len(counts) >= 1000:
+        path = "(other paths)"  # bounded: a scanner must not grow it without end
+    counts[path] += 1
+    log.warning("unknown path: %s %s (%d request(s) to it so far)", request.method, path,
+                counts[path])
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    adapter = MessagesAdapter() if request.url.path.startswith("/v1/messages") else None
+    adapter = shape_for(request.url.path)
     if exc.status_code == 404:
+        _unknown_path(request)
         return error(404, f"unknown path {request.url.path}: the proxy serves "
                            "/v1/chat/completions, /v1/completions, /v1/responses (HTTP and "
-                           "WebSocket), /v1/messages, /v1/models and /flowtrial/v1/events",
+                           "WebSocket), /v1/messages, /v1beta/models/<model>:generateContent "
+                           "and :streamGenerateContent, /v1/models and /flowtrial/v1/events",
                       code="unknown_url", adapter=adapter)
     if exc.status_code == 405:
         resp = error(405, f"method {request.method} not allowed on {request.url.path}",
@@ -238,17 +327,25 @@ class ProxyApp(Starlette):
     their own errors, and skipping the middleware stack saves its wrappers on the request
     and on every ``send`` of a stream."""
 
-    def __init__(self, *args: Any, fast: dict[str, Any], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, fast: dict[type[ProtocolAdapter], Any],
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._fast = fast
+        self.state.unknown_paths = Counter()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket") and scope["path"].startswith("/p/"):
+            _strip_path_key(scope)
         if scope["type"] == "websocket" and scope["path"] in ("/v1/responses", "/responses"):
             await serve_responses_socket(self.state.proxy, scope, receive, send)
             return
         if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = self._fast.get(scope["path"])
+            route = match_route(scope["path"])
+            endpoint = self._fast.get(route[0]) if route is not None else None
             if endpoint is not None:
+                assert route is not None
+                if route[1]:
+                    scope[ROUTE_PARAMS] = route[1]
                 scope["app"] = self
                 request = Request(scope, receive, send)
                 try:
@@ -258,8 +355,7 @@ class ProxyApp(Starlette):
                 except OperationalError as exc:  # a database read (key, arm) failed
                     st = self.state.proxy
                     st.recorder.gate.trip(exc)
-                    response = unavailable(st, MessagesAdapter() if scope["path"].startswith(
-                        "/v1/messages") else None)
+                    response = unavailable(st, shape_for(scope["path"]))
                 except Exception:  # noqa: BLE001 - a bug before the exchange: answer 500
                     log.exception("request to %s failed", scope["path"])
                     response = error(500, "flowtrial proxy error: see the proxy's log",
@@ -296,7 +392,7 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
     elif isinstance(upstream, UpstreamRouter):
         router = upstream
     else:
-        router = UpstreamRouter({"openai": upstream, "anthropic": upstream})
+        router = UpstreamRouter(dict.fromkeys(FAMILIES, upstream))
     exts = list(builtin_extensions() if extensions is None else extensions)
 
     @contextlib.asynccontextmanager
@@ -328,13 +424,16 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
             finally:
                 await tuning.stop()  # after the drain: those streams are shaped too
 
-    fast = {a.path: _protocol_endpoint(a) for a in ADAPTERS.values()}
-    routes: list[BaseRoute] = [Route(path, endpoint, methods=["POST"])
-                               for path, endpoint in fast.items()]
+    fast = {a: _protocol_endpoint(a) for a in PROTOCOLS}
+    routes = [Route(path, endpoint, methods=["POST"]) for a, endpoint in fast.items()
+              for path in (a.routes or (a.path,))]
     routes += [
         Route("/", root, methods=["GET", "HEAD"]),
-        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/messages/count_tokens", _count_tokens(MessagesAdapter), methods=["POST"]),
+        Route("/v1beta/models/{model}:countTokens", _count_tokens(GeminiAdapter),
+              methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1beta/models", models, methods=["GET"]),
         Route("/flowtrial/v1/health", health, methods=["GET"]),
     ]
     paths = health_paths()

@@ -78,9 +78,9 @@ def run_proxy(study: Path, db: str, host: str | None, port: int | None,
 
     from .app import GRACE_S, create_proxy_app
     from .extensions import telemetry_off_note
+    from .routing import missing_key_vars
     from .server import base_url_of, bind_socket, make_server
     from .state import close_writer, make_writer
-    from .upstream import missing_key_vars
     from .workers import MAX_WORKERS, run_workers
 
     config = load_study(study)

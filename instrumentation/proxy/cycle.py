@@ -244,7 +244,8 @@ class Cycle:
                 delivery.other(held_error)
             else:
                 tail = held_error
-        if terminal is None and not tail and self.rec.status == "ok":
+        if (terminal is None and not tail and self.rec.status == "ok"
+                and not adapter.complete_at_eof()):
             tail = self._cut_short()
         await delivery.finish()
         if out.frames:

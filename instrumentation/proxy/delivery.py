@@ -62,8 +62,8 @@ class Transport(Protocol):
     async def emit_last(self, frame: bytes) -> None:
         """Send the final frame (possibly empty) and end the answer."""
 
-    def client_key(self) -> str | None:
-        """The participant's key as their client sent it (redacted from error text)."""
+    def client_key(self) -> str | list[str] | None:
+        """The participant's key(s) as their client sent them (redacted from error text)."""
 
 
 class Output:

@@ -49,7 +49,7 @@ class CycleRecord:
     participant_id: str
     protocol: str
     stream: bool
-    model: str | None
+    model: str | None  # as the client asked
     upstream: str
     mono_anchor_ns: int
     wall_anchor_ns: int
@@ -92,6 +92,7 @@ class CycleRecord:
     revised_from: str | None = None  # the kind and rule a later request's revision replaced
     t_upstream_last_ns: int | None = None  # the upstream's last event reached the proxy
     t_upstream_first_output_ns: int | None = None  # ... its first text or tool call
+    served_model: str | None = None  # the model the arm had the upstream serve instead
 
     def sent(self, t_ns: int, first_due: int | None, last_due: int | None) -> None:
         """Output tokens due at ``first_due``..``last_due`` were written at ``t_ns``."""
@@ -123,35 +124,16 @@ class CycleRecord:
             violation_ms = max(0.0, max(lates) / 1e6)
         content, bad_content = storable("".join(self.content_parts))
         prompt, bad_prompt = storable(self.prompt_text)
-        row: dict[str, Any] = {
-            "id": self.id,
-            "participant_id": self.participant_id,
-            "arm": self.arm,
-            "task_id": self.task_id,
-            "period": self.period,
-            "protocol": self.protocol,
-            "transport": self.transport,
-            "stream": self.stream,
-            "turn": self.turn,
-            "connection_id": self.connection_id,
-            "model": self.model,
-            "upstream": self.upstream,
-            "upstream_response_id": self.upstream_response_id,
-            "mono_anchor_ns": self.mono_anchor_ns,
-            "wall_anchor_ns": self.wall_anchor_ns,
+        # Every field that has a column of its name is stored as it is (a new such column is
+        # declared in the schema and here, nothing more); the rest are computed.
+        row: dict[str, Any] = {name: getattr(self, name) for name in _COPIED}
+        row.update({
             "t_request_ns": t0,
-            "t_upstream_first_ns": self.t_upstream_first_ns,
-            "t_first_sent_ns": self.t_first_sent_ns,
-            "t_last_sent_ns": self.t_last_sent_ns,
-            "t_done_ns": self.t_done_ns,
-            "started_at": self.started_at,
             "shaped": target is not None,
             "target_ttft_ms": target.ttft_ms if target else None,
             "target_tps": target.tokens_per_second if target else None,
             "target_jitter": target.jitter if target else None,
             "target_delivery": target.delivery if target else None,
-            "frame_ms": self.frame_ms,
-            "draw_json": self.draw_json,
             "experienced_ttft_ms": ttft,
             "generation_wait_ms": wait,
             "achieved_tps": tps,
@@ -159,30 +141,13 @@ class CycleRecord:
             "violation_ms": violation_ms,
             "tokens_prompt": prompt_tok,
             "tokens_completion": completion_tok if exact else self.tokens_sent,
-            "tokens_sent": self.tokens_sent,
             "usage_exact": exact,
-            "tool_calls": self.tool_calls,
-            "status": self.status,
-            "http_status": self.http_status,
-            "error": self.error,
             "prompt_fingerprint": None,
             "content_fingerprint": None,
             "prompt_text": None,
             "content_text": None,
             "content_chars": len(content),
-            "simulated": self.simulated,
-            "request_kind": self.request_kind,
-            "kind_rule": self.kind_rule,
-            "turn_id": self.turn_id,
-            "conversation_key": self.conversation_key,
-            "client": self.client,
-            "client_sdk": self.client_sdk,
-            "input_key": self.input_key,
-            "offers_tools": self.offers_tools,
-            "revised_from": self.revised_from,
-            "t_upstream_last_ns": self.t_upstream_last_ns,
-            "t_upstream_first_output_ns": self.t_upstream_first_output_ns,
-        }
+        })
         replaced = [name for name, bad in (("prompt", bad_prompt), ("content", bad_content))
                     if bad and capture != "none"]
         if capture in ("fingerprint", "full"):
@@ -204,6 +169,11 @@ class CycleRecord:
             row["error"] = f"{row['error']}; {note}" if row["error"] else note
         return row
 
+
+#: The ``cycles`` columns a CycleRecord field of the same name fills as it is.
+_COPIED = tuple(c.name for c in Cycle.__table__.columns  # type: ignore[attr-defined]
+                if c.name in CycleRecord.__slots__ and c.name not in (  # type: ignore[attr-defined]
+                    "prompt_text",))
 
 #: Lone UTF-16 surrogates (JSON's "\udfff" decodes to one; no encoding can store it) and NUL
 #: (PostgreSQL text cannot hold it).

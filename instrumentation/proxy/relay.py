@@ -40,7 +40,7 @@ from typing import Any
 
 from ..tokens import count_tokens
 from .arms import NoAssignmentError
-from .auth import ParticipantInfo, key_from_headers
+from .auth import CREDENTIAL_HEADERS, ParticipantInfo, client_secrets
 from .cycle import Cycle
 from .protocols.base import ProtocolAdapter, RequestInfo, SSEParser
 from .shaping import RELEASE_SPIN_NS, sleep_until
@@ -87,16 +87,23 @@ def _error_text(body: bytes) -> str:
 
 
 class HttpBody:
-    """The HTTP + SSE sink of a cycle: output frames as response body chunks."""
+    """The HTTP + SSE sink of a cycle: output frames as response body chunks (or, for a
+    client that asked Gemini for its JSON-array stream, as the array's elements)."""
 
     keepalive_frames = True
 
-    def __init__(self, adapter: ProtocolAdapter, headers: Mapping[str, str]) -> None:
+    def __init__(self, adapter: ProtocolAdapter, headers: Mapping[str, str],
+                 path_key: str | None = None) -> None:
         self.adapter = adapter
         self.headers = headers
+        self.path_key = path_key
         self.send: Any = None  # the ASGI send, once the exchange runs
+        self.array: JsonArray | None = JsonArray() if getattr(
+            adapter, "json_array", False) else None
 
     async def emit(self, frames: list[bytes]) -> None:
+        if self.array is not None:
+            frames = self.array.elements(frames)
         body = frames[0] if len(frames) == 1 else b"".join(frames)
         await self.send({"type": _BODY, "body": body, "more_body": True})
 
@@ -104,10 +111,33 @@ class HttpBody:
         await self.send({"type": _BODY, "body": self.adapter.keepalive(), "more_body": True})
 
     async def emit_last(self, frame: bytes) -> None:
+        if self.array is not None:
+            frame = b"".join(self.array.elements([frame] if frame else [])) + self.array.close()
         await self.send({"type": _BODY, "body": frame, "more_body": False})
 
-    def client_key(self) -> str | None:
-        return key_from_headers(self.headers)
+    def client_key(self) -> list[str]:
+        return client_secrets(self.headers, self.path_key)
+
+
+class JsonArray:
+    """SSE frames (``data: {…}``) rewritten as the elements of one JSON array written piece
+    by piece (Gemini's stream without ``alt=sse``): ``[`` before the first, ``,`` between,
+    ``]`` at the end."""
+
+    def __init__(self) -> None:
+        self.opened = False
+
+    def elements(self, frames: list[bytes]) -> list[bytes]:
+        out = []
+        for frame in frames:
+            for line in frame.splitlines():
+                if line.startswith(b"data:"):
+                    out.append((b",\r\n" if self.opened else b"[") + line[5:].strip())
+                    self.opened = True
+        return out
+
+    def close(self) -> bytes:
+        return b"]" if self.opened else b"[]"
 
 
 class Exchange:
@@ -115,17 +145,19 @@ class Exchange:
 
     def __init__(self, state: ProxyState, adapter: ProtocolAdapter, participant: ParticipantInfo,
                  body: bytes, info: RequestInfo, headers: Mapping[str, str],
-                 t_request_ns: int, query: str = "") -> None:
+                 t_request_ns: int, query: str = "", path: str | None = None,
+                 path_key: str | None = None) -> None:
         self.state = state
         self.adapter = adapter
         self.info = info
-        self.sink = HttpBody(adapter, headers)
+        self.path_key = path_key
+        self.sink = HttpBody(adapter, headers, path_key)
         self.cycle = Cycle(state, adapter, participant, info, t_request_ns,
                            transport=self.sink, recorder=state.recorder)
         self.rec = self.cycle.rec
         self.body = body
         self.headers = headers
-        self.path = adapter.path + ("?" + query if query else "")
+        self.path = adapter.upstream_path(path or adapter.path, query)
         self.send: Any = None
         self.started = False  # response headers sent
         self.last_write = t_request_ns  # whole answers: when a keep-alive byte last went out
@@ -185,17 +217,24 @@ class Exchange:
             st.errors += 1
             await self._send_whole(403, adapter.error_body(str(exc), code="no_assignment"))
             return
-        upstream = st.upstreams.for_family(adapter.family)
+        route = st.upstreams.route(rec.arm, adapter.family.name)
+        upstream = route.upstream
         if upstream is None:
             await self._fail(501, f"this proxy has no upstream for the {adapter.name} protocol: "
-                                  f"add [upstream.{adapter.family}] to the study file",
-                             "upstream_error", "no_upstream")
+                                  f"{route.why}", "upstream_error", "no_upstream")
             return
         rec.upstream = upstream.name
+        path, body = self.path, self.body
+        if route.model is not None and route.model != self.info.model:
+            # The arm's model replaces the client's (a JSON body re-written, or the URL).
+            rec.served_model = route.model
+            path, body = adapter.with_model(path, body, route.model)
         headers = forwardable_request_headers(self.headers)
+        if upstream.credentials == "participant":
+            headers.update(self._own_credential())
         headers[CYCLE_HEADER] = rec.id
         try:
-            reply = await upstream.request("POST", self.path, headers, self.body)
+            reply = await upstream.request("POST", path, headers, body)
         except UpstreamError as exc:
             code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
             await self._fail(exc.status, exc.message, "upstream_error", code)
@@ -211,6 +250,11 @@ class Exchange:
                 await self._relay_whole(reply)
         finally:
             await reply.close()
+
+    def _own_credential(self) -> dict[str, str]:
+        """The participant's own provider credential, passed through as it came (the auth
+        check made sure they were identified apart from it)."""
+        return {h: v for h in CREDENTIAL_HEADERS if (v := self.headers.get(h))}
 
     # ------------------------------------------------------------------ sending
     def _headers(self, reply_headers: list[tuple[str, str]] | None, content_type: str,

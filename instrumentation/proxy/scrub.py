@@ -35,7 +35,8 @@ _ESCAPED_BYTES = re.compile(_ESCAPED_STRING.pattern.encode())
 def upstream_key_values(config: StudyConfig) -> list[str]:
     """The current values of every upstream key variable the study names (any side)."""
     up = config.upstream
-    names = [up.api_key_env] + [e.api_key_env for e in (up.openai, up.anthropic) if e]
+    names = [up.api_key_env] + [e.api_key_env for e in up.endpoints().values()] + [
+        u.api_key_env for u in config.upstreams.values()]
     return [v for n in names if n and (v := os.environ.get(n))]
 
 
@@ -61,9 +62,11 @@ class Scrubber:
         self._plain = [s for s in self._texts if "\\" not in s]
 
     @classmethod
-    def for_request(cls, config: StudyConfig, client_key: str | None) -> Scrubber:
-        """All the study's upstream keys plus the requesting participant's key."""
-        return cls([*upstream_key_values(config), client_key])
+    def for_request(cls, config: StudyConfig, client_key: str | list[str] | None) -> Scrubber:
+        """All the study's upstream keys plus the requesting participant's key(s) (their
+        flowtrial key and, under pass-through, their own provider credential)."""
+        keys = client_key if isinstance(client_key, list) else [client_key]
+        return cls([*upstream_key_values(config), *keys])
 
     def text(self, s: str) -> str:
         for secret in self._texts:

@@ -31,8 +31,9 @@ from flowtrial.study.storage import Database, RecordWriter, init_db
 from .app import create_proxy_app
 from .extensions import ProxyExtension
 from .front_door import WS_FRAME_SLACK, FrontDoorStats, Limits, guarded_protocol
+from .routing import UpstreamRouter
 from .state import ProxyState, close_writer, make_writer
-from .upstream import Upstream, UpstreamRouter
+from .upstream import Upstream
 
 __all__ = ["ProxyHandle", "ProxyStartError", "bind_socket", "make_server", "serve_proxy"]
 

@@ -16,8 +16,8 @@ from .arms import ArmResolver
 from .auth import Authenticator
 from .quiet_gc import QuietCollector
 from .recorder import Recorder
+from .routing import UpstreamRouter
 from .runtime_tuning import writer_thread_started
-from .upstream import UpstreamRouter
 
 __all__ = ["ProxyState", "close_writer", "make_writer", "new_cycle_id"]
 

@@ -8,12 +8,14 @@ quotes it gets it redacted here already, so even the answers relayed outside a c
 (``/v1/models``, ``count_tokens``) cannot pass it on. Connection failures become
 :class:`UpstreamError` 502, timeouts 504.
 
-Path mapping follows the SDKs' ``base_url`` conventions: for the OpenAI family the base URL
-includes the version (``https://api.openai.com/v1``) and the proxy path's ``/v1`` prefix is
-dropped; for the Anthropic family the base URL has no version
-(``https://api.anthropic.com``) and the full path is appended. Anthropic requests get the key
-as ``x-api-key``; the client's ``anthropic-version`` / ``anthropic-beta`` headers pass through
-(``anthropic-version`` defaults to :data:`ANTHROPIC_VERSION` when the client sent none).
+How a request is addressed is its protocol's :class:`~.protocols.base.Family` (nothing here
+branches on a family): whether the base URL carries the version (OpenAI's
+``https://api.openai.com/v1``: the proxy path's ``/v1`` is dropped; Anthropic's and Google's
+have none), the header the key goes in (``Authorization: Bearer``, ``x-api-key``,
+``x-goog-api-key``) and default headers (``anthropic-version`` =
+:data:`ANTHROPIC_VERSION` when the client sent none); the client's ``anthropic-beta`` and
+SDK headers pass through. With ``credentials = "participant"`` no study key is sent: the
+relay passes the participant's own credential on (:mod:`.auth`).
 
 The Responses WebSocket mode: :meth:`Upstream.open_socket` gives an :class:`UpstreamSocket`
 per client connection — for the mock, :meth:`MockModel.respond_ws` in-process; for a real
@@ -32,10 +34,12 @@ from typing import Any
 
 import httpx
 
-from flowtrial.study.config import StudyConfig
 from flowtrial.study.errors import FlowtrialError
 
 from .http1 import HeaderInjectionError, LeanTransport, request_head
+from .protocols import FAMILIES
+from .protocols.base import OPENAI, Family
+from .protocols.messages import ANTHROPIC_VERSION
 from .scrub import Scrubber
 
 __all__ = [
@@ -46,15 +50,12 @@ __all__ = [
     "Upstream",
     "UpstreamError",
     "UpstreamReply",
-    "UpstreamRouter",
     "UpstreamSocket",
     "forwardable_request_headers",
     "forwardable_response_headers",
-    "missing_key_vars",
 ]
 
 CYCLE_HEADER = "x-flowtrial-cycle-id"
-ANTHROPIC_VERSION = "2023-06-01"
 _TERMINAL_WS = {"response.completed", "response.incomplete", "response.failed", "error"}
 _TERMINAL_MARKS = tuple(f'"{t}"'.encode() for t in _TERMINAL_WS)
 
@@ -65,8 +66,8 @@ _HOP = {
 }
 # ``expect``: the proxy has the whole body before it calls the upstream, so a client's
 # ``100-continue`` has been answered already (RFC 9110 §10.1.1) and is not passed on.
-_REQUEST_DROP = _HOP | {"authorization", "x-api-key", "api-key", "accept-encoding", "cookie",
-                        "expect"}
+_REQUEST_DROP = _HOP | {"authorization", "x-api-key", "api-key", "x-goog-api-key",
+                        "accept-encoding", "cookie", "expect"}
 _RESPONSE_DROP = _HOP | {"content-encoding", "set-cookie", "date", "server", CYCLE_HEADER}
 
 
@@ -129,6 +130,7 @@ class Upstream:
     """Interface: one model endpoint the proxy forwards to."""
 
     name: str = "upstream"
+    credentials: str = "study"  # whose credential it is sent: "study" | "participant"
 
     async def start(self) -> None:
         """Open connections / clients (idempotent)."""
@@ -217,13 +219,18 @@ class HttpUpstream(Upstream):
     :mod:`flowtrial.instrumentation.proxy.http1` (benchmarks/bench_upstream_client.py: it
     against httpx's own client in one run)."""
 
-    def __init__(self, base_url: str, api_key_env: str | None, *, family: str = "openai",
-                 timeout_s: float = 600.0, connect_timeout_s: float = 10.0) -> None:
+    def __init__(self, base_url: str, api_key_env: str | None, *,
+                 family: Family | str = "openai", timeout_s: float = 600.0,
+                 connect_timeout_s: float = 10.0, credentials: str = "study",
+                 label: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key_env = api_key_env
-        self.family = family
+        self.family = FAMILIES[family] if isinstance(family, str) else family
+        #: "study": the key variable's value goes upstream; "participant": the client's own
+        #: credential does (pass-through: the relay adds it), never the study's.
+        self.credentials = credentials
         url = httpx.URL(self.base_url)
-        self.name = f"{family}:{url.host}"
+        self.name = label or f"{self.family.name}:{url.host}"
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._lean: LeanTransport | None = None
         # Where to connect, the Host header and the base path, once.
@@ -243,9 +250,7 @@ class HttpUpstream(Upstream):
             self._lean = None
 
     def url_for(self, path: str) -> str:
-        if self.family == "openai" and path.startswith("/v1/"):
-            path = path[3:]
-        return self.base_url + path
+        return self.base_url + self.family.upstream_path(path)
 
     def _key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
@@ -259,19 +264,17 @@ class HttpUpstream(Upstream):
         return cached[1]
 
     def _auth_headers(self) -> dict[str, str]:
-        if not self.api_key_env:
+        if not self.api_key_env or self.credentials == "participant":
             return {}
         key = self._key()
         if not key:
             raise UpstreamError(
                 502, f"the upstream key variable {self.api_key_env} is not set for the proxy"
             )
-        if self.family == "anthropic":
-            return {"x-api-key": key}
-        return {"authorization": f"Bearer {key}"}
+        return self.family.auth_headers(key)
 
     def open_socket(self, headers: dict[str, str]) -> UpstreamSocket:
-        if self.family != "openai":
+        if self.family is not OPENAI:
             return super().open_socket(headers)
         url = self.url_for("/v1/responses")
         url = "ws" + url[4:] if url.startswith("http") else url
@@ -279,8 +282,8 @@ class HttpUpstream(Upstream):
 
     def _request_headers(self, headers: dict[str, str]) -> dict[str, str]:
         req_headers = {**headers, **self._auth_headers(), "accept-encoding": "identity"}
-        if self.family == "anthropic":
-            req_headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+        for k, v in self.family.default_headers:
+            req_headers.setdefault(k, v)
         return req_headers
 
     async def request(self, method: str, path: str, headers: dict[str, str],
@@ -290,8 +293,7 @@ class HttpUpstream(Upstream):
         before the request leaves, all of it added TTFT."""
         await self.start()
         assert self._lean is not None
-        if self.family == "openai" and path.startswith("/v1/"):
-            path = path[3:]
+        path = self.family.upstream_path(path)
         try:
             # The base URL's own path (e.g. /v1) comes before the request's.
             head = request_head(method, self._base_path + path, self._host_header,
@@ -450,57 +452,3 @@ class _HttpSocket(UpstreamSocket):
                 await ws.close()
             except Exception:  # noqa: BLE001 - closing a dead socket
                 pass
-
-
-def missing_key_vars(config: StudyConfig) -> list[str]:
-    """Names of the key variables the study's real upstreams need but the environment lacks
-    (only names: the keys themselves are never read here)."""
-    up = config.upstream
-    if up.kind == "mock":
-        return []
-    names = [up.api_key_env] + [e.api_key_env for e in (up.openai, up.anthropic) if e]
-    out: list[str] = []
-    for name in names:
-        if name and not os.environ.get(name) and name not in out:
-            out.append(name)
-    return out
-
-
-class UpstreamRouter:
-    """Which upstream serves which protocol family, built from ``[upstream]``."""
-
-    def __init__(self, by_family: dict[str, Upstream]) -> None:
-        self.by_family = by_family
-
-    @classmethod
-    def from_config(cls, config: StudyConfig) -> UpstreamRouter:
-        up = config.upstream
-        if up.kind == "mock":
-            m = up.mock
-            mock = MockUpstream(tokens_per_second=m.tokens_per_second, ttft_ms=m.ttft_ms,
-                                seed=m.seed, tool_steps=up.tool_steps,
-                                answer_tokens=m.answer_range(), script=tuple(m.script))
-            return cls({"openai": mock, "anthropic": mock})
-        fams: dict[str, Upstream] = {}
-        for family in ("openai", "anthropic"):
-            side = getattr(up, family)
-            if side is not None:
-                fams[family] = HttpUpstream(side.base_url, side.api_key_env, family=family,
-                                            timeout_s=up.timeout_s,
-                                            connect_timeout_s=up.connect_timeout_s)
-        if up.base_url is not None and up.kind not in fams:
-            fams[up.kind] = HttpUpstream(up.base_url, up.api_key_env, family=up.kind,
-                                         timeout_s=up.timeout_s,
-                                         connect_timeout_s=up.connect_timeout_s)
-        return cls(fams)
-
-    def for_family(self, family: str) -> Upstream | None:
-        return self.by_family.get(family)
-
-    async def start(self) -> None:
-        for u in set(self.by_family.values()):
-            await u.start()
-
-    async def stop(self) -> None:
-        for u in set(self.by_family.values()):
-            await u.stop()

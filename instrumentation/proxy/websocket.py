@@ -45,7 +45,13 @@ from typing import Any
 from starlette.datastructures import Headers
 
 from .arms import NoAssignmentError
-from .auth import ParticipantInfo, key_from_headers
+from .auth import (
+    CREDENTIAL_HEADERS,
+    PATH_KEY,
+    ParticipantInfo,
+    client_secrets,
+    separate_identity,
+)
 from .cycle import Cycle
 from .health import UNAVAILABLE_MESSAGE
 from .protocols.base import JsonFrames, dumps, openai_error
@@ -76,7 +82,7 @@ class _Connection:
     """One accepted client socket: its sends, its upstream session, its turn counter."""
 
     def __init__(self, state: ProxyState, participant: ParticipantInfo, send: Any,
-                 headers: dict[str, str], client_key: str | None = None) -> None:
+                 headers: dict[str, str], client_key: list[str] | None = None) -> None:
         self.state = state
         self.participant = participant
         #: The key the client authenticated with: only to redact it from error text.
@@ -86,7 +92,8 @@ class _Connection:
         self.turns = 0
         self.headers = headers
         self.upstream_name = ""
-        self._upstream: UpstreamSocket | None = None
+        self.model: str | None = None
+        self._sockets: dict[str, UpstreamSocket] = {}  # upstream name -> its session
         self.closed = False
 
     async def send(self, frame: bytes) -> None:
@@ -96,20 +103,25 @@ class _Connection:
             self.closed = True
             raise
 
-    def upstream(self) -> UpstreamSocket:
-        """The upstream session (opened on first use; raises UpstreamError)."""
-        if self._upstream is None:
-            up = self.state.upstreams.for_family("openai")
-            if up is None:
-                raise UpstreamError(501, "this proxy has no upstream for the responses "
-                                         "protocol: add [upstream.openai] to the study file")
-            self.upstream_name = up.name
-            self._upstream = up.open_socket(self.headers)
-        return self._upstream
+    def upstream(self, arm: str | None = None) -> UpstreamSocket:
+        """The upstream session for ``arm`` (its named upstream, else ``[upstream.openai]``;
+        one per upstream, opened on first use; raises UpstreamError). Sets
+        ``upstream_name`` and ``model`` (the arm's model, None: the client's own)."""
+        route = self.state.upstreams.route(arm or "", "openai")
+        self.model = route.model
+        up = route.upstream
+        if up is None:
+            raise UpstreamError(501, "this proxy has no upstream for the responses "
+                                     f"protocol: {route.why}")
+        self.upstream_name = up.name
+        sock = self._sockets.get(up.name)
+        if sock is None:
+            sock = self._sockets[up.name] = up.open_socket(self.headers)
+        return sock
 
     async def close(self) -> None:
-        if self._upstream is not None:
-            await self._upstream.close()
+        for sock in self._sockets.values():
+            await sock.close()
 
 
 class SocketFrames:
@@ -133,7 +145,7 @@ class SocketFrames:
         if frame:
             await self.conn.send(frame)
 
-    def client_key(self) -> str | None:
+    def client_key(self) -> list[str] | None:
         return self.conn.client_key
 
 
@@ -200,7 +212,7 @@ class SocketTurn:
                                           403))
             return
         try:
-            sock = self.conn.upstream()
+            sock = self.conn.upstream(rec.arm)
             rec.upstream = self.conn.upstream_name
             await sock.connect()
         except UpstreamError as exc:
@@ -211,7 +223,11 @@ class SocketTurn:
                                                                      "upstream_unreachable")
             await cycle.finish_stream(ws_error(message, "server_error", code, exc.status))
             return
-        events = sock.turn(self.message, {CYCLE_HEADER: rec.id})
+        create = self.message
+        if self.conn.model is not None and self.conn.model != create.get("model"):
+            rec.served_model = self.conn.model  # the arm's model replaces the client's
+            create = {**create, "model": self.conn.model}
+        events = sock.turn(create, {CYCLE_HEADER: rec.id})
         rec.http_status = 101
         kind = Prefetch if cycle.pacer is not None else Direct
         src = kind(events, adapter, rec, JsonFrames())
@@ -244,7 +260,13 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         return
     state.requests += 1
     headers = Headers(scope=scope)
-    participant = state.auth.cached(headers) or await state.auth.authenticate(headers)
+    path_key = scope.get(PATH_KEY)
+    participant = state.auth.cached(headers, path_key) or await state.auth.authenticate(
+        headers, path_key)
+    up = state.upstreams.for_family("openai")
+    if participant is not None and up is not None and up.credentials == "participant" and (
+            not separate_identity(headers, path_key)):
+        participant = None  # their own credential would go up as the flowtrial key
     if participant is None:
         state.errors += 1
         body = openai_error("missing or unknown flowtrial participant key: send your own key "
@@ -264,8 +286,10 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
             await send({"type": "websocket.close", "code": 1008})
         return
     await send({"type": "websocket.accept"})
-    conn = _Connection(state, participant, send, forwardable_request_headers(headers),
-                       key_from_headers(headers))
+    forwarded = forwardable_request_headers(headers)
+    if up is not None and up.credentials == "participant":  # pass-through: theirs goes up
+        forwarded.update({h: v for h in CREDENTIAL_HEADERS if (v := headers.get(h))})
+    conn = _Connection(state, participant, send, forwarded, client_secrets(headers, path_key))
     inbox: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
     queued = 0  # bytes (characters) of the messages waiting in the inbox
     current: asyncio.Task[None] | None = None

@@ -175,6 +175,7 @@ def simulate_virtual_frames(
         "turn": flat(np.broadcast_to(np.arange(k) % prompts_per_task + 1, (p, k))),
         "connection_id": None,
         "model": SIM_MODEL,
+        "served_model": None,
         "upstream": "mock",
         "upstream_response_id": None,
         "mono_anchor_ns": 0,

@@ -23,6 +23,8 @@ __all__ = [
     "codex_config",
     "codex_otel",
     "codex_provider",
+    "gemini_env",
+    "gemini_settings",
     "gemini_telemetry",
     "isolated_env",
     "to_toml",
@@ -175,6 +177,29 @@ def codex_notify(base_url: str, program: tuple[str, ...] = ("flowtrial",)) -> li
     """Codex's `notify` program: `flowtrial codex-notify` posting each turn's end to the
     proxy at `base_url` (the participant key from FLOWTRIAL_API_KEY, Codex's env_key)."""
     return [*program, "codex-notify", "--url", base_url]
+
+
+def gemini_env(base_url: str, key: str) -> dict[str, str]:
+    """Gemini CLI's variables for flowtrial: the proxy's root URL (it appends
+    ``/v1beta/models/<model>:streamGenerateContent?alt=sse``), the participant key as the
+    Gemini API key, and headless trust of the project folder."""
+    return {
+        "GOOGLE_GEMINI_BASE_URL": base_url,
+        "GEMINI_API_KEY": key,
+        "GEMINI_CLI_TRUST_WORKSPACE": "true",
+    }
+
+
+def gemini_settings(base_url: str | None = None) -> dict[str, Any]:
+    """Gemini CLI's ``~/.gemini/settings.json``: the API-key auth (the base URL comes from
+    GOOGLE_GEMINI_BASE_URL), no update check, no usage statistics to Google; with
+    ``base_url``, its telemetry to the proxy's receiver (:func:`gemini_telemetry`)."""
+    return {
+        "security": {"auth": {"selectedType": "gemini-api-key"}},
+        "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+        "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": gemini_telemetry(base_url) if base_url else {"enabled": False},
+    }
 
 
 def gemini_telemetry(base_url: str) -> dict[str, Any]:

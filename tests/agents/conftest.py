@@ -36,6 +36,12 @@ def claude_bin() -> Path:
     return agent_binary("claude")
 
 
+@pytest.fixture(scope="session")
+def gemini_bin() -> Path:
+    """The pinned Gemini CLI (`gemini`)."""
+    return agent_binary("gemini")
+
+
 @pytest.fixture
 def outbound_trap() -> Iterator[OutboundTrap]:
     """Catches (and refuses) any request an agent tries to send beyond loopback."""

@@ -192,7 +192,7 @@ def agent_binary(name: str) -> Path:
     path = BIN_DIR / name
     if not path.exists():
         pytest.fail(f"{path} is missing: run `npm ci --prefix tests/agents` to install the "
-                    "pinned Codex CLI and Claude Code", pytrace=False)
+                    "pinned Codex CLI, Claude Code and Gemini CLI", pytrace=False)
     return path
 
 

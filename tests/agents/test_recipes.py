@@ -19,6 +19,8 @@ from tests.agents.agent_configs import (
     aider_metadata,
     claude_env,
     codex_config,
+    gemini_env,
+    gemini_settings,
     opencode_config,
     opencode_env,
     to_toml,
@@ -68,7 +70,9 @@ def _exports(script: str) -> dict[str, str]:
 
 def test_every_block_is_tagged_and_every_config_block_parses() -> None:
     sections = _sections()
-    assert {"Continue", "Aider", "Codex CLI", "Cline", "Zed", "Claude Code"} <= set(sections)
+    assert {"Continue", "Aider", "Codex CLI", "Cline", "Zed", "Claude Code", "Gemini CLI",
+            "opencode", "Qwen Code", "VS Code Copilot Chat", "JetBrains AI Assistant",
+            "Cursor"} <= set(sections)
     blocks = [block for section in sections.values() for block in section]
     assert all(lang for lang, _ in blocks), "every fenced block needs a language tag"
     parsed = [(lang, PARSERS[lang](text)) for lang, text in blocks if lang in PARSERS]
@@ -98,6 +102,13 @@ def test_claude_code_recipes_are_the_tested_environment() -> None:
     assert settings == {"env": expected}
 
 
+def test_gemini_cli_recipe_is_the_tested_configuration() -> None:
+    (script,) = _blocks("Gemini CLI", "bash")
+    assert _exports(script) == gemini_env(PROXY, KEY)
+    (settings,) = _blocks("Gemini CLI", "json")
+    assert settings == gemini_settings()
+
+
 def test_openai_style_recipes_point_at_the_proxy_with_the_participant_key() -> None:
     (continue_config,) = _blocks("Continue", "yaml")
     (model,) = continue_config["models"]
@@ -116,6 +127,20 @@ def test_openai_style_recipes_point_at_the_proxy_with_the_participant_key() -> N
 
     cline = _pages()["Cline"]
     assert f"`{OPENAI_BASE}`" in cline and f"`{KEY}`" in cline
+
+    (opencode,) = _blocks("opencode", "json")
+    options = opencode["provider"]["flowtrial"]["options"]
+    assert (options["baseURL"], options["apiKey"]) == (OPENAI_BASE, KEY)
+    (qwen,) = _blocks("Qwen Code", "bash")
+    assert _exports(qwen) == {"OPENAI_BASE_URL": OPENAI_BASE, "OPENAI_API_KEY": KEY,
+                                 "OPENAI_MODEL": "flowtrial-sim-1"}
+    (copilot,) = _blocks("VS Code Copilot Chat", "json")
+    (model,) = copilot["github.copilot.chat.customOAIModels"].values()
+    assert model["url"] == OPENAI_BASE and model["toolCalling"] is True
+    jetbrains = _pages()["JetBrains AI Assistant"]
+    assert f"`{OPENAI_BASE}`" in jetbrains and f"`{KEY}`" in jetbrains
+    cursor = _pages()["Cursor"]
+    assert f"`https://trial.example.org/p/{KEY}/v1`" in cursor
 
 
 def test_every_address_in_the_recipes_is_the_local_proxy() -> None:

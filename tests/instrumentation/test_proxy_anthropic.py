@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from flowtrial.instrumentation.proxy import create_proxy_app, serve_proxy
-from flowtrial.instrumentation.proxy.upstream import UpstreamError, UpstreamRouter
+from flowtrial.instrumentation.proxy.routing import UpstreamRouter
+from flowtrial.instrumentation.proxy.upstream import UpstreamError
 from tests.instrumentation.proxy_servers import ScriptedUpstream, on_time, sse
 from tests.instrumentation.servers import run_asgi_server
 

@@ -77,7 +77,8 @@ def test_every_problem_is_listed_at_once() -> None:
         (lambda d: d["upstream"].update(kind="openai"),
          "upstream: kind 'openai' needs base_url (and api_key_env)"),
         (lambda d: d["upstream"].update(kind="openai", base_url="https://x/v1"),
-         "upstream: kind 'openai' needs api_key_env (the variable's name)"),
+         "upstream: kind 'openai' needs api_key_env (the name of the variable holding the "
+         "study's key), or credentials = \"participant\" to forward each participant's own"),
         (lambda d: d["upstream"].update(kind="openai", base_url="ftp://x", api_key_env="K"),
          "upstream: base_url must start with http:// or https://"),
         (lambda d: d["upstream"].update(
@@ -87,8 +88,10 @@ def test_every_problem_is_listed_at_once() -> None:
         (lambda d: d["upstream"].update(
             kind="openai", base_url="https://x/v1", api_key_env="my key"),
          "upstream: api_key_env must be an environment variable name like OPENAI_API_KEY"),
+        (lambda d: d["upstream"].update(kind="vertex"),
+         "upstream.kind: must be one of 'mock', 'openai', 'anthropic' or 'gemini'"),
         (lambda d: d["upstream"].update(kind="gemini"),
-         "upstream.kind: must be one of 'mock', 'openai' or 'anthropic'"),
+         "upstream: kind 'gemini' needs base_url (and api_key_env)"),
         (lambda d: d["capture"].update(switch_min_away_s=0),
          "capture.switch_min_away_s: must be > 0"),
         (lambda d: d["proxy"].update(port=70000), "proxy.port: must be <= 65535"),

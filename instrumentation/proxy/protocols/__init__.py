@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from .base import (
     BodyInfo,
     Classified,
+    Family,
     JsonFrames,
     Kind,
     ProtocolAdapter,
@@ -15,11 +19,20 @@ from .base import (
 )
 from .chat import ChatAdapter
 from .completions import CompletionsAdapter
+from .gemini import GeminiAdapter
 from .messages import MessagesAdapter
 from .responses import ResponsesAdapter, ResponsesSocketAdapter
 
 __all__ = [
     "ADAPTERS",
+    "BY_NAME",
+    "FAMILIES",
+    "Family",
+    "PROTOCOLS",
+    "GeminiAdapter",
+    "match_route",
+    "read_view",
+    "shape_for",
     "BodyInfo",
     "ChatAdapter",
     "Classified",
@@ -36,8 +49,51 @@ __all__ = [
     "openai_error",
 ]
 
-#: Proxy path -> adapter class (HTTP). The Responses WebSocket mode uses
-#: :class:`ResponsesSocketAdapter` on ``ws://…/v1/responses``.
+#: Every HTTP protocol; a new protocol is a module and one entry here. The Responses
+#: WebSocket mode uses :class:`ResponsesSocketAdapter` on ``ws://…/v1/responses``.
+PROTOCOLS: tuple[type[ProtocolAdapter], ...] = (
+    ChatAdapter, CompletionsAdapter, ResponsesAdapter, MessagesAdapter, GeminiAdapter)
+#: Family name (``[upstream.<name>]``) -> how its upstream is addressed.
+FAMILIES: dict[str, Family] = {a.family.name: a.family for a in PROTOCOLS}
+#: Proxy path -> adapter class, for the protocols served on fixed paths.
 ADAPTERS: dict[str, type[ProtocolAdapter]] = {
-    a.path: a for a in (ChatAdapter, CompletionsAdapter, ResponsesAdapter, MessagesAdapter)
-}
+    r: a for a in PROTOCOLS for r in (a.routes or (a.path,)) if "{" not in r}
+#: Protocol name (as recorded in ``cycles.protocol``) -> adapter class.
+BY_NAME: dict[str, type[ProtocolAdapter]] = {a.name: a for a in PROTOCOLS}
+
+
+#: (compiled template, adapter class, method) for the routes with the model in the URL.
+_TEMPLATES = [
+    (re.compile("^" + re.escape(r).replace(re.escape("{model}"), "(?P<model>[^/]+?)") + "$"),
+     a, r.rsplit(":", 1)[-1])
+    for a in PROTOCOLS for r in a.routes if "{" in r
+]
+
+
+def match_route(path: str) -> tuple[type[ProtocolAdapter], dict[str, str]] | None:
+    """The protocol serving ``path`` and its path parameters (``model``, ``method``)."""
+    fixed = ADAPTERS.get(path)
+    if fixed is not None:
+        return fixed, {}
+    for pattern, adapter, method in _TEMPLATES:
+        if (m := pattern.match(path)) is not None:
+            return adapter, {"model": m.group("model"), "method": method}
+    return None
+
+
+def shape_for(path: str) -> ProtocolAdapter | None:
+    """The adapter whose error shape a reply on ``path`` takes (None: OpenAI's)."""
+    for a in PROTOCOLS:
+        if a.error_prefixes and path.startswith(a.error_prefixes):
+            return a()
+    return None
+
+
+def read_view(protocol: str, body: dict[str, Any],
+              url_params: dict[str, str] | None = None) -> RequestInfo:
+    """The view of a request body of ``protocol`` (an unknown name reads as completions:
+    the person's prompt, nothing more)."""
+    adapter = BY_NAME.get(protocol, CompletionsAdapter)()
+    if url_params:
+        adapter.url_params = url_params
+    return adapter.read_request(body)

@@ -15,12 +15,13 @@ a transport needs is a method here (``keepalive``, ``error_event``, ``error_body
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, NamedTuple
 
 try:
     import orjson as _orjson
@@ -28,14 +29,17 @@ except ImportError:  # pragma: no cover - orjson is in the [proxy] extra
     _orjson = None  # type: ignore[assignment]
 
 __all__ = [
+    "OPENAI",
     "BodyInfo",
     "Classified",
+    "Family",
     "JsonFrames",
     "Kind",
     "ProtocolAdapter",
     "RequestInfo",
     "SSEEvent",
     "SSEParser",
+    "ToolSpec",
     "dumps",
     "field_template",
     "json_str",
@@ -166,13 +170,111 @@ class Classified:
     error: str | None = None
 
 
+Ends = Literal["user_text", "tool_output", "assistant", "empty"]
+
+
+class ToolSpec(NamedTuple):
+    """One function tool a request offers."""
+
+    name: str
+    description: str
+    schema: dict[str, Any]
+
+
+def tool_spec(name: str, description: Any, schema: Any) -> ToolSpec:
+    """A :class:`ToolSpec` from a protocol's fields (a bad description or schema reads as
+    empty)."""
+    return ToolSpec(name, description if isinstance(description, str) else "",
+                    schema if isinstance(schema, dict) else {})
+
+
 @dataclass(slots=True)
 class RequestInfo:
-    """What the proxy needs to know of a request body."""
+    """One request, read once by its protocol module into the view every reader shares: the
+    relay (stream flag, model), the request classifier (``turns/classify.py``: what the input
+    ends with, tools, conversation) and the simulated model's tool steps (tools offered, tool
+    calls since the person's last message). Tolerant: a field of the wrong shape reads as
+    absent (classification runs before the upstream sees the body)."""
 
     stream: bool
     model: str | None
     prompt_text: str
+    ends: Ends = "user_text"  # what the input ends with (the person's text, tool output …)
+    ends_how: str = ""  # the wire-level reason (``chat:tool_message`` …)
+    conversation_key: str | None = None  # hash of the system prompt and first user text
+    offers_tools: bool = False
+    #: Each function tool offered: name, description, JSON schema of its arguments.
+    tools: tuple[ToolSpec, ...] = ()
+    tool_calls_since_person: int = 0  # model tool calls after the person's last message
+    has_person: bool = True  # the input holds a message from the person at all
+    max_tokens: int | None = None
+    structured: bool = False  # asks for JSON (schema) output
+    previous_response_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """How an upstream of one API family is addressed: the proxy path → the upstream's
+    (the OpenAI SDKs' base URL carries ``/v1``, Anthropic's and Google's do not), the header
+    its key goes in, and headers it needs by default. :class:`HttpUpstream` reads only this,
+    so a new family is a new instance in its protocol module."""
+
+    name: str  # openai | anthropic | gemini: the ``[upstream.<name>]`` table
+    key_header: str
+    bearer: bool = False
+    strip_version: bool = False
+    default_headers: tuple[tuple[str, str], ...] = ()
+    #: Client headers that carry a credential for this family (dropped or replaced upstream).
+    credential_headers: tuple[str, ...] = ("authorization", "x-api-key", "api-key",
+                                           "x-goog-api-key")
+
+    def upstream_path(self, path: str) -> str:
+        return path[3:] if self.strip_version and path.startswith("/v1/") else path
+
+    def auth_headers(self, key: str) -> dict[str, str]:
+        return {self.key_header: f"Bearer {key}" if self.bearer else key}
+
+
+OPENAI = Family("openai", "authorization", bearer=True, strip_version=True)
+
+
+def dicts(items: Any) -> list[dict[str, Any]]:
+    """The objects of a list field; any other shape (a number, a string, null) reads as
+    empty."""
+    return [m for m in items if isinstance(m, dict)] if isinstance(items, list) else []
+
+
+def loose_text(content: Any) -> str:
+    """All text of a content value of any protocol (strings, parts, nested ``text``)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(loose_text(part) for part in content)
+    if isinstance(content, dict):
+        for key in ("text", "content"):
+            if key in content:
+                return loose_text(content[key])
+    return ""
+
+
+def conversation_key(*parts: str) -> str | None:
+    """The conversation identity: a short hash of its fixed parts (None if all empty)."""
+    if not any(parts):
+        return None
+    h = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        h.update(part.encode("utf-8", "replace"))
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def first_int(body: dict[str, Any], *names: str) -> int | None:
+    return next((v for k in names if isinstance(v := body.get(k), int)
+                 and not isinstance(v, bool)), None)
+
+
+def is_json_spec(spec: Any) -> bool:
+    return isinstance(spec, dict) and spec.get("type") in ("json_schema", "json_object")
 
 
 @dataclass(slots=True)
@@ -225,13 +327,19 @@ def json_of(ev: SSEEvent) -> Any:
         return None
 
 
-def request_info(body: dict[str, Any], prompt_text: str) -> RequestInfo:
-    """What every protocol reads of a request: the stream flag, the model, the prompt text."""
+def request_info(body: dict[str, Any], prompt_text: str, **fields: Any) -> RequestInfo:
+    """What every protocol reads of a request (the stream flag, the model, the prompt text,
+    the tools, the token limit) plus the protocol's own ``fields``."""
     model = body.get("model")
+    tools = body.get("tools")
+    fields.setdefault("max_tokens", first_int(
+        body, "max_tokens", "max_completion_tokens", "max_output_tokens"))
     return RequestInfo(
         stream=body.get("stream") is True,
         model=model if isinstance(model, str) else None,
         prompt_text=prompt_text,
+        offers_tools=bool(tools) and isinstance(tools, list),
+        **fields,
     )
 
 
@@ -296,13 +404,35 @@ class ProtocolAdapter:
 
     name: ClassVar[str]  # recorded as the cycle's protocol: chat | completions | responses
     path: ClassVar[str]  # the proxy path, e.g. "/v1/chat/completions"
-    family: ClassVar[str] = "openai"  # which upstream endpoint serves it: openai | anthropic
+    #: Every path it serves; ``{model}`` stands for a model named in the URL (Gemini).
+    routes: ClassVar[tuple[str, ...]] = ()
+    family: ClassVar[Family] = OPENAI  # which upstream serves it and how it is addressed
+    #: Paths whose errors (404, 405, 503 …) take this protocol's shape (default: OpenAI's).
+    error_prefixes: ClassVar[tuple[str, ...]] = ()
+    #: The path parameters of the request's route (``model``, ``method``), set by the route.
+    url_params: dict[str, str] = {}  # noqa: RUF012 - replaced per instance, never mutated
     #: Whether splitting an event changes later events (Responses' sequence_number).
     renumbers: ClassVar[bool] = False
 
     # -- request -----------------------------------------------------------------------
     def read_request(self, body: dict[str, Any]) -> RequestInfo:
+        """The request's view (:class:`RequestInfo`); ``url_params`` may add to the body."""
         raise NotImplementedError
+
+    def upstream_path(self, path: str, query: str) -> str:
+        """The path (and query) the upstream is asked, for the client's ``path``."""
+        return path + ("?" + query if query else "")
+
+    def with_model(self, path: str, body: bytes, model: str) -> tuple[str, bytes]:
+        """The request's path and body asking for ``model`` instead (an arm's model): the
+        body's ``model`` field here; Gemini's is in the URL."""
+        obj = json.loads(body)
+        obj["model"] = model
+        return path, dumps(obj).encode()
+
+    def complete_at_eof(self) -> bool:
+        """Whether a stream that ended without a terminal event is complete all the same."""
+        return False
 
     # -- streaming -----------------------------------------------------------------------
     def classify(self, ev: SSEEvent) -> Classified:
@@ -347,11 +477,13 @@ class ProtocolAdapter:
     # -- usage ---------------------------------------------------------------------------
     @staticmethod
     def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None]:
-        """(prompt tokens, completion tokens) from any OpenAI/Anthropic usage object."""
+        """(prompt tokens, completion tokens) from any OpenAI/Anthropic/Gemini usage object."""
         if not isinstance(usage, dict):
             return None, None
-        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
-        completion = usage.get("completion_tokens", usage.get("output_tokens"))
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens",
+                                                      usage.get("promptTokenCount")))
+        completion = usage.get("completion_tokens", usage.get("output_tokens",
+                                                              usage.get("candidatesTokenCount")))
         return (
             prompt if isinstance(prompt, int) else None,
             completion if isinstance(completion, int) else None,

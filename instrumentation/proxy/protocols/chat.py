@@ -16,11 +16,18 @@ from .base import (
     OpenAIChunkAdapter,
     RequestInfo,
     SSEEvent,
+    conversation_key,
+    dicts,
     dumps,
     exact_obj,
+    is_json_spec,
+    loose_text,
     request_info,
     text_of_content,
+    tool_spec,
 )
+
+_SYSTEM = ("system", "developer")
 
 
 def last_user_text(messages: Any) -> str:
@@ -38,7 +45,27 @@ class ChatAdapter(OpenAIChunkAdapter):
     path = "/v1/chat/completions"
 
     def read_request(self, body: dict[str, Any]) -> RequestInfo:
-        return request_info(body, last_user_text(body.get("messages")))
+        messages = dicts(body.get("messages"))
+        system = [loose_text(m.get("content")) for m in messages if m.get("role") in _SYSTEM]
+        first_user = next((loose_text(m.get("content")) for m in messages
+                           if m.get("role") == "user"), "")
+        rest = [m for m in messages if m.get("role") not in _SYSTEM]
+        role = rest[-1].get("role") if rest else None
+        ends, how = (("empty", "no_messages") if not rest
+                     else ("tool_output", f"{role}_message") if role in ("tool", "function")
+                     else ("assistant", "assistant_last") if role == "assistant"
+                     else ("user_text", "user_message"))
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+        return request_info(
+            body, last_user_text(messages), ends=ends, ends_how=f"chat:{how}",
+            conversation_key=conversation_key(system[0] if system else "", first_user),
+            tools=tuple(tool_spec(fn["name"], fn.get("description"), fn.get("parameters"))
+                        for t in dicts(body.get("tools"))
+                        if t.get("type") == "function" and isinstance(fn := t.get("function"), dict)
+                        and isinstance(fn.get("name"), str)),
+            tool_calls_since_person=sum(1 for m in messages[last + 1:]
+                                        if m.get("role") == "assistant" and m.get("tool_calls")),
+            has_person=last >= 0, structured=is_json_spec(body.get("response_format")))
 
     def classify_choices(
         self, choices: list[Any], usage: dict[str, Any] | None, rid: str | None,

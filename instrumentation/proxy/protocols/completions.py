@@ -39,7 +39,7 @@ class CompletionsAdapter(OpenAIChunkAdapter):
         suffix = body.get("suffix")
         if isinstance(suffix, str) and suffix:
             text = f"{text}\n{suffix}"
-        return request_info(body, text)
+        return request_info(body, text, ends_how="completions:prompt")
 
     def classify_choices(
         self, choices: list[Any], usage: dict[str, Any] | None, rid: str | None,

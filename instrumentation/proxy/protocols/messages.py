@@ -24,20 +24,37 @@ from typing import Any
 from .base import (
     BodyInfo,
     Classified,
+    Family,
     Kind,
     ProtocolAdapter,
     RequestInfo,
     SSEEvent,
+    conversation_key,
+    dicts,
     dumps,
     exact_obj,
+    is_json_spec,
     json_of,
+    loose_text,
     request_info,
     text_of_content,
+    tool_spec,
 )
 
-__all__ = ["ERROR_TYPES", "MessagesAdapter", "anthropic_error"]
+__all__ = ["ANTHROPIC", "ANTHROPIC_VERSION", "ERROR_TYPES", "MessagesAdapter", "anthropic_error"]
+
+ANTHROPIC_VERSION = "2023-06-01"  # sent when the client sent no ``anthropic-version``
+ANTHROPIC = Family("anthropic", "x-api-key",
+                   default_headers=(("anthropic-version", ANTHROPIC_VERSION),))
 
 _TOOL_BLOCKS = {"tool_use", "server_tool_use", "mcp_tool_use"}
+_RESULT_BLOCKS = ("tool_result", "mcp_tool_result")
+
+
+def _has_block(message: dict[str, Any], types: tuple[str, ...]) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") in types for b in content)
 
 #: The proxy's error code (or OpenAI-style type) -> Anthropic's error type.
 ERROR_TYPES = {
@@ -76,15 +93,43 @@ def _sse(name: str, obj: Any) -> bytes:
 
 
 class MessagesAdapter(ProtocolAdapter):
+    family = ANTHROPIC
     name = "messages"
     path = "/v1/messages"
-    family = "anthropic"
+    error_prefixes = ("/v1/messages",)
 
     def __init__(self) -> None:
         self._usage: dict[str, Any] = {}
 
     def read_request(self, body: dict[str, Any]) -> RequestInfo:
-        return request_info(body, _last_user_text(body.get("messages")))
+        messages = dicts(body.get("messages"))
+        first_user = next((loose_text(m.get("content")) for m in messages
+                           if m.get("role") == "user"), "")
+        # Claude Code appends mid-conversation "system" messages after the user's.
+        rest = [m for m in messages if m.get("role") != "system"]
+        if not rest:
+            ends, how = "empty", "no_messages"
+        elif rest[-1].get("role") == "assistant":
+            ends, how = "assistant", "assistant_last"
+        elif _has_block(rest[-1], _RESULT_BLOCKS):
+            # Tool results, possibly with reminders the client added as text: a continuation.
+            ends, how = "tool_output", "tool_result"
+        else:
+            ends, how = "user_text", "user_message"
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "user"
+                    and not _has_block(m, ("tool_result",))), default=-1)
+        config = body.get("output_config")
+        spec = config.get("format") if isinstance(config, dict) else body.get("output_format")
+        return request_info(
+            body, _last_user_text(body.get("messages")), ends=ends, ends_how=f"messages:{how}",
+            conversation_key=conversation_key(loose_text(body.get("system")), first_user),
+            tools=tuple(tool_spec(t["name"], t.get("description"), t.get("input_schema"))
+                        for t in dicts(body.get("tools"))
+                        if isinstance(t.get("name"), str) and "input_schema" in t),
+            tool_calls_since_person=sum(1 for m in messages[last + 1:]
+                                        if m.get("role") == "assistant"
+                                        and _has_block(m, ("tool_use",))),
+            has_person=last >= 0, structured=is_json_spec(spec))
 
     def classify(self, ev: SSEEvent) -> Classified:
         obj = json_of(ev)

@@ -28,14 +28,19 @@ from .base import (
     ProtocolAdapter,
     RequestInfo,
     SSEEvent,
+    conversation_key,
+    dicts,
     dumps,
     exact_obj,
     field_template,
+    is_json_spec,
     json_of,
     json_str,
+    loose_text,
     request_info,
     split_on_field,
     text_of_content,
+    tool_spec,
 )
 
 _SEQ = re.compile(rb'"sequence_number"(\s*:\s*)(\d+)')
@@ -46,6 +51,19 @@ _TOOL_DELTAS = {
 }
 _TOOL_ITEMS = {"function_call", "custom_tool_call"}
 _TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
+_SYSTEM = ("system", "developer")
+_TOOL_RESULT_ITEMS = ("function_call_output", "custom_tool_call_output",
+                      "local_shell_call_output", "computer_call_output", "mcp_approval_response")
+_CALL_ITEMS = ("function_call", "custom_tool_call", "local_shell_call")
+
+
+def _role(item: Any) -> str | None:
+    """The role of an input item (a bare string is the user's); None for non-messages."""
+    if isinstance(item, str):
+        return "user"
+    if not isinstance(item, dict) or item.get("type") not in (None, "message"):
+        return None
+    return str(item.get("role") or "user")
 
 
 def _input_text(value: Any) -> str:
@@ -83,7 +101,43 @@ class ResponsesAdapter(ProtocolAdapter):
         self.next_seq = 0  # the sequence number the next event we emit must carry
 
     def read_request(self, body: dict[str, Any]) -> RequestInfo:
-        return request_info(body, _input_text(body.get("input")))
+        items = body.get("input")
+        listed: list[Any] = [] if items is None else [items] if isinstance(items, str) else (
+            items if isinstance(items, list) else [])
+        previous = body.get("previous_response_id")
+        previous = previous if isinstance(previous, str) else None
+        system = loose_text(body.get("instructions")) + "".join(
+            loose_text(i.get("content")) for i in listed if _role(i) in _SYSTEM)
+        users = [i for i in listed if _role(i) == "user"]
+        first_user = (users[0] if isinstance(users[0], str) else loose_text(users[0].get(
+            "content"))) if users else ""
+        rest = [i for i in listed if _role(i) not in _SYSTEM]
+        last = rest[-1] if rest else None
+        type_ = last.get("type") if isinstance(last, dict) else None
+        if last is None:
+            ends, how = "empty", "no_input"
+        elif type_ in _TOOL_RESULT_ITEMS:
+            ends, how = "tool_output", ("previous_response_tool_output" if previous and all(
+                isinstance(i, dict) and i.get("type") in _TOOL_RESULT_ITEMS for i in rest)
+                else type_)
+        elif _role(last) == "user":
+            ends, how = "user_text", "user_message"
+        else:
+            ends, how = "assistant", f"{type_ or _role(last)}_last"
+        person = max((k for k, i in enumerate(listed) if isinstance(i, str) or (
+            isinstance(i, dict) and i.get("type") in (None, "message")
+            and i.get("role", "user") == "user")), default=-1)
+        text = body.get("text")
+        return request_info(
+            body, _input_text(items), ends=ends, ends_how=f"responses:{how}",
+            conversation_key=conversation_key(system, first_user) if previous is None else None,
+            tools=tuple(tool_spec(t["name"], t.get("description"), t.get("parameters"))
+                        for t in dicts(body.get("tools"))
+                        if t.get("type") == "function" and isinstance(t.get("name"), str)),
+            tool_calls_since_person=sum(1 for i in listed[person + 1:] if isinstance(i, dict)
+                                        and i.get("type") in _CALL_ITEMS),
+            has_person=person >= 0, previous_response_id=previous,
+            structured=is_json_spec(text.get("format") if isinstance(text, dict) else None))
 
     def classify(self, ev: SSEEvent) -> Classified:
         obj = json_of(ev)

@@ -3,7 +3,7 @@
 table (withdrawals and deletions, naming no content). docs/researchers/field-study.md.
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0008"
-down_revision = "0006"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
@@ -46,4 +46,4 @@ def downgrade() -> None:
     with op.batch_alter_table("participants") as batch_op:
         for c in ("refused_requests", "withdrawn_at", "consent_version"):
             batch_op.drop_column(c)
-    op.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+    op.execute("UPDATE meta SET value = '7' WHERE key = 'schema_version'")
