@@ -200,9 +200,7 @@ def task_names(url: str, fresh: tuple[int, ...]) -> dict[int, str]:
     """Task id → name, for the task filter on in-memory cycle tables."""
     from sqlalchemy import select
 
-    from flowtrial.study.schema import Task
-
-    from .data import database
+    from .data import TASK, database
 
     with database(url).engine.connect() as conn:
-        return {int(i): str(n) for i, n in conn.execute(select(Task.id, Task.name))}
+        return {int(i): str(n) for i, n in conn.execute(select(TASK.id, TASK.name))}

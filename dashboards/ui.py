@@ -78,7 +78,8 @@ RATE_AXIS = alt.Axis(format=".0%", tickMinStep=0.01)
 COUNT_AXIS = alt.Axis(format="d", tickMinStep=1)
 
 
-def chart(ch: alt.TopLevelMixin, df: pd.DataFrame, name: str) -> None:
+def chart(ch: alt.Chart | alt.LayerChart | alt.VConcatChart | alt.HConcatChart
+          | alt.FacetChart, df: pd.DataFrame, name: str) -> None:
     """An Altair chart (hover tooltips are set by the caller) and its data's download."""
     st.altair_chart(ch, width="stretch")
     download(df, name)

@@ -192,3 +192,16 @@ def turns(db: DbOpt) -> None:
     finally:
         database.dispose()
     console.print(f"{display_url(database_url(db))}: {n} turns rebuilt from the cycles.")
+
+
+def team_token(db: DbOpt) -> None:
+    """Issue the team token of an observe study (printed once; the previous one stops
+    working): every team member's agent sends its telemetry with it, and each person is
+    stored under a salted pseudonym of their identity."""
+    from .storage import open_db
+    from .team import issue_team_token
+
+    token = issue_team_token(open_db(db))
+    console.print("Team token (shown once; set it in the agents' OTLP headers as "
+                  "Authorization=Bearer …):")
+    print(token)

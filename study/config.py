@@ -26,7 +26,7 @@ from pydantic import (
 from .errors import FlowtrialError
 from .questionnaire import QuestionnaireSection
 
-Design = Literal["parallel", "crossover", "per_prompt"]
+Design = Literal["parallel", "crossover", "per_prompt", "observe"]
 Unit = Literal["participant", "task", "session", "prompt"]
 Delivery = Literal["stream", "all_at_once"]
 ContentMode = Literal["none", "fingerprint", "full"]
@@ -37,6 +37,7 @@ ALLOWED_UNITS: dict[str, tuple[str, ...]] = {
     "parallel": ("participant",),
     "crossover": ("task", "session"),
     "per_prompt": ("prompt",),
+    "observe": ("participant",),  # a team's own work, no trial: nothing is randomized
 }
 
 DEFAULT_WORKING_APPS = [
@@ -312,6 +313,9 @@ class StudyConfig(_Strict):
                     "per_prompt: design 'per_prompt' needs [per_prompt] with ttft_ms and/or "
                     "tokens_per_second ranges"
                 )
+        elif design == "observe" and self.arms:
+            raise ValueError("arms: design 'observe' has no arms (a team's own work, no "
+                             "trial): remove the [[arms]] tables")
         elif design == "parallel" and len(self.arms) < 1:
             raise ValueError("arms: design 'parallel' needs at least one [[arms]] table")
         elif design == "crossover" and len(self.arms) < 2:

@@ -17,7 +17,7 @@ from sqlalchemy import BigInteger, Column, Index, MetaData, Text, UniqueConstrai
 from sqlmodel import Field, SQLModel
 
 #: Bumped with every Alembic revision in ``study/migrations/versions`` (revision ``000N``).
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 10
 
 
 def _big() -> Column:  # type: ignore[type-arg]
@@ -73,6 +73,9 @@ class Participant(SQLModel, table=True):
     created_at: datetime
     simulated: bool = False
     working_apps_json: str | None = None  # per-participant override of the study's list
+    #: The name a team member chose to show in the team view (opt-in; schema 10). Team
+    #: members are keyed by a salted pseudonym of their identity, never the identity.
+    display_name: str | None = None
 
 
 class Assignment(SQLModel, table=True):

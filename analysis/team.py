@@ -1,0 +1,313 @@
+"""Team analysis in the database: per week and person, agent or model, the waits per turn,
+the share of working time spent waiting, switches during waits and decisions.
+
+Every aggregate is one SQL query (SQLAlchemy Core: SQLite ≥ 3.25 and PostgreSQL), so a
+year of a large team is never loaded row by row into pandas; what comes back has one row
+per (group, week) or per (week, histogram bin).
+
+Two sources of waits, same columns (:func:`waits_query`):
+
+- ``proxy``: one wait per cycle the proxy recorded (request → last token sent);
+- ``telemetry``: one wait per agent turn rebuilt from the agents' own telemetry alone
+  (``events.source = "otel"``), for a team with no proxy in the path (``design =
+  "observe"``). A turn starts at the person's prompt (``turn_start``) and holds the
+  agent's model requests (``api_request``: its end is the record's time, its duration the
+  agent's own timing), tool runs (``tool_result``), the person's tool decisions and the time
+  the agent waited for them (``agent_wait``), until that person's next prompt in the same
+  agent. ``wait_s`` is prompt → the end of the turn's last model request, less the time the
+  agent waited for the person's decisions (deciding is not waiting).
+
+"Unmeasured is never zero": a (group, week) with no focus capture has ``switches = NaN``
+(``switch_reason`` says why), one without decisions ``acceptance_rate = NaN``.
+Durations are raw in the database; callers pass the study's ``time_scale``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pandas as pd
+from sqlalchemy import JSON, Select, Table, and_, case, cast, func, literal, select
+from sqlalchemy.sql import ColumnElement
+from sqlalchemy.sql.selectable import Subquery
+from sqlmodel import SQLModel
+
+from flowtrial.study.schema import Cycle, Event
+
+__all__ = [
+    "DECISION_KINDS",
+    "WAIT_EDGES_S",
+    "TeamQuery",
+    "team_agents",
+    "team_wait_bins",
+    "team_weekly",
+    "wait_source",
+    "waits_query",
+]
+
+Source = Literal["proxy", "telemetry"]
+Group = Literal["person", "agent", "model"]
+NS = 1_000_000_000
+DAY_NS = 86_400 * NS
+WEEK_NS = 7 * DAY_NS
+MONDAY_SHIFT_NS = 3 * DAY_NS  # 1970-01-01 was a Thursday: +3 days makes weeks start Monday
+DECISION_KINDS = ("accept", "reject", "partial_accept")
+CAPTURE_KINDS = ("focus_out", "focus_in", "afk_start", "afk_end")
+#: Log-spaced edges of the wait histogram (real seconds).
+WAIT_EDGES_S = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+_TURN_KINDS = ("turn_start", "api_request", "tool_result", "agent_wait", *DECISION_KINDS)
+
+
+def _table(model: type[SQLModel]) -> Table:
+    return SQLModel.metadata.tables[str(model.__tablename__)]
+
+
+CYCLE_T, EVENT_T = _table(Cycle), _table(Event)
+CY, EV = CYCLE_T.c, EVENT_T.c
+
+
+@dataclass(frozen=True)
+class TeamQuery:
+    """What to aggregate: the source, the grouping, the idle limit and the filters
+    (UTC epoch ns bounds, participant ids; empty = all). Hashable: a cache key."""
+
+    source: Source
+    by: Group = "person"
+    idle_limit_s: float = 300.0
+    time_scale: float = 1.0
+    start_ns: int | None = None
+    end_ns: int | None = None
+    participants: tuple[str, ...] = ()
+    dialect: str = "sqlite"
+
+
+def json_field(column: ColumnElement[Any], key: str, dialect: str) -> ColumnElement[Any]:
+    """``column``'s JSON text field ``key`` as text, on SQLite and PostgreSQL."""
+    if dialect == "postgresql":
+        return func.json_extract_path_text(cast(column, JSON), key)
+    return func.json_extract(column, f"$.{key}")
+
+
+def wait_source(design: str) -> Source:
+    """``telemetry`` for an observe study (no proxy), else ``proxy``."""
+    return "telemetry" if design == "observe" else "proxy"
+
+
+def _person_decision() -> ColumnElement[bool]:
+    # Tool decisions the agent's configuration took are not the person's.
+    return ~and_(EV.source == "otel", EV.payload_json.like('%"decided_by": "config"%'))
+
+
+def _proxy_waits(q: TeamQuery) -> Select[Any]:
+    start = CY.wall_anchor_ns + (CY.t_request_ns - CY.mono_anchor_ns)
+    end = CY.wall_anchor_ns + (func.coalesce(CY.t_last_sent_ns, CY.t_request_ns)
+                               - CY.mono_anchor_ns)
+    dec = (select(EV.cycle_id.label("cid"), func.count().label("decided"),
+                  func.sum(case((EV.kind == "accept", 1), else_=0)).label("accepted"))
+           .where(EV.kind.in_(DECISION_KINDS), EV.cycle_id.is_not(None), _person_decision())
+           .group_by(EV.cycle_id).subquery())
+    return (select(CY.participant_id.label("pid"),
+                   func.coalesce(CY.client, "unknown").label("agent"),
+                   func.coalesce(CY.model, "unknown").label("model"),
+                   start.label("start_ns"), end.label("end_ns"),
+                   (end - start).label("wait_ns"), literal(1).label("calls"),
+                   func.coalesce(dec.c.decided, 0).label("decided"),
+                   func.coalesce(dec.c.accepted, 0).label("accepted"),
+                   literal(0.0).label("decide_s"))
+            .select_from(CYCLE_T.outerjoin(dec, dec.c.cid == CY.id))
+            .where(CY.status == "ok"))
+
+
+def _telemetry_events(q: TeamQuery) -> Subquery:
+    """Agent-telemetry events numbered by turn: ``seq`` counts the person's prompts in that
+    agent up to the event (0 = before any prompt: dropped)."""
+    agent = func.coalesce(json_field(EV.payload_json, "agent", q.dialect), "unknown")
+    is_prompt = case((EV.kind == "turn_start", 1), else_=0)
+    seq = func.sum(is_prompt).over(partition_by=(EV.participant_id, agent),
+                                   order_by=(EV.ts_ns, EV.id))
+    model = case((EV.kind == "api_request", json_field(EV.payload_json, "model", q.dialect)),
+                 else_=None)
+    parts = [EV.source == "otel", EV.kind.in_(_TURN_KINDS)]
+    if q.participants:
+        parts.append(EV.participant_id.in_(q.participants))
+    return (select(EV.participant_id.label("pid"), agent.label("agent"), seq.label("seq"),
+                   EV.kind.label("kind"), EV.ts_ns.label("ts"), EV.duration_s.label("dur"),
+                   model.label("model"),
+                   _person_decision().label("by_person"))
+            .where(*parts).subquery())
+
+
+def _telemetry_waits(q: TeamQuery) -> Select[Any]:
+    e = _telemetry_events(q)
+    k = e.c.kind
+    prompt = func.min(case((k == "turn_start", e.c.ts), else_=None))
+    answer = func.max(case((k == "api_request", e.c.ts), else_=None))
+    decide = func.coalesce(func.sum(case((k == "agent_wait", e.c.dur), else_=None)), 0.0)
+    decided = and_(k.in_(DECISION_KINDS), e.c.by_person)
+    return (select(e.c.pid, e.c.agent, func.coalesce(func.max(e.c.model), "unknown"),
+                   prompt, func.coalesce(answer, prompt),
+                   answer - prompt - decide * NS,
+                   func.sum(case((k == "api_request", 1), else_=0)),
+                   func.sum(case((decided, 1), else_=0)),
+                   func.sum(case((and_(decided, k == "accept"), 1), else_=0)),
+                   decide)
+            .where(e.c.seq > 0).group_by(e.c.pid, e.c.agent, e.c.seq)
+            .having(answer.is_not(None)))
+
+
+def waits_query(q: TeamQuery) -> Subquery:
+    """One row per wait: ``pid, agent, model, start_ns, end_ns, wait_ns`` (raw), ``calls``,
+    ``decided, accepted`` (the person's tool decisions), ``decide_s``, and ``gap_ns`` to the
+    person's next wait (NULL for the last), filtered by time and participant."""
+    inner = (_proxy_waits(q) if q.source == "proxy" else _telemetry_waits(q)).subquery()
+    c = inner.c
+    cols = list(c)
+    w = select(*[x.label(n) for x, n in zip(cols, (
+        "pid", "agent", "model", "start_ns", "end_ns", "wait_ns", "calls", "decided",
+        "accepted", "decide_s"), strict=True)]).subquery()
+    gap = func.lead(w.c.start_ns).over(partition_by=w.c.pid, order_by=w.c.start_ns) \
+        - w.c.start_ns
+    # Filter after the window: the gap to the next wait needs every wait of the person.
+    fc = select(*w.c, gap.label("gap_ns")).subquery().c
+    where: list[ColumnElement[bool]] = []
+    if q.participants:
+        where.append(fc.pid.in_(q.participants))
+    if q.start_ns is not None:
+        where.append(fc.start_ns >= q.start_ns)
+    if q.end_ns is not None:
+        where.append(fc.start_ns < q.end_ns)
+    return select(*fc).where(*where).subquery()
+
+
+def _week(ts: ColumnElement[Any]) -> ColumnElement[Any]:
+    # // is integer division on both backends (CAST(x / y AS INTEGER) rounds on PostgreSQL).
+    return (ts + MONDAY_SHIFT_NS) // WEEK_NS
+
+
+def _who(w: Subquery, by: Group) -> ColumnElement[Any]:
+    return {"person": w.c.pid, "agent": w.c.agent, "model": w.c.model}[by]
+
+
+def week_label(week: pd.Series) -> pd.Series:
+    """Week numbers (Monday-based, since the epoch) as the ISO date of their Monday."""
+    return pd.to_datetime(week.astype("int64") * WEEK_NS - MONDAY_SHIFT_NS, unit="ns",
+                          utc=True).dt.strftime("%Y-%m-%d")
+
+
+def team_weekly(conn: Any, q: TeamQuery) -> pd.DataFrame:
+    """Per week (Monday, UTC) and group: ``waits``, ``people``, ``hours_active``,
+    ``waiting_share``, ``mean_wait_s``, ``switches`` (focus_out during waits, NaN with
+    ``switch_reason`` where no focus capture), ``switches_per_hour``, ``decided``,
+    ``acceptance_rate`` (NaN with ``acceptance_reason`` where no decisions), ``decide_s``.
+
+    Active time of a wait is the time to the same person's next one, or just the wait when
+    that gap exceeds the idle limit (the person stopped working)."""
+    w = waits_query(q)
+    limit_raw = q.idle_limit_s / q.time_scale * NS
+    active = case((and_(w.c.gap_ns.is_not(None), w.c.gap_ns <= limit_raw), w.c.gap_ns),
+                  else_=w.c.wait_ns)
+    who, week = _who(w, q.by).label("who"), _week(w.c.start_ns).label("week")
+    main = (select(who, week, func.count(), func.count(w.c.pid.distinct()),
+                   func.sum(w.c.wait_ns), func.sum(active), func.sum(w.c.decided),
+                   func.sum(w.c.accepted), func.sum(w.c.decide_s), func.sum(w.c.calls))
+            .group_by("who", "week"))
+    # Switches during waits: focus_out events inside a wait (index on participant, ts).
+    sw = (select(who, week, func.count(EV.id))
+          .select_from(w.join(EVENT_T, and_(EV.participant_id == w.c.pid,
+                                            EV.ts_ns >= w.c.start_ns, EV.ts_ns <= w.c.end_ns)))
+          .where(EV.kind == "focus_out").group_by("who", "week"))
+    # Focus capture present: the person had any focus or AFK events that week.
+    cap_week = _week(EV.ts_ns)
+    cap = (select(EV.participant_id.label("pid"), cap_week.label("week"))
+           .where(EV.kind.in_(CAPTURE_KINDS)).group_by(EV.participant_id, cap_week)
+           .subquery())
+    captured = (select(who, week, func.count(w.c.pid.distinct()))
+                .select_from(w.join(cap, and_(cap.c.pid == w.c.pid,
+                                              cap.c.week == _week(w.c.start_ns))))
+                .group_by("who", "week"))
+    cols = ["who", "week", "waits", "people", "wait_ns", "active_ns", "decided", "accepted",
+            "decide_s", "calls"]
+    df = pd.DataFrame([tuple(r) for r in conn.execute(main)], columns=cols)
+    ds = pd.DataFrame([tuple(r) for r in conn.execute(sw)], columns=["who", "week", "switches"])
+    dc = pd.DataFrame([tuple(r) for r in conn.execute(captured)],
+                      columns=["who", "week", "people_captured"])
+    return _weekly_frame(df, ds, dc, q.time_scale)
+
+
+WEEKLY_COLUMNS = ["week", "who", "waits", "people", "calls", "hours_active", "waiting_share",
+                  "mean_wait_s", "switches", "switches_per_hour", "switch_reason", "decided",
+                  "acceptance_rate", "acceptance_reason", "decide_s"]
+
+
+def _weekly_frame(df: pd.DataFrame, ds: pd.DataFrame, dc: pd.DataFrame,
+                  scale: float) -> pd.DataFrame:
+    if df.empty:
+        return pd.DataFrame(columns=WEEKLY_COLUMNS)
+    df = df.merge(ds, on=["who", "week"], how="left").merge(dc, on=["who", "week"],
+                                                              how="left")
+    for c in ("wait_ns", "active_ns", "decided", "accepted", "decide_s", "switches",
+              "people_captured", "calls"):
+        df[c] = pd.to_numeric(df[c], errors="coerce").fillna(0.0).astype(float)
+    wait_s = df["wait_ns"] / NS * scale
+    active_s = df["active_ns"] / NS * scale
+    hours = active_s / 3600.0
+    has_capture = df["people_captured"] > 0
+    switches = df["switches"].where(has_capture)
+    out = pd.DataFrame({
+        "week": week_label(df["week"]), "who": df["who"].astype(str),
+        "waits": df["waits"].astype(int), "people": df["people"].astype(int),
+        "calls": df["calls"].astype(int), "hours_active": hours,
+        "waiting_share": (wait_s / active_s).where(active_s > 0),
+        "mean_wait_s": wait_s / df["waits"].astype(float),
+        "switches": switches,
+        "switches_per_hour": (switches / hours).where(hours > 0),
+        "switch_reason": has_capture.map({True: "", False: "no focus capture"}),
+        "decided": df["decided"].astype(int),
+        "acceptance_rate": (df["accepted"] / df["decided"]).where(df["decided"] > 0),
+        "acceptance_reason": (df["decided"] > 0).map({True: "", False: "no decisions"}),
+        "decide_s": df["decide_s"] * scale,
+    })
+    return out.sort_values(["week", "who"], ignore_index=True)[WEEKLY_COLUMNS]
+
+
+def team_wait_bins(conn: Any, q: TeamQuery) -> pd.DataFrame:
+    """Per week and wait bin (``WAIT_EDGES_S``, real seconds): how many waits — the
+    distribution of waits per turn, whatever the team's size."""
+    w = waits_query(q)
+    raw = [e / q.time_scale * NS for e in WAIT_EDGES_S]
+    whens = [(w.c.wait_ns < e, i) for i, e in enumerate(raw[1:])]
+    b = case(*whens, else_=len(raw) - 1).label("bin")
+    week = _week(w.c.start_ns).label("week")
+    rows = conn.execute(select(week, b, func.count()).group_by("week", "bin"))
+    df = pd.DataFrame([tuple(r) for r in rows], columns=["week", "bin", "waits"])
+    if df.empty:
+        return pd.DataFrame(columns=["week", "bin", "range_s", "waits"])
+    df["week"] = week_label(df["week"])
+    df["bin"] = df["bin"].astype(int)
+    df["range_s"] = [bin_label(i) for i in df["bin"]]
+    return df.sort_values(["week", "bin"], ignore_index=True)[["week", "bin", "range_s",
+                                                                "waits"]]
+
+
+def bin_label(i: int) -> str:
+    e = WAIT_EDGES_S
+    return f"≥ {e[-1]:g} s" if i >= len(e) - 1 else f"{e[i]:g}–{e[i + 1]:g} s"
+
+
+def team_agents(conn: Any, q: TeamQuery) -> pd.DataFrame:
+    """Per agent and model over the whole range: waits, people, mean wait (real s),
+    acceptance — an observational comparison (people chose their tools), with its sizes."""
+    w = waits_query(q)
+    rows = conn.execute(
+        select(w.c.agent, w.c.model, func.count(), func.count(w.c.pid.distinct()),
+               func.avg(w.c.wait_ns), func.sum(w.c.decided), func.sum(w.c.accepted))
+        .group_by(w.c.agent, w.c.model).order_by(w.c.agent, w.c.model))
+    df = pd.DataFrame([tuple(r) for r in rows], columns=[
+        "agent", "model", "waits", "people", "mean_wait_ns", "decided", "accepted"])
+    df["mean_wait_s"] = pd.to_numeric(df.pop("mean_wait_ns")) / NS * q.time_scale
+    dec = pd.to_numeric(df["decided"]).fillna(0).astype(float)
+    df["acceptance_rate"] = (pd.to_numeric(df.pop("accepted")).astype(float) / dec
+                             ).where(dec > 0)
+    return df
+

@@ -1,0 +1,99 @@
+"""The OTLP receiver's team side (``design = "observe"``): a batch sent with the team token
+is split by person. Each record's identity (resource or record attributes: the first of
+:data:`IDENTITY_KEYS`) becomes the person's pseudonym (:func:`flowtrial.study.team.pseudonym`);
+the identity attributes are removed from the record before anything maps or stores it.
+A record with no identity is dropped and counted (OTLP's ``partial_success``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from flowtrial.study.storage import Database
+from flowtrial.study.team import TeamAuth, ensure_members, load_team_auth
+
+from .otlp import OtelRecord
+
+__all__ = ["DISPLAY_NAME_KEY", "IDENTITY_KEYS", "bearer", "split_by_person", "team_auth",
+           "team_rows"]
+
+#: Where agents put who is using them: Claude Code (``user.email``, ``user.account_uuid``),
+#: Codex (``user.email``, ``user.account_id``), Gemini CLI (``user.email``,
+#: ``installation.id``), or the team's own ``OTEL_RESOURCE_ATTRIBUTES=flowtrial.person=…``.
+IDENTITY_KEYS = ("flowtrial.person", "user.email", "user.account_uuid", "user.account_id",
+                 "user.id", "enduser.id", "installation.id")
+#: Opt-in: ``OTEL_RESOURCE_ATTRIBUTES=flowtrial.display_name=Ada`` shows "Ada" in the team view.
+DISPLAY_NAME_KEY = "flowtrial.display_name"
+_DROP = frozenset(IDENTITY_KEYS) | {DISPLAY_NAME_KEY, "organization.id", "user.name",
+                                     "host.name", "enduser.email"}
+
+
+def bearer(headers: Mapping[str, str]) -> str | None:
+    """The ``Authorization: Bearer …`` token, if any."""
+    value = headers.get("authorization") or ""
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _identity(rec: OtelRecord) -> str | None:
+    for attrs in (rec.attributes, rec.resource):
+        for key in IDENTITY_KEYS:
+            v = attrs.get(key)
+            if isinstance(v, str) and v.strip():
+                return v
+    return None
+
+
+def _clean(attrs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in attrs.items() if k not in _DROP}
+
+
+def split_by_person(auth: TeamAuth, records: Iterable[OtelRecord]
+                    ) -> tuple[dict[str, list[OtelRecord]], dict[str, str | None], int]:
+    """(pseudonym → its records without identity attributes, pseudonym → opted-in display
+    name or None, records dropped for having no identity)."""
+    from flowtrial.study.team import pseudonym
+
+    out: dict[str, list[OtelRecord]] = {}
+    names: dict[str, str | None] = {}
+    dropped = 0
+    for rec in records:
+        who = _identity(rec)
+        if who is None:
+            dropped += 1
+            continue
+        pid = pseudonym(auth.secret, who)
+        name = rec.resource.get(DISPLAY_NAME_KEY) or rec.attributes.get(DISPLAY_NAME_KEY)
+        if isinstance(name, str) and name.strip():
+            names[pid] = name.strip()[:64]
+        else:
+            names.setdefault(pid, None)
+        out.setdefault(pid, []).append(dataclasses.replace(
+            rec, attributes=_clean(rec.attributes), resource=_clean(rec.resource)))
+    return out, names, dropped
+
+
+def team_auth(database: Database, headers: Mapping[str, str]) -> TeamAuth | None:
+    """The study's team credentials when ``headers`` carry its team token, else None."""
+    token = bearer(headers)
+    if token is None:
+        return None
+    auth = load_team_auth(database)
+    return auth if auth is not None and auth.verify(token) else None
+
+
+def team_rows(database: Database, auth: TeamAuth, records: Iterable[OtelRecord], full: bool,
+              now_ns: int, received_at: datetime) -> list[dict[str, Any]]:
+    """The ``events`` rows of a team batch: split by person (new people enrolled under
+    their pseudonym), then mapped and linked per person like a participant's batch."""
+    from .ingest import prepare_rows
+
+    by_person, names, _dropped = split_by_person(auth, records)
+    ensure_members(database, names)
+    rows: list[dict[str, Any]] = []
+    for pid, recs in by_person.items():
+        rows += prepare_rows(database, pid, recs, full, now_ns, received_at)
+    return rows
