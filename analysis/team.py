@@ -219,12 +219,13 @@ def team_weekly(conn: Any, q: TeamQuery) -> pd.DataFrame:
           .where(EV.kind == "focus_out").group_by("who", "week"))
     # Focus capture present: the person had any focus or AFK events that week.
     cap_week = _week(EV.ts_ns)
-    cap = (select(EV.participant_id.label("pid"), cap_week.label("week"))
+    # Its own names: PostgreSQL resolves GROUP BY "week" to an input column before a label.
+    cap = (select(EV.participant_id.label("cpid"), cap_week.label("cweek"))
            .where(EV.kind.in_(CAPTURE_KINDS)).group_by(EV.participant_id, cap_week)
            .subquery())
     captured = (select(who, week, func.count(w.c.pid.distinct()))
-                .select_from(w.join(cap, and_(cap.c.pid == w.c.pid,
-                                              cap.c.week == _week(w.c.start_ns))))
+                .select_from(w.join(cap, and_(cap.c.cpid == w.c.pid,
+                                              cap.c.cweek == _week(w.c.start_ns))))
                 .group_by("who", "week"))
     cols = ["who", "week", "waits", "people", "wait_ns", "active_ns", "decided", "accepted",
             "decide_s", "calls"]
