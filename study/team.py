@@ -73,7 +73,7 @@ def issue_team_token(database: Database) -> str:
                              "design = \"observe\" (a team's own work, no proxy)")
     new = keys.new_key()
     with database.engine.begin() as conn:
-        have = dict(conn.execute(_GET).all())
+        have: dict[str, str] = {str(k): str(v) for k, v in conn.execute(_GET).all()}
         if _SECRET not in have:
             _set(conn, _SECRET, secrets.token_hex(32))
         for k, v in zip(_KEY, (new.key_id, new.salt, new.key_hash), strict=True):
@@ -84,7 +84,7 @@ def issue_team_token(database: Database) -> str:
 def load_team_auth(database: Database) -> TeamAuth | None:
     """The study's team token and secret, or None (no token issued)."""
     with database.engine.connect() as conn:
-        have = dict(conn.execute(_GET).all())
+        have: dict[str, str] = {str(k): str(v) for k, v in conn.execute(_GET).all()}
     if not all(k in have for k in (*_KEY, _SECRET)):
         return None
     return TeamAuth(have["team_key_id"], have["team_key_salt"], have["team_key_hash"],

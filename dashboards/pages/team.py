@@ -101,7 +101,7 @@ def spread(col: str, title: str, axis: alt.Axis, reason_col: str | None) -> None
         mine = rows[rows["who"].isin(highlight) & (rows["waits"] >= MIN_WAITS)]
         lines = alt.Chart(mine).mark_line(point=True).encode(
             x=x_week, y=y, color=alt.Color("who:N", title="highlighted"), tooltip=tip)
-        ch: alt.LayerChart | alt.Chart = alt.layer(base, lines)
+        ch: alt.LayerChart | alt.Chart = alt.LayerChart(layer=[base, lines])
     else:  # few groups: one line each is readable
         ch = alt.Chart(rows).mark_line(point=True).encode(
             x=x_week, y=y, color=alt.Color("who:N", title=by), tooltip=tip)
