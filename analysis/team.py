@@ -15,7 +15,9 @@ Two sources of waits, same columns (:func:`waits_query`):
   agent's own timing), tool runs (``tool_result``), the person's tool decisions and the time
   the agent waited for them (``agent_wait``), until that person's next prompt in the same
   agent. ``wait_s`` is prompt → the end of the turn's last model request, less the time the
-  agent waited for the person's decisions (deciding is not waiting).
+  agent waited for the person's decisions (deciding is not waiting). Codex times a request
+  to its response headers only; its stream's end (``answer_end``, the ``response.completed``
+  event) ends the answer there.
 
 "Unmeasured is never zero": a (group, week) with no focus capture has ``switches = NaN``
 (``switch_reason`` says why), one without decisions ``acceptance_rate = NaN``.
@@ -33,12 +35,14 @@ from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.selectable import Subquery
 from sqlmodel import SQLModel
 
-from flowtrial.study.schema import Cycle, Event
+from flowtrial.study.schema import Cycle, Event, Turn
 
 __all__ = [
     "DECISION_KINDS",
+    "MATCH_TOLERANCE_S",
     "WAIT_EDGES_S",
     "TeamQuery",
+    "reconcile",
     "team_agents",
     "team_wait_bins",
     "team_weekly",
@@ -56,15 +60,16 @@ DECISION_KINDS = ("accept", "reject", "partial_accept")
 CAPTURE_KINDS = ("focus_out", "focus_in", "afk_start", "afk_end")
 #: Log-spaced edges of the wait histogram (real seconds).
 WAIT_EDGES_S = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-_TURN_KINDS = ("turn_start", "api_request", "tool_result", "agent_wait", *DECISION_KINDS)
+_TURN_KINDS = ("turn_start", "api_request", "answer_end", "tool_result", "agent_wait",
+               *DECISION_KINDS)
 
 
 def _table(model: type[SQLModel]) -> Table:
     return SQLModel.metadata.tables[str(model.__tablename__)]
 
 
-CYCLE_T, EVENT_T = _table(Cycle), _table(Event)
-CY, EV = CYCLE_T.c, EVENT_T.c
+CYCLE_T, EVENT_T, TURN_T = _table(Cycle), _table(Event), _table(Turn)
+CY, EV, TU = CYCLE_T.c, EVENT_T.c, TURN_T.c
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,7 @@ def _proxy_waits(q: TeamQuery) -> Select[Any]:
                    (end - start).label("wait_ns"), literal(1).label("calls"),
                    func.coalesce(dec.c.decided, 0).label("decided"),
                    func.coalesce(dec.c.accepted, 0).label("accepted"),
-                   literal(0.0).label("decide_s"))
+                   literal(0.0).label("decide_s"), start.label("first_call_ns"))
             .select_from(CYCLE_T.outerjoin(dec, dec.c.cid == CY.id))
             .where(CY.status == "ok"))
 
@@ -134,7 +139,9 @@ def _telemetry_events(q: TeamQuery) -> Subquery:
     return (select(EV.participant_id.label("pid"), agent.label("agent"), seq.label("seq"),
                    EV.kind.label("kind"), EV.ts_ns.label("ts"), EV.duration_s.label("dur"),
                    model.label("model"),
-                   _person_decision().label("by_person"))
+                   _person_decision().label("by_person"),
+                   # Claude Code reports a call twice (log and span): count the logs only.
+                   EV.payload_json.like('%"span": true%').label("is_span"))
             .where(*parts).subquery())
 
 
@@ -142,30 +149,36 @@ def _telemetry_waits(q: TeamQuery) -> Select[Any]:
     e = _telemetry_events(q)
     k = e.c.kind
     prompt = func.min(case((k == "turn_start", e.c.ts), else_=None))
-    answer = func.max(case((k == "api_request", e.c.ts), else_=None))
+    # The final answer's end: a request's end (its record's time), or Codex's stream end.
+    answer = func.max(case((k.in_(("api_request", "answer_end")), e.c.ts), else_=None))
     decide = func.coalesce(func.sum(case((k == "agent_wait", e.c.dur), else_=None)), 0.0)
     decided = and_(k.in_(DECISION_KINDS), e.c.by_person)
+    # The agent's first model request began its duration before the record's time.
+    call_start = e.c.ts - func.coalesce(e.c.dur, 0.0) * NS
+    first_call = func.min(case((k == "api_request", call_start), else_=None))
     return (select(e.c.pid, e.c.agent, func.coalesce(func.max(e.c.model), "unknown"),
                    prompt, func.coalesce(answer, prompt),
                    answer - prompt - decide * NS,
-                   func.sum(case((k == "api_request", 1), else_=0)),
+                   func.sum(case((and_(k == "api_request", ~e.c.is_span), 1), else_=0)),
                    func.sum(case((decided, 1), else_=0)),
                    func.sum(case((and_(decided, k == "accept"), 1), else_=0)),
-                   decide)
+                   decide, first_call)
             .where(e.c.seq > 0).group_by(e.c.pid, e.c.agent, e.c.seq)
             .having(answer.is_not(None)))
 
 
 def waits_query(q: TeamQuery) -> Subquery:
     """One row per wait: ``pid, agent, model, start_ns, end_ns, wait_ns`` (raw), ``calls``,
-    ``decided, accepted`` (the person's tool decisions), ``decide_s``, and ``gap_ns`` to the
+    ``decided, accepted`` (the person's tool decisions), ``decide_s``, ``first_call_ns`` (the
+    first model request's start: the prompt is earlier by the agent's preparation), and
+    ``gap_ns`` to the
     person's next wait (NULL for the last), filtered by time and participant."""
     inner = (_proxy_waits(q) if q.source == "proxy" else _telemetry_waits(q)).subquery()
     c = inner.c
     cols = list(c)
     w = select(*[x.label(n) for x, n in zip(cols, (
         "pid", "agent", "model", "start_ns", "end_ns", "wait_ns", "calls", "decided",
-        "accepted", "decide_s"), strict=True)]).subquery()
+        "accepted", "decide_s", "first_call_ns"), strict=True)]).subquery()
     gap = func.lead(w.c.start_ns).over(partition_by=w.c.pid, order_by=w.c.start_ns) \
         - w.c.start_ns
     # Filter after the window: the gap to the next wait needs every wait of the person.
@@ -312,3 +325,50 @@ def team_agents(conn: Any, q: TeamQuery) -> pd.DataFrame:
                              ).where(dec > 0)
     return df
 
+
+
+#: A telemetry turn's first model request and the proxy's turn start (same machine: ms apart).
+MATCH_TOLERANCE_S = 2.0
+RECONCILE_COLUMNS = ["pid", "agent", "prompt_ns", "telemetry_wait_s", "telemetry_span_s",
+                     "proxy_turn_id", "proxy_wait_s", "diff_s", "wait_s"]
+
+
+def reconcile(conn: Any, q: TeamQuery) -> pd.DataFrame:
+    """Telemetry turns beside the proxy's turns, where both exist (one study with the proxy
+    in the path *and* the agents' telemetry). Per telemetry turn: its wait (prompt → final
+    answer), its span (first request's start → final answer: what the proxy can see), the
+    proxy turn it matches (same person, the proxy's start within :data:`MATCH_TOLERANCE_S`
+    of the first request's start; each proxy turn once), the proxy's wait, ``diff_s`` =
+    span − proxy wait, and ``wait_s``: the proxy's when matched (its clock is the one that
+    shaped the wait), else the telemetry's. Real seconds."""
+    from dataclasses import replace
+
+    w = waits_query(replace(q, source="telemetry"))
+    tel = pd.DataFrame([tuple(r) for r in conn.execute(
+        select(w.c.pid, w.c.agent, w.c.start_ns, w.c.first_call_ns, w.c.end_ns,
+               w.c.wait_ns).order_by(w.c.pid, w.c.start_ns))],
+        columns=["pid", "agent", "prompt_ns", "first_ns", "end_ns", "wait_ns"])
+    start = TU.wall_anchor_ns + (TU.t_start_ns - TU.mono_anchor_ns)
+    tq = select(TU.id, TU.participant_id, start, TU.wait_ms).where(TU.wait_ms.is_not(None))
+    if q.participants:
+        tq = tq.where(TU.participant_id.in_(q.participants))
+    prox = pd.DataFrame([tuple(r) for r in conn.execute(tq)],
+                        columns=["id", "pid", "start_ns", "wait_ms"])
+    out = []
+    taken: set[str] = set()
+    tol = MATCH_TOLERANCE_S * NS
+    for r in tel.itertuples(index=False):
+        cand = prox[(prox["pid"] == r.pid) & ~prox["id"].isin(taken)
+                    & ((prox["start_ns"] - r.first_ns).abs() <= tol)]
+        match = None
+        if len(cand):
+            match = cand.loc[(cand["start_ns"] - r.first_ns).abs().idxmin()]
+            taken.add(str(match["id"]))
+        span = (r.end_ns - r.first_ns) / NS * q.time_scale
+        proxy_wait = float(match["wait_ms"]) / 1000 * q.time_scale if match is not None else None
+        tel_wait = float(r.wait_ns) / NS * q.time_scale
+        out.append((r.pid, r.agent, int(r.prompt_ns), tel_wait, span,
+                    None if match is None else str(match["id"]), proxy_wait,
+                    None if proxy_wait is None else span - proxy_wait,
+                    tel_wait if proxy_wait is None else proxy_wait))
+    return pd.DataFrame(out, columns=RECONCILE_COLUMNS)

@@ -95,5 +95,12 @@ def team_rows(database: Database, auth: TeamAuth, records: Iterable[OtelRecord],
     ensure_members(database, names)
     rows: list[dict[str, Any]] = []
     for pid, recs in by_person.items():
-        rows += prepare_rows(database, pid, recs, full, now_ns, received_at)
+        rows += [r for r in prepare_rows(database, pid, recs, full, now_ns, received_at)
+                 if not _per_token(r)]
     return rows
+
+
+def _per_token(row: dict[str, Any]) -> bool:
+    """Codex's record of every streamed event (one per token): a team study keeps only the
+    mapped ones (the stream's end is ``answer_end``), or a year of a team is mostly these."""
+    return row["kind"] == "custom" and '"name": "codex.sse_event"' in (row["payload_json"] or "")
