@@ -74,7 +74,8 @@ st.markdown("**Waits per turn, per week**")
 bins = team_data.wait_bins(ctx.url, ctx.fresh, q)
 heat = alt.Chart(bins).mark_rect().encode(
     x=x_week, y=alt.Y("range_s:O", title="wait", sort=alt.SortField("bin", order="descending")),
-    color=alt.Color("waits:Q", title="waits", scale=alt.Scale(scheme="blues")),
+    color=alt.Color("waits:Q", title="waits", scale=alt.Scale(scheme="blues"),
+                    legend=alt.Legend(format="d", tickMinStep=1)),
     tooltip=["week", "range_s", "waits"]).properties(height=240)
 ui.chart(heat, bins, f"team waits per week by {by}")
 

@@ -132,6 +132,13 @@ def test_claude_code_and_codex_telemetry_alone_make_a_team_view(
     assert set(agents["agent"]) == {"claude_code", "codex"}
     assert weekly["switches_per_hour"].isna().all()  # no focus capture: "—", not 0
     assert b"example.com" not in db.read_bytes()
+    # The team view a lead opens, in Chromium: the two people's turns and waits.
+    from tests.dashboards.test_browser import page_in_chromium
+
+    text = page_in_chromium(db, "team", "Team view", "team-view-real-agents")
+    assert re.search(r"Turns\s+2\s+People\s+2", text), text[:2000]
+    assert "claude_code" in text and "codex" in text
+    assert "no focus capture" in text
 
 
 def _team_tables(db: Path | str) -> tuple[Any, Any]:
