@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import pandas as pd
-from sqlalchemy import JSON, Select, Table, and_, case, cast, func, literal, select
+from sqlalchemy import Select, Table, and_, case, func, literal, select
 from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.selectable import Subquery
 from sqlmodel import SQLModel
 
-from flowtrial.study.schema import Cycle, Event, Turn
+from flowtrial.study.schema import Cycle, Event, TeamTurn, Turn
+from flowtrial.study.team_turns import person_decision, telemetry_turns
 
 __all__ = [
     "DECISION_KINDS",
@@ -60,8 +61,6 @@ DECISION_KINDS = ("accept", "reject", "partial_accept")
 CAPTURE_KINDS = ("focus_out", "focus_in", "afk_start", "afk_end")
 #: Log-spaced edges of the wait histogram (real seconds).
 WAIT_EDGES_S = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-_TURN_KINDS = ("turn_start", "api_request", "answer_end", "tool_result", "agent_wait",
-               *DECISION_KINDS)
 
 
 def _table(model: type[SQLModel]) -> Table:
@@ -69,7 +68,7 @@ def _table(model: type[SQLModel]) -> Table:
 
 
 CYCLE_T, EVENT_T, TURN_T = _table(Cycle), _table(Event), _table(Turn)
-CY, EV, TU = CYCLE_T.c, EVENT_T.c, TURN_T.c
+CY, EV, TU, TT = CYCLE_T.c, EVENT_T.c, TURN_T.c, _table(TeamTurn).c
 
 
 @dataclass(frozen=True)
@@ -87,21 +86,9 @@ class TeamQuery:
     dialect: str = "sqlite"
 
 
-def json_field(column: ColumnElement[Any], key: str, dialect: str) -> ColumnElement[Any]:
-    """``column``'s JSON text field ``key`` as text, on SQLite and PostgreSQL."""
-    if dialect == "postgresql":
-        return func.json_extract_path_text(cast(column, JSON), key)
-    return func.json_extract(column, f"$.{key}")
-
-
 def wait_source(design: str) -> Source:
     """``telemetry`` for an observe study (no proxy), else ``proxy``."""
     return "telemetry" if design == "observe" else "proxy"
-
-
-def _person_decision() -> ColumnElement[bool]:
-    # Tool decisions the agent's configuration took are not the person's.
-    return ~and_(EV.source == "otel", EV.payload_json.like('%"decided_by": "config"%'))
 
 
 def _proxy_waits(q: TeamQuery) -> Select[Any]:
@@ -110,7 +97,7 @@ def _proxy_waits(q: TeamQuery) -> Select[Any]:
                                - CY.mono_anchor_ns)
     dec = (select(EV.cycle_id.label("cid"), func.count().label("decided"),
                   func.sum(case((EV.kind == "accept", 1), else_=0)).label("accepted"))
-           .where(EV.kind.in_(DECISION_KINDS), EV.cycle_id.is_not(None), _person_decision())
+           .where(EV.kind.in_(DECISION_KINDS), EV.cycle_id.is_not(None), person_decision())
            .group_by(EV.cycle_id).subquery())
     return (select(CY.participant_id.label("pid"),
                    func.coalesce(CY.client, "unknown").label("agent"),
@@ -124,47 +111,20 @@ def _proxy_waits(q: TeamQuery) -> Select[Any]:
             .where(CY.status == "ok"))
 
 
-def _telemetry_events(q: TeamQuery) -> Subquery:
-    """Agent-telemetry events numbered by turn: ``seq`` counts the person's prompts in that
-    agent up to the event (0 = before any prompt: dropped)."""
-    agent = func.coalesce(json_field(EV.payload_json, "agent", q.dialect), "unknown")
-    is_prompt = case((EV.kind == "turn_start", 1), else_=0)
-    seq = func.sum(is_prompt).over(partition_by=(EV.participant_id, agent),
-                                   order_by=(EV.ts_ns, EV.id))
-    model = case((EV.kind == "api_request", json_field(EV.payload_json, "model", q.dialect)),
-                 else_=None)
-    parts = [EV.source == "otel", EV.kind.in_(_TURN_KINDS)]
-    if q.participants:
-        parts.append(EV.participant_id.in_(q.participants))
-    return (select(EV.participant_id.label("pid"), agent.label("agent"), seq.label("seq"),
-                   EV.kind.label("kind"), EV.ts_ns.label("ts"), EV.duration_s.label("dur"),
-                   model.label("model"),
-                   _person_decision().label("by_person"),
-                   # Claude Code reports a call twice (log and span): count the logs only.
-                   EV.payload_json.like('%"span": true%').label("is_span"))
-            .where(*parts).subquery())
+def _telemetry_rows() -> Any:
+    """The stored telemetry turns (``team_turns``: refreshed by the receiver as batches
+    arrive, each with its gap to the person's next turn)."""
+    return select(TT.participant_id.label("pid"), TT.agent, TT.model, TT.start_ns, TT.end_ns,
+                  TT.wait_ns, TT.calls, TT.decided, TT.accepted, TT.decide_s,
+                  TT.first_call_ns, TT.gap_ns).subquery().c
 
 
-def _telemetry_waits(q: TeamQuery) -> Select[Any]:
-    e = _telemetry_events(q)
-    k = e.c.kind
-    prompt = func.min(case((k == "turn_start", e.c.ts), else_=None))
-    # The final answer's end: a request's end (its record's time), or Codex's stream end.
-    answer = func.max(case((k.in_(("api_request", "answer_end")), e.c.ts), else_=None))
-    decide = func.coalesce(func.sum(case((k == "agent_wait", e.c.dur), else_=None)), 0.0)
-    decided = and_(k.in_(DECISION_KINDS), e.c.by_person)
-    # The agent's first model request began its duration before the record's time.
-    call_start = e.c.ts - func.coalesce(e.c.dur, 0.0) * NS
-    first_call = func.min(case((k == "api_request", call_start), else_=None))
-    return (select(e.c.pid, e.c.agent, func.coalesce(func.max(e.c.model), "unknown"),
-                   prompt, func.coalesce(answer, prompt),
-                   answer - prompt - decide * NS,
-                   func.sum(case((and_(k == "api_request", ~e.c.is_span), 1), else_=0)),
-                   func.sum(case((decided, 1), else_=0)),
-                   func.sum(case((and_(decided, k == "accept"), 1), else_=0)),
-                   decide, first_call)
-            .where(e.c.seq > 0).group_by(e.c.pid, e.c.agent, e.c.seq)
-            .having(answer.is_not(None)))
+def _proxy_rows(q: TeamQuery) -> Any:
+    inner = _proxy_waits(q).subquery()
+    gap = func.lead(inner.c.start_ns).over(partition_by=inner.c.pid,
+                                           order_by=inner.c.start_ns) - inner.c.start_ns
+    # Filter after the window: the gap to the next wait needs every wait of the person.
+    return select(*inner.c, gap.label("gap_ns")).subquery().c
 
 
 def waits_query(q: TeamQuery) -> Subquery:
@@ -173,16 +133,7 @@ def waits_query(q: TeamQuery) -> Subquery:
     first model request's start: the prompt is earlier by the agent's preparation), and
     ``gap_ns`` to the
     person's next wait (NULL for the last), filtered by time and participant."""
-    inner = (_proxy_waits(q) if q.source == "proxy" else _telemetry_waits(q)).subquery()
-    c = inner.c
-    cols = list(c)
-    w = select(*[x.label(n) for x, n in zip(cols, (
-        "pid", "agent", "model", "start_ns", "end_ns", "wait_ns", "calls", "decided",
-        "accepted", "decide_s", "first_call_ns"), strict=True)]).subquery()
-    gap = func.lead(w.c.start_ns).over(partition_by=w.c.pid, order_by=w.c.start_ns) \
-        - w.c.start_ns
-    # Filter after the window: the gap to the next wait needs every wait of the person.
-    fc = select(*w.c, gap.label("gap_ns")).subquery().c
+    fc = _telemetry_rows() if q.source == "telemetry" else _proxy_rows(q)
     where: list[ColumnElement[bool]] = []
     if q.participants:
         where.append(fc.pid.in_(q.participants))
@@ -341,9 +292,7 @@ def reconcile(conn: Any, q: TeamQuery) -> pd.DataFrame:
     of the first request's start; each proxy turn once), the proxy's wait, ``diff_s`` =
     span − proxy wait, and ``wait_s``: the proxy's when matched (its clock is the one that
     shaped the wait), else the telemetry's. Real seconds."""
-    from dataclasses import replace
-
-    w = waits_query(replace(q, source="telemetry"))
+    w = telemetry_turns(q.dialect, q.participants).subquery()
     tel = pd.DataFrame([tuple(r) for r in conn.execute(
         select(w.c.pid, w.c.agent, w.c.start_ns, w.c.first_call_ns, w.c.end_ns,
                w.c.wait_ns).order_by(w.c.pid, w.c.start_ns))],

@@ -19,6 +19,7 @@ from flowtrial.analysis.team import TeamQuery, team_agents, team_wait_bins, team
 from flowtrial.study.config import parse_study
 from flowtrial.study.simulator.team import simulate_team
 from flowtrial.study.storage import init_db
+from flowtrial.study.team_turns import rebuild_team_turns
 
 OBSERVE = '[study]\nname = "bench"\ndesign = "observe"\n[upstream]\nkind = "mock"\n'
 
@@ -32,8 +33,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db = init_db(Path(tmp) / "team.db", parse_study(tomllib.loads(OBSERVE)), OBSERVE)
         t = time.perf_counter()
-        n = simulate_team(db, args.people, args.weeks, args.turns_per_day, seed=1)
+        n = simulate_team(db, args.people, args.weeks, args.turns_per_day, seed=1,
+                          rebuild=False)
         print(f"generated {n:,} events in {time.perf_counter() - t:.1f} s")
+        t = time.perf_counter()
+        with db.engine.begin() as conn:
+            turns = rebuild_team_turns(conn)
+        print(f"rebuilt {turns:,} turns in {time.perf_counter() - t:.1f} s (the receiver "
+              "does this per batch, for the people in it)")
         q = TeamQuery("telemetry", "person")
         total = 0.0
         with db.engine.connect() as conn:

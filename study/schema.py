@@ -287,9 +287,31 @@ class DrawCounter(SQLModel, table=True):
     next_index: int = Field(sa_column=Column(BigInteger, nullable=False))
 
 
+class TeamTurn(SQLModel, table=True):
+    """One agent turn of a team study, from the agents' telemetry alone (schema 10; built
+    and documented in ``flowtrial.study.team_turns``)."""
+
+    __tablename__ = "team_turns"
+    __table_args__ = (Index("ix_team_turns_participant_start", "participant_id", "start_ns"),)
+    id: str = Field(primary_key=True)
+    participant_id: str = Field(index=True)
+    agent: str
+    model: str
+    week: int = Field(index=True)  # Monday-based weeks since the epoch (UTC)
+    start_ns: int = Field(sa_column=Column(BigInteger, nullable=False))
+    end_ns: int = Field(sa_column=Column(BigInteger, nullable=False))
+    first_call_ns: int | None = Field(default=None, sa_column=_big())
+    wait_ns: float
+    calls: int = 0
+    decided: int = 0
+    accepted: int = 0
+    decide_s: float = 0.0
+    gap_ns: int | None = Field(default=None, sa_column=_big())
+
+
 TABLES: list[type[SQLModel]] = [
     Meta, Study, Arm, Participant, Assignment, Task, Cycle, Event,
-    QuestionnaireAnswer, Persistence, GroundTruth, DrawCounter, Turn,
+    QuestionnaireAnswer, Persistence, GroundTruth, DrawCounter, Turn, TeamTurn,
 ]
 
 

@@ -38,7 +38,7 @@ from ..proxy.auth import Authenticator
 from ..request_body import BodyTooLarge, read_body
 from .ingest import prepare_rows
 from .otlp import OtlpDecodeError, Signal, decode_request, records
-from .team import team_auth, team_rows
+from .team import refresh_turns, team_auth, team_rows
 
 __all__ = ["OTLP_PREFIX", "telemetry_routes"]
 
@@ -141,6 +141,8 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
                     return _status(503, code_pb2.UNAVAILABLE, "the records could not be "
                                    f"written ({type(exc).__name__}): retry", as_json,
                                    {"retry-after": "5"})
+                if team is not None:  # the people's turns, from the events just written
+                    await asyncio.to_thread(refresh_turns, database, rows)
             return _message(_RESPONSES[signal](), as_json)
 
         endpoint.__name__ = f"otlp_{signal}"

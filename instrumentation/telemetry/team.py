@@ -17,8 +17,8 @@ from flowtrial.study.team import TeamAuth, ensure_members, load_team_auth
 
 from .otlp import OtelRecord
 
-__all__ = ["DISPLAY_NAME_KEY", "IDENTITY_KEYS", "bearer", "split_by_person", "team_auth",
-           "team_rows"]
+__all__ = ["DISPLAY_NAME_KEY", "IDENTITY_KEYS", "bearer", "refresh_turns", "split_by_person",
+           "team_auth", "team_rows"]
 
 #: Where agents put who is using them: Claude Code (``user.email``, ``user.account_uuid``),
 #: Codex (``user.email``, ``user.account_id``), Gemini CLI (``user.email``,
@@ -104,3 +104,17 @@ def _per_token(row: dict[str, Any]) -> bool:
     """Codex's record of every streamed event (one per token): a team study keeps only the
     mapped ones (the stream's end is ``answer_end``), or a year of a team is mostly these."""
     return row["kind"] == "custom" and '"name": "codex.sse_event"' in (row["payload_json"] or "")
+
+
+def refresh_turns(database: Database, rows: list[dict[str, Any]]) -> None:
+    """Rebuild the turns (``team_turns``) of each person in ``rows``, from the turn open at
+    their earliest record in it."""
+    from flowtrial.study.team_turns import refresh_team_turns
+
+    since: dict[str, int] = {}
+    for r in rows:
+        pid = str(r["participant_id"])
+        since[pid] = min(since.get(pid, r["ts_ns"]), r["ts_ns"])
+    with database.engine.begin() as conn:
+        for pid, ts in since.items():
+            refresh_team_turns(conn, pid, ts)

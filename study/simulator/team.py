@@ -19,6 +19,7 @@ import numpy as np
 from ..schema import Event
 from ..storage import Database, WriteBatch, utcnow, write_rows
 from ..team import ensure_members
+from ..team_turns import rebuild_team_turns
 
 __all__ = ["simulate_team"]
 
@@ -52,7 +53,8 @@ def _turns(rng: np.random.Generator, pid: str, agent: str, model: str, t0: int,
 
 
 def simulate_team(db: Database, people: int, weeks: int, turns_per_day: int = 2,
-                  seed: int = 0, batch: int = 50_000, days_per_week: int = 5) -> int:
+                  seed: int = 0, batch: int = 50_000, days_per_week: int = 5,
+                  rebuild: bool = True) -> int:
     """Write the generated team into ``db`` (an observe study); returns the events written."""
     rng = np.random.default_rng(seed)
     pids = [f"t-{i:016x}" for i in range(1, people + 1)]
@@ -77,4 +79,7 @@ def simulate_team(db: Database, people: int, weeks: int, turns_per_day: int = 2,
     if rows:
         write_rows(db, [WriteBatch(Event, rows)])
         n += len(rows)
+    if rebuild:
+        with db.engine.begin() as conn:  # what the receiver does batch by batch
+            rebuild_team_turns(conn)
     return n
