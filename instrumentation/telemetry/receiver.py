@@ -121,11 +121,12 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
                 if st is not None:
                     st.errors += 1
                 return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
-            if team is not None:
+            rows: list[dict[str, Any]] = []
+            if team is not None:  # the team token: split by person
                 rows = await asyncio.to_thread(team_rows, database, team,
                                                records(signal, message), full, time.time_ns(),
                                                utcnow())
-            else:
+            elif participant is not None:
                 rows = await asyncio.to_thread(prepare_rows, database, participant.id,
                                                records(signal, message), full,
                                                time.time_ns(), utcnow())
