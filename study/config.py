@@ -266,6 +266,9 @@ class ProxySection(_Strict):
     # The *name* of the variable holding the admin token (GET /flowtrial/v1/admin/...);
     # unset variable = admin endpoints disabled. Never the token itself.
     admin_token_env: str = "FLOWTRIAL_ADMIN_TOKEN"
+    # The OTLP/gRPC receiver's port (agents' gRPC exporters; needs grpcio), on ``host``;
+    # unset = off (OTLP/HTTP is always served on the proxy's own port). 0 picks a free one.
+    otlp_grpc_port: int | None = Field(default=None, ge=0, le=65535)
 
     @model_validator(mode="after")
     def _inbox_holds_a_message(self) -> ProxySection:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from . import keys
 from .errors import FlowtrialError
@@ -106,9 +107,13 @@ def ensure_members(database: Database, members: dict[str, str | None]) -> None:
             name = members[pid]
             if pid not in known:
                 n += 1
-                conn.execute(table.insert().values(
-                    id=pid, key_id=f"team-{pid}", key_salt="", key_hash="",
-                    enrolled_index=n, created_at=utcnow(), simulated=False,
-                    display_name=name))
+                try:  # another batch of the same new person may be enrolling them now
+                    with conn.begin_nested():
+                        conn.execute(table.insert().values(
+                            id=pid, key_id=f"team-{pid}", key_salt="", key_hash="",
+                            enrolled_index=n, created_at=utcnow(), simulated=False,
+                            display_name=name))
+                except IntegrityError:
+                    pass
             elif name is not None:
                 conn.execute(table.update().where(table.c.id == pid).values(display_name=name))

@@ -13,6 +13,7 @@ here or beside its feature, and one entry in the root's list.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -186,6 +187,27 @@ class AgentTelemetry(Extension):
         from ..telemetry.receiver import telemetry_routes
 
         return telemetry_routes(ctx.database, ctx.config)
+
+    grpc_server: Any = None
+    grpc_port: int | None = None
+
+    async def startup(self, state: ProxyState) -> None:
+        """The OTLP/gRPC receiver when ``proxy.otlp_grpc_port`` is set (its own threads)."""
+        port = state.config.proxy.otlp_grpc_port
+        if port is None:
+            return
+        if importlib.util.find_spec("grpc") is None:
+            log.warning("OTLP/gRPC receiver off: pip install grpcio to serve it")
+            return
+        from ..telemetry.grpc_receiver import serve_otlp_grpc
+
+        self.grpc_server, self.grpc_port = serve_otlp_grpc(
+            state.database, state.config, state.config.proxy.host, port)
+        log.info("OTLP/gRPC receiver on %s:%s", state.config.proxy.host, self.grpc_port)
+
+    async def shutdown(self, state: ProxyState) -> None:
+        if self.grpc_server is not None:
+            self.grpc_server.stop(2).wait()
 
 
 def telemetry_available() -> bool:

@@ -115,6 +115,14 @@ def refresh_turns(database: Database, rows: list[dict[str, Any]]) -> None:
     for r in rows:
         pid = str(r["participant_id"])
         since[pid] = min(since.get(pid, r["ts_ns"]), r["ts_ns"])
-    with database.engine.begin() as conn:
-        for pid, ts in since.items():
-            refresh_team_turns(conn, pid, ts)
+    from sqlalchemy.exc import IntegrityError
+
+    for pid, ts in since.items():
+        for attempt in range(3):  # a concurrent batch of the same person rebuilt them first
+            try:
+                with database.engine.begin() as conn:
+                    refresh_team_turns(conn, pid, ts)
+                break
+            except IntegrityError:
+                if attempt == 2:
+                    raise
