@@ -139,3 +139,37 @@ def test_team_token_is_only_for_observe_studies(new_db) -> None:
     with pytest.raises(TeamStudyError, match="observe"):
         issue_team_token(db)
     db.dispose()
+
+
+def test_the_proxy_serves_otlp_grpc_when_configured(new_db) -> None:
+    """`[proxy] otlp_grpc_port` starts the gRPC receiver with the proxy (its own threads)
+    and stops it with it; the team token goes in the gRPC metadata."""
+    grpc = pytest.importorskip("grpc", reason="needs grpcio")
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
+
+    from flowtrial.instrumentation.proxy.extensions import AgentTelemetry, builtin_extensions
+
+    text_ = OBSERVE + "\n[proxy]\notlp_grpc_port = 0\n"
+    config = parse_study(tomllib.loads(text_))
+    where = new_db("grpc.db")
+    db = init_db(where, config, text_)
+    token = issue_team_token(db)
+    otel = next(e for e in builtin_extensions() if isinstance(e, AgentTelemetry))
+    others = [e for e in builtin_extensions() if not isinstance(e, AgentTelemetry)]
+    with serve_proxy(where, config, extensions=[*others, otel]):
+        assert otel.grpc_port
+        with grpc.insecure_channel(f"127.0.0.1:{otel.grpc_port}") as channel:
+            stub = logs_service_pb2_grpc.LogsServiceStub(channel)
+            req = logs_request(claude_turn(T0, "grace.hopper@example.com", 4.0, calls=1),
+                               service="claude-code")
+            stub.Export(req, metadata=[("authorization", f"Bearer {token}")], timeout=30)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Export(req, metadata=[("authorization", "Bearer nope")], timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with db.engine.connect() as conn:
+        weekly = team_weekly(conn, TeamQuery("telemetry", dialect=db.engine.dialect.name))
+    assert len(weekly) == 1 and weekly["mean_wait_s"].iloc[0] == pytest.approx(4.0)
+    with pytest.raises(grpc.RpcError):  # stopped with the proxy
+        with grpc.insecure_channel(f"127.0.0.1:{otel.grpc_port}") as channel:
+            logs_service_pb2_grpc.LogsServiceStub(channel).Export(req, timeout=2)
+    db.dispose()
