@@ -8,16 +8,11 @@ per (group, week) or per (week, histogram bin).
 Two sources of waits, same columns (:func:`waits_query`):
 
 - ``proxy``: one wait per cycle the proxy recorded (request → last token sent);
-- ``telemetry``: one wait per agent turn rebuilt from the agents' own telemetry alone
-  (``events.source = "otel"``), for a team with no proxy in the path (``design =
-  "observe"``). A turn starts at the person's prompt (``turn_start``) and holds the
-  agent's model requests (``api_request``: its end is the record's time, its duration the
-  agent's own timing), tool runs (``tool_result``), the person's tool decisions and the time
-  the agent waited for them (``agent_wait``), until that person's next prompt in the same
-  agent. ``wait_s`` is prompt → the end of the turn's last model request, less the time the
-  agent waited for the person's decisions (deciding is not waiting). Codex times a request
-  to its response headers only; its stream's end (``answer_end``, the ``response.completed``
-  event) ends the answer there.
+- ``telemetry``: one wait per agent turn rebuilt from the agents' own telemetry alone, for a
+  team with no proxy in the path (``design = "observe"``): the ``team_turns`` rows the
+  receiver keeps up to date (``flowtrial.study.team_turns`` defines a turn and its wait).
+
+:func:`reconcile` sets telemetry turns beside the proxy's turns where a study has both.
 
 "Unmeasured is never zero": a (group, week) with no focus capture has ``switches = NaN``
 (``switch_reason`` says why), one without decisions ``acceptance_rate = NaN``.
