@@ -60,7 +60,7 @@ def test_small_team_one_line_per_person_and_dashes_for_the_unmeasured(
     assert marks(heat) == ["rect"] and int(bins[0]["waits"].sum()) == 25
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_large_team_is_a_distribution_per_week_with_highlighted_people(
         large_team: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = app(large_team, monkeypatch)
@@ -81,3 +81,17 @@ def test_large_team_is_a_distribution_per_week_with_highlighted_people(
     # turn a week is not enough), so the lines stay empty rather than a dot per week.
     assert drawn.isdisjoint(people) or len(drawn) == 500
     assert '"labelOverlap": "greedy"' in json.dumps(spec)
+
+
+@pytest.mark.timeout(900)
+def test_per_participant_curves_only_with_enough_waits(
+        small_study: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The threshold page draws a participant's own switch curve only from 30 waits on:
+    the small study's 20 waits a person would be a dot each (issue 26, finding 5)."""
+    at = app(small_study, monkeypatch)
+    at.default_timeout = 600  # the page's bootstrap fit takes minutes on a loaded machine
+    render(at, "pages/overview.py")
+    render(at, "pages/threshold.py")
+    assert any("6 participant(s) with fewer than 30 waits" in c.value for c in at.caption)
+    assert any(i.value.startswith("—: no participant has enough waits") for i in at.info)
+    assert not any("per-participant" in d.label for d in at.get("download_button"))
