@@ -18,7 +18,7 @@ from flowtrial.study.team import TeamAuth, ensure_members, load_team_auth
 from .otlp import OtelRecord
 
 __all__ = ["DISPLAY_NAME_KEY", "IDENTITY_KEYS", "bearer", "refresh_turns", "split_by_person",
-           "team_auth", "team_rows"]
+           "strip_identity", "team_auth", "team_rows"]
 
 #: Where agents put who is using them: Claude Code (``user.email``, ``user.account_uuid``),
 #: Codex (``user.email``, ``user.account_id``), Gemini CLI (``user.email``,
@@ -51,6 +51,12 @@ def _clean(attrs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in attrs.items() if k not in _DROP}
 
 
+def strip_identity(records: Iterable[OtelRecord]) -> list[OtelRecord]:
+    """``records`` without their identity attributes (what a team study never stores)."""
+    return [dataclasses.replace(r, attributes=_clean(r.attributes), resource=_clean(r.resource))
+            for r in records]
+
+
 def split_by_person(auth: TeamAuth, records: Iterable[OtelRecord]
                     ) -> tuple[dict[str, list[OtelRecord]], dict[str, str | None], int]:
     """(pseudonym → its records without identity attributes, pseudonym → opted-in display
@@ -71,8 +77,7 @@ def split_by_person(auth: TeamAuth, records: Iterable[OtelRecord]
             names[pid] = name.strip()[:64]
         else:
             names.setdefault(pid, None)
-        out.setdefault(pid, []).append(dataclasses.replace(
-            rec, attributes=_clean(rec.attributes), resource=_clean(rec.resource)))
+        out.setdefault(pid, []).extend(strip_identity([rec]))
     return out, names, dropped
 
 

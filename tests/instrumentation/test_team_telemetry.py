@@ -173,3 +173,25 @@ def test_the_proxy_serves_otlp_grpc_when_configured(new_db) -> None:
         with grpc.insecure_channel(f"127.0.0.1:{otel.grpc_port}") as channel:
             logs_service_pb2_grpc.LogsServiceStub(channel).Export(req, timeout=2)
     db.dispose()
+
+
+def test_import_otel_into_a_team_study_strips_identity_and_builds_turns(
+        new_db, tmp_path: Path) -> None:
+    from google.protobuf import json_format
+
+    from flowtrial.instrumentation.telemetry.importer import import_otel
+    from flowtrial.study.team import ensure_members
+
+    db, _config, _ = observe_study(new_db)
+    ensure_members(db, {"t-0000000000000001": None})
+    req = logs_request(claude_turn(T0, "alan.turing@example.com", 6.0, calls=2),
+                       service="claude-code")
+    path = tmp_path / "otel.json"
+    path.write_text(json_format.MessageToJson(req))
+    import_otel(db, "t-0000000000000001", path)
+    with db.engine.connect() as conn:
+        dump = "\n".join(str(r) for r in conn.execute(text("SELECT * FROM events")).all())
+        turns = conn.execute(text("SELECT wait_ns, calls FROM team_turns")).all()
+    assert "turing" not in dump and "example.com" not in dump
+    assert len(turns) == 1 and turns[0][0] / S == pytest.approx(6.0) and turns[0][1] == 2
+    db.dispose()
