@@ -31,7 +31,7 @@ from flowtrial.study.storage import Database, WriteBatch, utcnow, write_rows
 from ..proxy.auth import key_from_headers
 from .ingest import prepare_rows
 from .otlp import Signal, records
-from .team import refresh_turns, team_auth, team_rows
+from .team import partial_success, refresh_turns, team_auth, team_rows
 
 __all__ = ["serve_otlp_grpc"]
 
@@ -55,8 +55,10 @@ class _Export:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or unknown flowtrial key: "
                           "set the OTLP headers to authorization=Bearer ft_…")
         recs = records(self.signal, request)
+        dropped = 0
         if team is not None:
-            rows = team_rows(self.database, team, recs, self.full, time.time_ns(), utcnow())
+            rows, dropped = team_rows(self.database, team, recs, self.full, time.time_ns(),
+                                      utcnow())
         else:
             assert participant is not None  # noqa: S101 - abort() above raised otherwise
             rows = prepare_rows(self.database, participant.id, recs, self.full,
@@ -69,7 +71,7 @@ class _Export:
                               f"the records could not be written ({type(exc).__name__}): retry")
             if team is not None:
                 refresh_turns(self.database, rows)
-        return self.response()
+        return partial_success(self.response(), self.signal, dropped)
 
 
 def serve_otlp_grpc(database: Database, config: StudyConfig, host: str, port: int,

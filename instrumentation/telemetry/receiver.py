@@ -38,7 +38,7 @@ from ..proxy.auth import Authenticator
 from ..request_body import BodyTooLarge, read_body
 from .ingest import prepare_rows
 from .otlp import OtlpDecodeError, Signal, decode_request, records
-from .team import refresh_turns, team_auth, team_rows
+from .team import partial_success, refresh_turns, team_auth, team_rows
 
 __all__ = ["OTLP_PREFIX", "telemetry_routes"]
 
@@ -122,8 +122,9 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
                     st.errors += 1
                 return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
             rows: list[dict[str, Any]] = []
+            dropped = 0
             if team is not None:  # the team token: split by person
-                rows = await asyncio.to_thread(team_rows, database, team,
+                rows, dropped = await asyncio.to_thread(team_rows, database, team,
                                                records(signal, message), full, time.time_ns(),
                                                utcnow())
             elif participant is not None:
@@ -144,7 +145,7 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
                                    {"retry-after": "5"})
                 if team is not None:  # the people's turns, from the events just written
                     await asyncio.to_thread(refresh_turns, database, rows)
-            return _message(_RESPONSES[signal](), as_json)
+            return _message(partial_success(_RESPONSES[signal](), signal, dropped), as_json)
 
         endpoint.__name__ = f"otlp_{signal}"
         return endpoint

@@ -91,18 +91,34 @@ def team_auth(database: Database, headers: Mapping[str, str]) -> TeamAuth | None
 
 
 def team_rows(database: Database, auth: TeamAuth, records: Iterable[OtelRecord], full: bool,
-              now_ns: int, received_at: datetime) -> list[dict[str, Any]]:
+              now_ns: int, received_at: datetime) -> tuple[list[dict[str, Any]], int]:
     """The ``events`` rows of a team batch: split by person (new people enrolled under
-    their pseudonym), then mapped and linked per person like a participant's batch."""
+    their pseudonym), then mapped and linked per person like a participant's batch; and
+    how many records were dropped for naming no one."""
     from .ingest import prepare_rows
 
-    by_person, names, _dropped = split_by_person(auth, records)
+    by_person, names, dropped = split_by_person(auth, records)
     ensure_members(database, names)
     rows: list[dict[str, Any]] = []
     for pid, recs in by_person.items():
         rows += [r for r in prepare_rows(database, pid, recs, full, now_ns, received_at)
                  if not _per_token(r)]
-    return rows
+    return rows, dropped
+
+
+#: OTLP's partial success: which field counts a signal's rejected items.
+REJECTED_FIELD = {"logs": "rejected_log_records", "traces": "rejected_spans",
+                  "metrics": "rejected_data_points"}
+NO_IDENTITY = ("records naming no person were dropped: set user.email, or "
+               "OTEL_RESOURCE_ATTRIBUTES=flowtrial.person=<id>, in the agent")
+
+
+def partial_success(response: Any, signal: str, dropped: int) -> Any:
+    """``response`` with OTLP's ``partial_success`` when records were ``dropped``."""
+    if dropped:
+        setattr(response.partial_success, REJECTED_FIELD[signal], dropped)
+        response.partial_success.error_message = NO_IDENTITY
+    return response
 
 
 def _per_token(row: dict[str, Any]) -> bool:

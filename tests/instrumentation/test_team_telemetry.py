@@ -91,6 +91,15 @@ def test_team_token_pseudonyms_and_turns_from_telemetry_alone(served) -> None:
     ], service="codex")
     codex.resource_logs[0].resource.attributes.extend(kvs({"flowtrial.display_name": "Cy"}))
     assert post(http, token, codex).status_code == 200
+    # A record naming no one is dropped and counted, OTLP's way (partial success).
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+        ExportLogsServiceResponse,
+    )
+
+    anon = post(http, token, logs_request([claude_log("user_prompt", T0, {})]))
+    got = ExportLogsServiceResponse.FromString(anon.content).partial_success
+    assert anon.status_code == 200 and got.rejected_log_records == 1
+    assert "flowtrial.person" in got.error_message
     assert named is not None
     # A wrong token and a participant-style key without enrollment: 401, nothing written.
     before = db.engine.connect().execute(text("SELECT count(*) FROM events")).scalar_one()
