@@ -199,12 +199,8 @@ def threshold_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, settings: 
 def task_names(url: str, fresh: tuple[int, ...]) -> dict[int, str]:
     """Task id → name, for the task filter on in-memory cycle tables."""
     from sqlalchemy import select
-    from sqlmodel import col
 
-    from flowtrial.study.schema import Task
-
-    from .data import database
+    from .data import TASK, database
 
     with database(url).engine.connect() as conn:
-        rows = conn.execute(select(col(Task.id), col(Task.name)))
-        return {int(i): str(n) for i, n in rows if i is not None}
+        return {int(i): str(n) for i, n in conn.execute(select(TASK.id, TASK.name))}

@@ -19,8 +19,9 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
-from sqlalchemy import and_, case, func, select
+from sqlalchemy import Table, and_, case, func, select
 from sqlalchemy.sql import ColumnElement
+from sqlmodel import SQLModel
 
 from flowtrial.study.schema import Assignment, Cycle, Event, Participant, Persistence, Task
 from flowtrial.study.storage import Database, open_db
@@ -39,6 +40,21 @@ WAIT_EDGES_S = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 TIME_EDGES_S = (0.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0)
 
 
+
+
+def table(model: type[SQLModel]) -> Table:
+    """The SQLAlchemy table of a schema model: its columns are typed ``Column`` objects,
+    where the model's attributes are typed as the Python values of a row."""
+    return SQLModel.metadata.tables[str(model.__tablename__)]
+
+
+CYCLE_T, EVENT_T, TASK_T = table(Cycle), table(Event), table(Task)
+PARTICIPANT_T, ASSIGNMENT_T = table(Participant), table(Assignment)
+PERSISTENCE_T = table(Persistence)
+CYCLE, EVENT, TASK = CYCLE_T.c, EVENT_T.c, TASK_T.c
+PARTICIPANT, PERSISTENCE = PARTICIPANT_T.c, PERSISTENCE_T.c
+
+
 @st.cache_resource(show_spinner=False)
 def database(url: str) -> Database:
     """One open ``Database`` per URL for the whole server (engines are thread-safe)."""
@@ -47,20 +63,20 @@ def database(url: str) -> Database:
 
 def wall_request() -> ColumnElement[Any]:
     """UTC epoch ns of a cycle's request (the schema's wall = anchor + (t − mono anchor))."""
-    return Cycle.wall_anchor_ns + (Cycle.t_request_ns - Cycle.mono_anchor_ns)
+    return CYCLE.wall_anchor_ns + (CYCLE.t_request_ns - CYCLE.mono_anchor_ns)
 
 
 def freshness(url: str) -> tuple[int, int, int, int, int]:
     """Cheap change token: (cycles, last cycle done wall ns, events, tasks, participants).
 
     Not cached on purpose: it is what tells the caches that the study moved on."""
-    done = Cycle.wall_anchor_ns + (func.coalesce(Cycle.t_done_ns, Cycle.t_request_ns)
-                                   - Cycle.mono_anchor_ns)
+    done = CYCLE.wall_anchor_ns + (func.coalesce(CYCLE.t_done_ns, CYCLE.t_request_ns)
+                                   - CYCLE.mono_anchor_ns)
     with database(url).engine.connect() as conn:
-        n_cyc, last = conn.execute(select(func.count(), func.max(done)).select_from(Cycle)).one()
-        n_ev = conn.execute(select(func.count()).select_from(Event)).scalar_one()
-        n_task = conn.execute(select(func.count()).select_from(Task)).scalar_one()
-        n_part = conn.execute(select(func.count()).select_from(Participant)).scalar_one()
+        n_cyc, last = conn.execute(select(func.count(), func.max(done)).select_from(CYCLE_T)).one()
+        n_ev = conn.execute(select(func.count()).select_from(EVENT_T)).scalar_one()
+        n_task = conn.execute(select(func.count()).select_from(TASK_T)).scalar_one()
+        n_part = conn.execute(select(func.count()).select_from(PARTICIPANT_T)).scalar_one()
     return int(n_cyc), int(last or 0), int(n_ev), int(n_task), int(n_part)
 
 
@@ -101,10 +117,10 @@ def study_info(url: str, fresh: tuple[int, ...]) -> StudyInfo:
 def filter_options(url: str, fresh: tuple[int, ...]) -> dict[str, Any]:
     """Values the sidebar filters offer: participants, arms, task names, date span (UTC)."""
     with database(url).engine.connect() as conn:
-        parts = conn.execute(select(Participant.id).order_by(Participant.enrolled_index)).scalars()
-        parts = [str(p) for p in parts]
-        arms = sorted(str(a) for a in conn.execute(select(Cycle.arm).distinct()).scalars())
-        tasks = sorted(str(t) for t in conn.execute(select(Task.name).distinct()).scalars())
+        parts = [str(p) for p in conn.execute(
+            select(PARTICIPANT.id).order_by(PARTICIPANT.enrolled_index)).scalars()]
+        arms = sorted(str(a) for a in conn.execute(select(CYCLE.arm).distinct()).scalars())
+        tasks = sorted(str(t) for t in conn.execute(select(TASK.name).distinct()).scalars())
         lo, hi = conn.execute(select(func.min(wall_request()), func.max(wall_request()))).one()
     span = None
     if lo is not None:
@@ -121,11 +137,11 @@ def cycle_where(f: Filters) -> list[ColumnElement[bool]]:
     if f.end is not None:
         out.append(wall_request() < pd.Timestamp(f.end, tz="UTC").value + DAY_NS)
     if f.participants:
-        out.append(Cycle.participant_id.in_(f.participants))
+        out.append(CYCLE.participant_id.in_(f.participants))
     if f.arms:
-        out.append(Cycle.arm.in_(f.arms))
+        out.append(CYCLE.arm.in_(f.arms))
     if f.tasks:
-        out.append(Cycle.task_id.in_(select(Task.id).where(Task.name.in_(f.tasks))))
+        out.append(CYCLE.task_id.in_(select(TASK.id).where(TASK.name.in_(f.tasks))))
     return out
 
 
@@ -149,12 +165,12 @@ def _frame(rows: Any, columns: list[str]) -> pd.DataFrame:
 def arm_summary(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> pd.DataFrame:
     """Per arm: cycles (ok/other), participants, mean target vs achieved TTFT and tokens/s,
     violation rate — the manipulation check in SQL (means; the report uses medians)."""
-    ok = case((Cycle.status == "ok", 1), else_=0)
-    viol = case((Cycle.violation.is_(True), 1), else_=0)
-    q = (select(Cycle.arm, func.count(), func.sum(ok), func.count(Cycle.participant_id.distinct()),
-                func.avg(Cycle.target_ttft_ms), func.avg(Cycle.experienced_ttft_ms),
-                func.avg(Cycle.target_tps), func.avg(Cycle.achieved_tps), func.avg(viol))
-         .where(*cycle_where(f)).group_by(Cycle.arm).order_by(Cycle.arm))
+    ok = case((CYCLE.status == "ok", 1), else_=0)
+    viol = case((CYCLE.violation.is_(True), 1), else_=0)
+    q = (select(CYCLE.arm, func.count(), func.sum(ok), func.count(CYCLE.participant_id.distinct()),
+                func.avg(CYCLE.target_ttft_ms), func.avg(CYCLE.experienced_ttft_ms),
+                func.avg(CYCLE.target_tps), func.avg(CYCLE.achieved_tps), func.avg(viol))
+         .where(*cycle_where(f)).group_by(CYCLE.arm).order_by(CYCLE.arm))
     with database(url).engine.connect() as conn:
         df = _frame(conn.execute(q), ["arm", "cycles", "cycles_ok", "participants",
                                       "target_ttft_ms", "experienced_ttft_ms", "target_tps",
@@ -186,7 +202,7 @@ def manipulation(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> 
     from flowtrial.analysis.manipulation import manipulation_check
     from flowtrial.analysis.metrics import model_speed
 
-    q = select(*[getattr(Cycle, c) for c in MANIPULATION_COLUMNS]).where(*cycle_where(f))
+    q = select(*[CYCLE[c] for c in MANIPULATION_COLUMNS]).where(*cycle_where(f))
     db = database(url)
     with db.engine.connect() as conn:
         df = _frame(conn.execute(q), list(MANIPULATION_COLUMNS))
@@ -202,23 +218,23 @@ def histograms(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> pd
     """Per arm and measure, cycle counts in log-spaced bins: experienced TTFT, total wait
     (request → last token) and cycle time (request → the participant's next request)."""
     raw = lambda e: tuple(x / scale for x in e)  # noqa: E731 - edges in raw seconds
-    ttft = Cycle.experienced_ttft_ms / 1000.0
-    wait = (Cycle.t_last_sent_ns - Cycle.t_request_ns) / float(NS)
-    nxt = func.lead(Cycle.t_request_ns).over(partition_by=Cycle.participant_id,
-                                             order_by=Cycle.t_request_ns)
+    ttft = CYCLE.experienced_ttft_ms / 1000.0
+    wait = (CYCLE.t_last_sent_ns - CYCLE.t_request_ns) / float(NS)
+    nxt = func.lead(CYCLE.t_request_ns).over(partition_by=CYCLE.participant_id,
+                                             order_by=CYCLE.t_request_ns)
     # The cycle time needs every cycle of a participant, so the window runs before filters.
-    inner = select(Cycle.id.label("id"), Cycle.arm.label("arm"), Cycle.status.label("status"),
-                   ((nxt - Cycle.t_request_ns) / float(NS)).label("ct")).subquery()
-    out = []
+    inner = select(CYCLE.id.label("id"), CYCLE.arm.label("arm"), CYCLE.status.label("status"),
+                   ((nxt - CYCLE.t_request_ns) / float(NS)).label("ct")).subquery()
+    out: list[tuple[Any, str, Any, Any, tuple[float, ...]]] = []
     with database(url).engine.connect() as conn:
         for name, expr, edges in (("experienced TTFT", ttft, WAIT_EDGES_S),
                                   ("total wait", wait, WAIT_EDGES_S)):
             b = _bins(expr, raw(edges)).label("b")
-            q = (select(Cycle.arm, b, func.count()).where(Cycle.status == "ok", *cycle_where(f))
-                 .group_by(Cycle.arm, b))
+            q = (select(CYCLE.arm, b, func.count()).where(CYCLE.status == "ok", *cycle_where(f))
+                 .group_by(CYCLE.arm, b))
             out += [(a, name, i, n, edges) for a, i, n in conn.execute(q) if i is not None]
         b = _bins(inner.c.ct, raw(TIME_EDGES_S)).label("b")
-        q = (select(inner.c.arm, b, func.count()).join(Cycle, Cycle.id == inner.c.id)
+        q = (select(inner.c.arm, b, func.count()).join(CYCLE_T, CYCLE.id == inner.c.id)
              .where(*cycle_where(f)).group_by(inner.c.arm, b))
         out += [(a, "cycle time", i, n, TIME_EDGES_S) for a, i, n in conn.execute(q)
                 if i is not None]
@@ -232,15 +248,15 @@ def histograms(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> pd
 def decisions_by_arm(url: str, fresh: tuple[int, ...], f: Filters) -> pd.DataFrame:
     """Per arm: cycles with a decision event, accepted / partial / rejected, acceptance rate
     (among decided cycles), and the persistence rate per interval when checked."""
-    kind = Event.kind
-    q = (select(Cycle.arm, kind, func.count(Cycle.id.distinct()))
-         .join(Event, Event.cycle_id == Cycle.id)
+    kind = EVENT.kind
+    q = (select(CYCLE.arm, kind, func.count(CYCLE.id.distinct()))
+         .join(EVENT_T, EVENT.cycle_id == CYCLE.id)
          .where(kind.in_(list(DECISIONS)), ~config_decision(), *cycle_where(f))
-         .group_by(Cycle.arm, kind))
-    pq = (select(Cycle.arm, Persistence.interval_s, func.count(),
-                 func.sum(case((Persistence.persisted.is_(True), 1), else_=0)))
-          .join(Persistence, Persistence.cycle_id == Cycle.id).where(*cycle_where(f))
-          .group_by(Cycle.arm, Persistence.interval_s))
+         .group_by(CYCLE.arm, kind))
+    pq = (select(CYCLE.arm, PERSISTENCE.interval_s, func.count(),
+                 func.sum(case((PERSISTENCE.persisted.is_(True), 1), else_=0)))
+          .join(PERSISTENCE_T, PERSISTENCE.cycle_id == CYCLE.id).where(*cycle_where(f))
+          .group_by(CYCLE.arm, PERSISTENCE.interval_s))
     with database(url).engine.connect() as conn:
         rows = _frame(conn.execute(q), ["arm", "kind", "n"])
         prow = _frame(conn.execute(pq), ["arm", "interval_s", "n", "persisted"])
@@ -264,7 +280,7 @@ def decisions_by_arm(url: str, fresh: tuple[int, ...], f: Filters) -> pd.DataFra
 #: Agent telemetry's tool decisions taken by the agent's configuration (not the person):
 #: excluded from the person's decisions (as ``flowtrial.analysis.metrics.person_decisions``).
 def config_decision() -> ColumnElement[bool]:
-    return and_(Event.source == "otel", Event.payload_json.like('%"decided_by": "config"%'))
+    return and_(EVENT.source == "otel", EVENT.payload_json.like('%"decided_by": "config"%'))
 
 
 def agent_events_by_arm(url: str, fresh: tuple[int, ...], scale: float, f: Filters
@@ -272,12 +288,12 @@ def agent_events_by_arm(url: str, fresh: tuple[int, ...], scale: float, f: Filte
     """Agent telemetry on the filtered cycles, one row per event: arm, cycle_id, kind,
     decided_by (person / config / None), decide_s (a decision − the proposing answer's last
     token) and duration_s, in real seconds."""
-    last = Cycle.wall_anchor_ns + (Cycle.t_last_sent_ns - Cycle.mono_anchor_ns)
-    by = case((Event.payload_json.like('%"decided_by": "config"%'), "config"),
-              (Event.payload_json.like('%"decided_by": "person"%'), "person"), else_=None)
-    q = (select(Cycle.arm, Cycle.id, Event.kind, by, Event.ts_ns - last, Event.duration_s)
-         .join(Event, Event.cycle_id == Cycle.id)
-         .where(Event.source == "otel", Event.kind.in_(
+    last = CYCLE.wall_anchor_ns + (CYCLE.t_last_sent_ns - CYCLE.mono_anchor_ns)
+    by = case((EVENT.payload_json.like('%"decided_by": "config"%'), "config"),
+              (EVENT.payload_json.like('%"decided_by": "person"%'), "person"), else_=None)
+    q = (select(CYCLE.arm, CYCLE.id, EVENT.kind, by, EVENT.ts_ns - last, EVENT.duration_s)
+         .join(EVENT_T, EVENT.cycle_id == CYCLE.id)
+         .where(EVENT.source == "otel", EVENT.kind.in_(
              ["turn_start", "accept", "reject", "partial_accept", "tool_result",
               "agent_wait", "api_request"]), *cycle_where(f)))
     with database(url).engine.connect() as conn:
@@ -337,16 +353,16 @@ def agent_turns(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> p
 def task_times(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> pd.DataFrame:
     """One row per task (the columns ``flowtrial.analysis.metrics.task_table`` documents that the
     effect estimate needs): task time from start/end, else the imported ``time_s``."""
-    span = (Task.ended_at_ns - Task.started_at_ns) / float(NS)
-    q = select(Task.id, Task.participant_id, Task.name, Task.arm, Task.period,
-               Task.forecast_fast_s, Task.forecast_slow_s, func.coalesce(span, Task.time_s),
-               Task.status)
+    span = (TASK.ended_at_ns - TASK.started_at_ns) / float(NS)
+    q = select(TASK.id, TASK.participant_id, TASK.name, TASK.arm, TASK.period,
+               TASK.forecast_fast_s, TASK.forecast_slow_s, func.coalesce(span, TASK.time_s),
+               TASK.status)
     if f.participants:
-        q = q.where(Task.participant_id.in_(f.participants))
+        q = q.where(TASK.participant_id.in_(f.participants))
     if f.arms:
-        q = q.where(Task.arm.in_(f.arms))
+        q = q.where(TASK.arm.in_(f.arms))
     if f.tasks:
-        q = q.where(Task.name.in_(f.tasks))
+        q = q.where(TASK.name.in_(f.tasks))
     with database(url).engine.connect() as conn:
         df = _frame(conn.execute(q), ["task_id", "participant_id", "name", "arm", "period",
                                       "forecast_fast_s", "forecast_slow_s", "task_time_s",
@@ -358,79 +374,10 @@ def task_times(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> pd
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def team_weekly(url: str, fresh: tuple[int, ...], scale: float, idle_limit_s: float,
-                by: str, f: Filters) -> pd.DataFrame:
-    """Per week (Monday, UTC) and person or model: cycles, hours active, share of active
-    time spent waiting, switches (focus_out events) per active hour, acceptance rate.
-
-    Active time of a cycle is the time to the same person's next request, or just its wait
-    when that gap exceeds the study's idle limit (the person stopped working)."""
-    group = Cycle.participant_id if by == "person" else func.coalesce(Cycle.model, "unknown")
-    wall = wall_request()
-    gap = (func.lead(Cycle.t_request_ns).over(partition_by=Cycle.participant_id,
-                                              order_by=Cycle.t_request_ns)
-           - Cycle.t_request_ns) / float(NS)
-    wait = func.coalesce(Cycle.t_last_sent_ns - Cycle.t_request_ns, 0) / float(NS)
-    base = select(Cycle.id.label("id"), group.label("who"),
-                  ((wall + MONDAY_SHIFT_NS) // WEEK_NS).label("week"),
-                  wait.label("wait"), gap.label("gap")).subquery()
-    limit = idle_limit_s / scale
-    active = case((and_(base.c.gap.is_not(None), base.c.gap <= limit), base.c.gap),
-                  else_=base.c.wait)
-    filt = select(Cycle.id).where(*cycle_where(f))
-    q = (select(base.c.who, base.c.week, func.count(), func.sum(base.c.wait), func.sum(active))
-         .where(base.c.id.in_(filt)).group_by(base.c.who, base.c.week))
-    # Switches and decisions, attributed to the week of the cycle they belong to (decisions)
-    # or of the event (focus_out: also switches outside any wait count for a team).
-    dec = (select(base.c.who, base.c.week, func.sum(case((Event.kind == "accept", 1), else_=0)),
-                  func.count())
-           .join(Event, Event.cycle_id == base.c.id)
-           .where(Event.kind.in_(list(DECISIONS)), base.c.id.in_(filt))
-           .group_by(base.c.who, base.c.week))
-    # // is integer division on both backends (CAST(x / y AS INTEGER) rounds on PostgreSQL).
-    ev_week = (Event.ts_ns + MONDAY_SHIFT_NS) // WEEK_NS
-    sw_parts = [Event.kind == "focus_out"]
-    if f.participants:
-        sw_parts.append(Event.participant_id.in_(f.participants))
-    with database(url).engine.connect() as conn:
-        df = _frame(conn.execute(q), ["who", "week", "cycles", "wait_s", "active_s"])
-        dd = _frame(conn.execute(dec), ["who", "week", "accepted", "decided"])
-        if by == "person":
-            sq = (select(Event.participant_id, ev_week.label("w"), func.count())
-                  .where(*sw_parts).group_by(Event.participant_id, "w"))
-        else:  # a switch belongs to the model of the cycle it interrupted, if any
-            # Group by the label: PostgreSQL sees two coalesce(…, $n) as different expressions.
-            sq = (select(func.coalesce(Cycle.model, "unknown").label("m"), ev_week.label("w"),
-                         func.count())
-                  .join(Cycle, Cycle.id == Event.cycle_id).where(*sw_parts)
-                  .group_by("m", "w"))
-        ds = _frame(conn.execute(sq), ["who", "week", "switches"])
-    if df.empty:
-        return pd.DataFrame(columns=["week", "who", "cycles", "hours_active", "waiting_share",
-                                     "switches_per_hour", "acceptance_rate"])
-    df = df.merge(dd, on=["who", "week"], how="left").merge(ds, on=["who", "week"], how="left")
-    for col in ("wait_s", "active_s", "accepted", "decided", "switches"):
-        df[col] = pd.to_numeric(df[col], errors="coerce").fillna(0.0)
-    df["wait_s"] *= scale
-    df["active_s"] *= scale
-    hours = df["active_s"] / 3600.0
-    out = pd.DataFrame({
-        "week": pd.to_datetime(df["week"].astype("int64") * WEEK_NS - MONDAY_SHIFT_NS,
-                               unit="ns", utc=True).dt.date.astype(str),
-        "who": df["who"].astype(str), "cycles": df["cycles"].astype(int),
-        "hours_active": hours,
-        "waiting_share": (df["wait_s"] / df["active_s"]).where(df["active_s"] > 0),
-        "switches_per_hour": (df["switches"] / hours).where(hours > 0),
-        "acceptance_rate": (df["accepted"] / df["decided"]).where(df["decided"] > 0),
-    })
-    return out.sort_values(["week", "who"], ignore_index=True)
-
-
-@st.cache_data(show_spinner=False, max_entries=32)
 def participant_days(url: str, fresh: tuple[int, ...], participant: str) -> list[str]:
     """UTC days on which ``participant`` sent at least one request (ISO dates)."""
     day = (wall_request() // DAY_NS).label("d")
-    q = select(day).where(Cycle.participant_id == participant).group_by(day).order_by(day)
+    q = select(day).where(CYCLE.participant_id == participant).group_by(day).order_by(day)
     with database(url).engine.connect() as conn:
         days = [int(d) for d in conn.execute(q).scalars()]
     return [str(pd.Timestamp(d * DAY_NS, unit="ns", tz="UTC").date()) for d in days]
@@ -450,23 +397,23 @@ def participant_day_tables(url: str, fresh: tuple[int, ...], participant: str, d
     from flowtrial.analysis.switches import AFK_KINDS, FOCUS_KINDS
 
     lo, hi = day_bounds_ns(day)
-    cols = [getattr(Cycle, c) for c in CYCLE_COLUMNS]
+    cols = [CYCLE[c] for c in CYCLE_COLUMNS]
     kinds = [*FOCUS_KINDS, *AFK_KINDS, *DECISIONS, *AGENT_SPANS]
     margin = 3600 * NS
     with database(url).engine.connect() as conn:
         cyc = _frame(conn.execute(select(*cols).where(
-            Cycle.participant_id == participant, wall_request() >= lo, wall_request() < hi)
-            .order_by(Cycle.t_request_ns)), list(CYCLE_COLUMNS))
+            CYCLE.participant_id == participant, wall_request() >= lo, wall_request() < hi)
+            .order_by(CYCLE.t_request_ns)), list(CYCLE_COLUMNS))
         ev = _frame(conn.execute(select(
-            Event.participant_id, Event.cycle_id, Event.kind, Event.ts_ns, Event.source,
-            Event.payload_json, Event.duration_s).where(
-            Event.participant_id == participant, Event.ts_ns >= lo - margin,
-            Event.ts_ns < hi + margin, Event.kind.in_(kinds))),
+            EVENT.participant_id, EVENT.cycle_id, EVENT.kind, EVENT.ts_ns, EVENT.source,
+            EVENT.payload_json, EVENT.duration_s).where(
+            EVENT.participant_id == participant, EVENT.ts_ns >= lo - margin,
+            EVENT.ts_ns < hi + margin, EVENT.kind.in_(kinds))),
             ["participant_id", "cycle_id", "kind", "ts_ns", "source", "payload_json",
              "duration_s"])
-        part = _frame(conn.execute(select(Participant.id, Participant.working_apps_json,
-                                          Participant.simulated)
-                                   .where(Participant.id == participant)),
+        part = _frame(conn.execute(select(PARTICIPANT.id, PARTICIPANT.working_apps_json,
+                                          PARTICIPANT.simulated)
+                                   .where(PARTICIPANT.id == participant)),
                       ["id", "working_apps_json", "simulated"])
     return {"cycles": cyc, "events": ev, "participants": part}
 
@@ -474,13 +421,13 @@ def participant_day_tables(url: str, fresh: tuple[int, ...], participant: str, d
 def enrolled_without_cycles(url: str) -> dict[str, int]:
     """Enrollment facts for the empty state: participants and assignments so far."""
     with database(url).engine.connect() as conn:
-        n_part = conn.execute(select(func.count()).select_from(Participant)).scalar_one()
-        n_assign = conn.execute(select(func.count()).select_from(Assignment)).scalar_one()
+        n_part = conn.execute(select(func.count()).select_from(PARTICIPANT_T)).scalar_one()
+        n_assign = conn.execute(select(func.count()).select_from(ASSIGNMENT_T)).scalar_one()
     return {"participants": int(n_part), "assignments": int(n_assign)}
 
 
 __all__ = [
     "StudyInfo", "arm_summary", "manipulation", "cycle_where", "database", "decisions_by_arm",
     "enrolled_without_cycles", "filter_options", "freshness", "histograms",
-    "participant_day_tables", "participant_days", "study_info", "task_times", "team_weekly",
+    "participant_day_tables", "participant_days", "study_info", "task_times",
 ]

@@ -86,6 +86,12 @@ COMMANDS: dict[str, CommandSpec] = {
         "Show enrollment, assignments and cycles per arm, and the sample-ratio-mismatch "
         "check.",
         _STUDY),
+    "team-token": CommandSpec(
+        "flowtrial.study.commands:team_token",
+        "Issue the team token of an observe study (printed once; the previous one stops "
+        "working): every team member's agent sends its telemetry with it, and each person is "
+        "stored under a salted pseudonym of their identity.",
+        _STUDY),
     "migrate": CommandSpec(
         "flowtrial.study.commands:migrate",
         "Upgrade a study database made by an older flowtrial to this version's schema "

@@ -230,3 +230,16 @@ def turns(db: DbOpt) -> None:
         console.print(f"Typing-speed rule: {len(gaps)} user messages followed their "
                       f"conversation's answer; a window of {counts} would make them the "
                       "agent's (continuing the turn).")
+
+
+def team_token(db: DbOpt) -> None:
+    """Issue the team token of an observe study (printed once; the previous one stops
+    working): every team member's agent sends its telemetry with it, and each person is
+    stored under a salted pseudonym of their identity."""
+    from .storage import open_db
+    from .team import issue_team_token
+
+    token = issue_team_token(open_db(db))
+    console.print("Team token (shown once; set it in the agents' OTLP headers as "
+                  "Authorization=Bearer …):")
+    print(token)

@@ -27,7 +27,7 @@ from pydantic import (
 from .errors import FlowtrialError
 from .questionnaire import QuestionnaireSection
 
-Design = Literal["parallel", "crossover", "per_prompt"]
+Design = Literal["parallel", "crossover", "per_prompt", "observe"]
 Unit = Literal["participant", "task", "session", "prompt"]
 Delivery = Literal["stream", "all_at_once"]
 ContentMode = Literal["none", "fingerprint", "full"]
@@ -43,6 +43,7 @@ ALLOWED_UNITS: dict[str, tuple[str, ...]] = {
     "parallel": ("participant",),
     "crossover": ("task", "session"),
     "per_prompt": ("prompt",),
+    "observe": ("participant",),  # a team's own work, no trial: nothing is randomized
 }
 
 DEFAULT_WORKING_APPS = [
@@ -336,6 +337,9 @@ class ProxySection(_Strict):
     # The *name* of the variable holding the admin token (GET /flowtrial/v1/admin/...);
     # unset variable = admin endpoints disabled. Never the token itself.
     admin_token_env: str = "FLOWTRIAL_ADMIN_TOKEN"
+    # The OTLP/gRPC receiver's port (agents' gRPC exporters; needs grpcio), on ``host``;
+    # unset = off (OTLP/HTTP is always served on the proxy's own port). 0 picks a free one.
+    otlp_grpc_port: int | None = Field(default=None, ge=0, le=65535)
     # The address participants reach the proxy at (behind TLS or a tunnel), used in the
     # settings the participant page and `flowtrial onboard` print; default http://host:port.
     public_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
@@ -410,6 +414,9 @@ class StudyConfig(_Strict):
                     "per_prompt: design 'per_prompt' needs [per_prompt] with ttft_ms and/or "
                     "tokens_per_second ranges"
                 )
+        elif design == "observe" and self.arms:
+            raise ValueError("arms: design 'observe' has no arms (a team's own work, no "
+                             "trial): remove the [[arms]] tables")
         elif design == "parallel" and len(self.arms) < 1:
             raise ValueError("arms: design 'parallel' needs at least one [[arms]] table")
         elif design == "crossover" and len(self.arms) < 2:

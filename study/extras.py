@@ -32,6 +32,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "parquet": ("pyarrow",),
     "activitywatch": ("aw_client",),
     "telemetry": ("opentelemetry.proto", "google.protobuf", "google.rpc"),
+    "telemetry-grpc": ("grpc", "opentelemetry.proto", "google.protobuf", "google.rpc"),
+    "release": ("frictionless", *_ANALYSIS),
     "demo": ("openai", *_PROXY, *_ANALYSIS),
     "notebooks": ("jupyterlab", *_ANALYSIS),
 }

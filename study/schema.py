@@ -79,6 +79,9 @@ class Participant(SQLModel, table=True):
     consent_version: str | None = None
     withdrawn_at: datetime | None = None
     refused_requests: int = 0
+    #: The name a team member chose to show in the team view (opt-in; schema 10). Team
+    #: members are keyed by a salted pseudonym of their identity, never the identity.
+    display_name: str | None = None
 
 
 class Assignment(SQLModel, table=True):
@@ -317,9 +320,31 @@ class Audit(SQLModel, table=True):
     detail_json: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
+class TeamTurn(SQLModel, table=True):
+    """One agent turn of a team study, from the agents' telemetry alone (schema 10; built
+    and documented in ``flowtrial.study.team_turns``)."""
+
+    __tablename__ = "team_turns"
+    __table_args__ = (Index("ix_team_turns_participant_start", "participant_id", "start_ns"),)
+    id: str = Field(primary_key=True)
+    participant_id: str = Field(index=True)
+    agent: str
+    model: str
+    week: int = Field(index=True)  # Monday-based weeks since the epoch (UTC)
+    start_ns: int = Field(sa_column=Column(BigInteger, nullable=False))
+    end_ns: int = Field(sa_column=Column(BigInteger, nullable=False))
+    first_call_ns: int | None = Field(default=None, sa_column=_big())
+    wait_ns: float
+    calls: int = 0
+    decided: int = 0
+    accepted: int = 0
+    decide_s: float = 0.0
+    gap_ns: int | None = Field(default=None, sa_column=_big())
+
+
 TABLES: list[type[SQLModel]] = [
     Meta, Study, Arm, Participant, Assignment, Task, Cycle, Event,
-    QuestionnaireAnswer, Persistence, GroundTruth, DrawCounter, Turn, Audit,
+    QuestionnaireAnswer, Persistence, GroundTruth, DrawCounter, Turn, Audit, TeamTurn,
 ]
 
 

@@ -15,6 +15,9 @@ WAITS = {"idle_wait_s": "idle wait (the report's primary measure)",
          "total_wait_s": "total wait (request → last token)",
          "experienced_ttft_s": "experienced time to first token"}
 
+#: A participant's own switch curve needs this many waits (six bins of a few waits each).
+MIN_CURVE_WAITS = 30
+
 ctx = ui.context()
 st.title("Flow threshold")
 wait_col = st.radio("Wait measure", list(WAITS), format_func=WAITS.get, horizontal=True,
@@ -135,9 +138,20 @@ def show(table: pd.DataFrame) -> None:
 
     st.subheader("Per participant")
     per = []
+    few = 0
     for pid, g in cyc.groupby("participant_id"):
         b = binned_rate(g.assign(sw=g["switched"].astype(float)), wait_col, "sw", n_bins=6)
+        # A curve needs enough waits spread over a few bins; fewer is a dot, not a curve.
+        if g[wait_col].notna().sum() < MIN_CURVE_WAITS or len(b) < 3:
+            few += 1
+            continue
         per.append(b.assign(participant_id=pid))
+    if few:
+        st.caption(f"{few} participant(s) with fewer than {MIN_CURVE_WAITS} waits (or waits "
+                   "in fewer than 3 bins) are not drawn: their curve would be a dot.")
+    if not per:
+        st.info("—: no participant has enough waits for a curve of their own yet.")
+        return
     per_df = pd.concat(per, ignore_index=True)
     ch = alt.Chart(per_df).mark_line(point=True, opacity=0.5).encode(
         x=alt.X("wait_s:Q", scale=alt.Scale(type="log"), title=WAITS[wait_col] + " (s)"),

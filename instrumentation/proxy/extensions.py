@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from flowtrial.study.config import StudyConfig
-from flowtrial.study.extras import install_hint
+from flowtrial.study.extras import available, install_hint
 from flowtrial.study.storage import Database
 
 from ..request_body import BodyTooLarge, read_body
@@ -233,6 +233,27 @@ class AgentTelemetry(Extension):
 
         return telemetry_routes(ctx.database, ctx.config)
 
+    grpc_server: Any = None
+    grpc_port: int | None = None
+
+    async def startup(self, state: ProxyState) -> None:
+        """The OTLP/gRPC receiver when ``proxy.otlp_grpc_port`` is set (its own threads)."""
+        port = state.config.proxy.otlp_grpc_port
+        if port is None:
+            return
+        if not available("telemetry-grpc"):
+            log.warning("OTLP/gRPC receiver off: %s to serve it", install_hint("telemetry-grpc"))
+            return
+        from ..telemetry.grpc_receiver import serve_otlp_grpc
+
+        self.grpc_server, self.grpc_port = serve_otlp_grpc(
+            state.database, state.config, state.config.proxy.host, port)
+        log.info("OTLP/gRPC receiver on %s:%s", state.config.proxy.host, self.grpc_port)
+
+    async def shutdown(self, state: ProxyState) -> None:
+        if self.grpc_server is not None:
+            self.grpc_server.stop(2).wait()
+
 
 #: What the proxy says when the ``[telemetry]`` extra is missing (it serves on without it).
 TELEMETRY_OFF = (f"agent telemetry (OTLP) off: {install_hint('telemetry')} to receive it "
@@ -241,8 +262,6 @@ TELEMETRY_OFF = (f"agent telemetry (OTLP) off: {install_hint('telemetry')} to re
 
 def telemetry_available() -> bool:
     """Whether the ``[telemetry]`` extra (opentelemetry-proto, protobuf) is installed."""
-    from flowtrial.study.extras import available
-
     return available("telemetry")
 
 

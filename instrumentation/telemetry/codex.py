@@ -74,6 +74,9 @@ def map_record(rec: OtelRecord, full: bool) -> list[MappedEvent] | None:
         p |= {"tool": a.get("tool_name"), "call_id": a.get("call_id"),
               "success": str(a.get("success")).lower() == "true"}
         return [tool_event(rec, p)]
+    if name == "sse_event" and a.get("event.kind") == "response.completed":
+        # Codex's api_request ends at the response headers; the stream's end is this event.
+        return [MappedEvent("answer_end", rec.time_ns, p, link="before", digest=rec.digest)]
     if name == "agent_turn_complete":  # its notify hook, through `flowtrial codex-notify`
         p |= {"turn_id": a.get("turn.id"), "client": a.get("client"),
               "input_messages": number(a.get("input_messages")),

@@ -28,6 +28,7 @@ from flowtrial.study.storage import Database, WriteBatch, utcnow, write_rows
 from .ingest import HORIZON_S, prepare_rows, relink
 from .otlp import OtelRecord, OtlpDecodeError, Signal, parse_json_request, records
 from .sdk_json import is_sdk_record, sdk_records
+from .team import refresh_turns, strip_identity
 
 __all__ = ["OtelImportError", "OtelImportReport", "import_otel", "read_otlp_json"]
 
@@ -109,6 +110,9 @@ def import_otel(database: Database, participant_id: str, path: str | Path
             raise OtelImportError(f"no participant {participant_id!r} in this study: see "
                                   "`flowtrial status` for the enrolled ids")
     recs = read_otlp_json(path)
+    observe = database.config().study.design == "observe"
+    if observe:  # a team study: the person is the given pseudonym; identities never stored
+        recs = strip_identity(recs)
     full = database.config().capture.content == "full"
     rows = prepare_rows(database, participant_id, recs, full, time.time_ns(), utcnow())
     keys = [r["dedupe_key"] for r in rows]
@@ -125,6 +129,8 @@ def import_otel(database: Database, participant_id: str, path: str | Path
         with database.engine.begin() as conn:
             relinked = relink(conn, participant_id, min(r["ts_ns"] for r in rows) - horizon,
                               max(r["ts_ns"] for r in rows) + horizon)
+    if observe and new:
+        refresh_turns(database, new)
     by_kind: dict[str, int] = {}
     for r in new:
         by_kind[r["kind"]] = by_kind.get(r["kind"], 0) + 1

@@ -38,6 +38,7 @@ from ..proxy.auth import Authenticator
 from ..request_body import BodyTooLarge, read_body
 from .ingest import prepare_rows
 from .otlp import OtlpDecodeError, Signal, decode_request, records
+from .team import partial_success, refresh_turns, team_auth, team_rows
 
 __all__ = ["OTLP_PREFIX", "telemetry_routes"]
 
@@ -80,6 +81,7 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
     """
     own = Authenticator(database)
     full = config.capture.content == "full"
+    observe = config.study.design == "observe"
     limit = config.proxy.max_body_bytes
 
     def proxy_state(request: Request) -> Any:
@@ -99,7 +101,10 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
             auth = authenticate or (st.auth.authenticate if st is not None
                                     else own.authenticate)
             participant = await auth(request.headers)
-            if participant is None:
+            team = None
+            if participant is None and observe:  # a team study: the team token, no keys
+                team = await asyncio.to_thread(team_auth, database, request.headers)
+            if participant is None and team is None:
                 return _status(401, code_pb2.UNAUTHENTICATED,
                                "missing or unknown flowtrial participant key: set the OTLP "
                                "headers to Authorization=Bearer ft_… (your own key)", as_json)
@@ -118,9 +123,16 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
                 if st is not None:
                     st.errors += 1
                 return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
-            rows = await asyncio.to_thread(prepare_rows, database, participant.id,
-                                           records(signal, message), full, time.time_ns(),
-                                           utcnow())
+            rows: list[dict[str, Any]] = []
+            dropped = 0
+            if team is not None:  # the team token: split by person
+                rows, dropped = await asyncio.to_thread(team_rows, database, team,
+                                               records(signal, message), full, time.time_ns(),
+                                               utcnow())
+            elif participant is not None:
+                rows = await asyncio.to_thread(prepare_rows, database, participant.id,
+                                               records(signal, message), full,
+                                               time.time_ns(), utcnow())
             if rows:
                 batch = WriteBatch(Event, rows, ignore_conflicts=True)
                 w = writer or getattr(st, "writer", None)
@@ -135,7 +147,9 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
                     return _status(503, code_pb2.UNAVAILABLE, "the records could not be "
                                    f"written ({type(exc).__name__}): retry", as_json,
                                    {"retry-after": "5"})
-            return _message(_RESPONSES[signal](), as_json)
+                if team is not None:  # the people's turns, from the events just written
+                    await asyncio.to_thread(refresh_turns, database, rows)
+            return _message(partial_success(_RESPONSES[signal](), signal, dropped), as_json)
 
         endpoint.__name__ = f"otlp_{signal}"
         return endpoint

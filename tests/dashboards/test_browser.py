@@ -134,3 +134,49 @@ def test_dns_rebinding_and_password_in_chromium(small_study: Path) -> None:
             browser.close()
     finally:
         stop(proc)
+
+
+def page_in_chromium(db: Path, path: str, title: str, shot: str) -> str:
+    """One page of the real dashboard server on ``db`` in headless Chromium, once its script
+    run has finished: asserts no exception or error alert, keeps ``test-artifacts/<shot>.png``
+    and returns the page's text."""
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("needs /usr/bin/chromium")
+    port = free_port()
+    argv, env = streamlit_command(str(db), port, "127.0.0.1")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with (ARTIFACTS / f"{shot}.log").open("wb") as out:
+        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=ARTIFACTS)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            # The start page first: it runs the access gate and opens the study for the
+            # session (a fresh session opened on a page's own URL fails without it).
+            page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
+            page.get_by_role("heading", name="Study overview").first.wait_for(
+                timeout=PAGE_BUDGET_MS)
+            page.goto(f"http://127.0.0.1:{port}/{path}", wait_until="domcontentloaded")
+            page.get_by_role("heading", name=title).first.wait_for(timeout=PAGE_BUDGET_MS)
+            page.locator('[data-testid="stDownloadButton"]').first.wait_for(
+                timeout=PAGE_BUDGET_MS)
+            page.get_by_role("button", name="Stop").wait_for(state="hidden",
+                                                             timeout=PAGE_BUDGET_MS)
+            page.wait_for_timeout(1000)  # Vega draws after the script run
+            page.screenshot(path=str(ARTIFACTS / f"{shot}.png"), full_page=True)
+            assert page.locator('[data-testid="stException"]').count() == 0
+            errors = [a.inner_text() for a in page.locator('[data-testid="stAlert"]').all()
+                      if a.locator('[data-testid="stAlertContentError"]').count()]
+            assert not errors, errors
+            assert page.locator("canvas, svg.marks").count() > 0  # charts were drawn
+            text = page.locator("body").inner_text()
+            browser.close()
+            return text
+    finally:
+        stop(proc)

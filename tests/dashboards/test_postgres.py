@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from flowtrial.dashboards import data
+from flowtrial.dashboards import data, team_data
 from flowtrial.dashboards.filters import Filters
 from flowtrial.study.config import parse_study
 from flowtrial.study.storage import database_url
@@ -44,8 +44,10 @@ def tables(url: str) -> dict[str, object]:
         "hist": data.histograms(url, fresh, 1.0, f),
         "decisions": data.decisions_by_arm(url, fresh, f),
         "tasks": data.task_times(url, fresh, 1.0, f),
-        "team_person": data.team_weekly(url, fresh, 1.0, 300.0, "person", f),
-        "team_model": data.team_weekly(url, fresh, 1.0, 300.0, "model", f),
+        **{f"team_{by}": team_data.weekly(url, fresh, team_data.team_query(
+            url, "parallel", by, 300.0, 1.0, f)) for by in ("person", "agent", "model")},
+        "team_bins": team_data.wait_bins(url, fresh, team_data.team_query(
+            url, "parallel", "person", 300.0, 1.0, f)),
         "slow_only": data.arm_summary(url, fresh, 1.0, Filters(arms=("slow",))),
         "days": days,
         "options": data.filter_options(url, fresh),

@@ -57,7 +57,7 @@ def test_every_problem_is_listed_at_once() -> None:
         (lambda d: d["study"].pop("name"), "study.name: is required"),
         (lambda d: d["study"].update(seed="x"), "study.seed: must be a whole number"),
         (lambda d: d["study"].update(design="latin"),
-         "study.design: must be one of 'parallel', 'crossover' or 'per_prompt'"),
+         "study.design: must be one of 'parallel', 'crossover', 'per_prompt' or 'observe'"),
         (lambda d: d["study"].update(unit="participant"),
          "study: unit 'participant' does not fit design 'per_prompt': use 'prompt'"),
         (lambda d: d["arms"][0].update(tokens_per_secnd=5),
@@ -180,3 +180,15 @@ def test_analysis_reading_speed_is_a_validated_setting() -> None:
     assert msg.startswith("analysis.reading_tps:") and "50" in msg
     d["analysis"] = {"reading_speed": 4.0}
     assert problems(d)[0].startswith("analysis.reading_speed")
+
+
+def test_observe_design_has_no_arms() -> None:
+    d = base()
+    d["study"]["design"] = "observe"
+    d["study"].pop("unit", None)
+    assert d.get("arms")  # the example keeps two arms for switching designs
+    assert problems(d) == ["arms: design 'observe' has no arms (a team's own work, no "
+                           "trial): remove the [[arms]] tables"]
+    d.pop("arms")
+    cfg = parse_study(d)
+    assert cfg.study.design == "observe" and cfg.study.unit == "participant"

@@ -7,7 +7,7 @@
 earlier versions keep NULL: they are never revised.
 
 Revision ID: 0011
-Revises: 0008
+Revises: 0010
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011"
-down_revision = "0008"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
@@ -35,4 +35,4 @@ def downgrade() -> None:
     with op.batch_alter_table("cycles") as batch_op:
         for name, _ in _COLUMNS:
             batch_op.drop_column(name)
-    op.execute("UPDATE meta SET value = '8' WHERE key = 'schema_version'")
+    op.execute("UPDATE meta SET value = '10' WHERE key = 'schema_version'")

@@ -1,0 +1,318 @@
+"""Team analysis in the database: per week and person, agent or model, the waits per turn,
+the share of working time spent waiting, switches during waits and decisions.
+
+Every aggregate is one SQL query (SQLAlchemy Core: SQLite ≥ 3.25 and PostgreSQL), so a
+year of a large team is never loaded row by row into pandas; what comes back has one row
+per (group, week) or per (week, histogram bin).
+
+Two sources of waits, same columns (:func:`waits_query`):
+
+- ``proxy``: one wait per cycle the proxy recorded (request → last token sent);
+- ``telemetry``: one wait per agent turn rebuilt from the agents' own telemetry alone, for a
+  team with no proxy in the path (``design = "observe"``): the ``team_turns`` rows the
+  receiver keeps up to date (``flowtrial.study.team_turns`` defines a turn and its wait).
+
+:func:`reconcile` sets telemetry turns beside the proxy's turns where a study has both.
+
+"Unmeasured is never zero": a (group, week) with no focus capture has ``switches = NaN``
+(``switch_reason`` says why), one without decisions ``acceptance_rate = NaN``.
+Durations are raw in the database; callers pass the study's ``time_scale``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pandas as pd
+from sqlalchemy import Select, Table, and_, case, func, literal, select
+from sqlalchemy.sql import ColumnElement
+from sqlalchemy.sql.selectable import Subquery
+from sqlmodel import SQLModel
+
+from flowtrial.study.schema import Cycle, Event, TeamTurn, Turn
+from flowtrial.study.team_turns import person_decision, telemetry_turns
+
+__all__ = [
+    "DECISION_KINDS",
+    "MATCH_TOLERANCE_S",
+    "WAIT_EDGES_S",
+    "TeamQuery",
+    "reconcile",
+    "team_agents",
+    "team_wait_bins",
+    "team_weekly",
+    "wait_source",
+    "waits_query",
+]
+
+Source = Literal["proxy", "telemetry"]
+Group = Literal["person", "agent", "model"]
+NS = 1_000_000_000
+DAY_NS = 86_400 * NS
+WEEK_NS = 7 * DAY_NS
+MONDAY_SHIFT_NS = 3 * DAY_NS  # 1970-01-01 was a Thursday: +3 days makes weeks start Monday
+DECISION_KINDS = ("accept", "reject", "partial_accept")
+CAPTURE_KINDS = ("focus_out", "focus_in", "afk_start", "afk_end")
+#: Log-spaced edges of the wait histogram (real seconds).
+WAIT_EDGES_S = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+def _table(model: type[SQLModel]) -> Table:
+    return SQLModel.metadata.tables[str(model.__tablename__)]
+
+
+CYCLE_T, EVENT_T, TURN_T = _table(Cycle), _table(Event), _table(Turn)
+CY, EV, TU, TT = CYCLE_T.c, EVENT_T.c, TURN_T.c, _table(TeamTurn).c
+
+
+@dataclass(frozen=True)
+class TeamQuery:
+    """What to aggregate: the source, the grouping, the idle limit and the filters
+    (UTC epoch ns bounds, participant ids; empty = all). Hashable: a cache key."""
+
+    source: Source
+    by: Group = "person"
+    idle_limit_s: float = 300.0
+    time_scale: float = 1.0
+    start_ns: int | None = None
+    end_ns: int | None = None
+    participants: tuple[str, ...] = ()
+    dialect: str = "sqlite"
+
+
+def wait_source(design: str) -> Source:
+    """``telemetry`` for an observe study (no proxy), else ``proxy``."""
+    return "telemetry" if design == "observe" else "proxy"
+
+
+def _proxy_waits(q: TeamQuery) -> Select[Any]:
+    start = CY.wall_anchor_ns + (CY.t_request_ns - CY.mono_anchor_ns)
+    end = CY.wall_anchor_ns + (func.coalesce(CY.t_last_sent_ns, CY.t_request_ns)
+                               - CY.mono_anchor_ns)
+    dec = (select(EV.cycle_id.label("cid"), func.count().label("decided"),
+                  func.sum(case((EV.kind == "accept", 1), else_=0)).label("accepted"))
+           .where(EV.kind.in_(DECISION_KINDS), EV.cycle_id.is_not(None), person_decision())
+           .group_by(EV.cycle_id).subquery())
+    return (select(CY.participant_id.label("pid"),
+                   func.coalesce(CY.client, "unknown").label("agent"),
+                   func.coalesce(CY.model, "unknown").label("model"),
+                   start.label("start_ns"), end.label("end_ns"),
+                   (end - start).label("wait_ns"), literal(1).label("calls"),
+                   func.coalesce(dec.c.decided, 0).label("decided"),
+                   func.coalesce(dec.c.accepted, 0).label("accepted"),
+                   literal(0.0).label("decide_s"), start.label("first_call_ns"))
+            .select_from(CYCLE_T.outerjoin(dec, dec.c.cid == CY.id))
+            .where(CY.status == "ok"))
+
+
+def _telemetry_rows() -> Any:
+    """The stored telemetry turns (``team_turns``: refreshed by the receiver as batches
+    arrive, each with its gap to the person's next turn)."""
+    return select(TT.participant_id.label("pid"), TT.agent, TT.model, TT.start_ns, TT.end_ns,
+                  TT.wait_ns, TT.calls, TT.decided, TT.accepted, TT.decide_s,
+                  TT.first_call_ns, TT.gap_ns).subquery().c
+
+
+def _proxy_rows(q: TeamQuery) -> Any:
+    inner = _proxy_waits(q).subquery()
+    gap = func.lead(inner.c.start_ns).over(partition_by=inner.c.pid,
+                                           order_by=inner.c.start_ns) - inner.c.start_ns
+    # Filter after the window: the gap to the next wait needs every wait of the person.
+    return select(*inner.c, gap.label("gap_ns")).subquery().c
+
+
+def waits_query(q: TeamQuery) -> Subquery:
+    """One row per wait: ``pid, agent, model, start_ns, end_ns, wait_ns`` (raw), ``calls``,
+    ``decided, accepted`` (the person's tool decisions), ``decide_s``, ``first_call_ns`` (the
+    first model request's start: the prompt is earlier by the agent's preparation), and
+    ``gap_ns`` to the
+    person's next wait (NULL for the last), filtered by time and participant."""
+    fc = _telemetry_rows() if q.source == "telemetry" else _proxy_rows(q)
+    where: list[ColumnElement[bool]] = []
+    if q.participants:
+        where.append(fc.pid.in_(q.participants))
+    if q.start_ns is not None:
+        where.append(fc.start_ns >= q.start_ns)
+    if q.end_ns is not None:
+        where.append(fc.start_ns < q.end_ns)
+    return select(*fc).where(*where).subquery()
+
+
+def _week(ts: ColumnElement[Any]) -> ColumnElement[Any]:
+    # // is integer division on both backends (CAST(x / y AS INTEGER) rounds on PostgreSQL).
+    return (ts + MONDAY_SHIFT_NS) // WEEK_NS
+
+
+def _who(w: Subquery, by: Group) -> ColumnElement[Any]:
+    return {"person": w.c.pid, "agent": w.c.agent, "model": w.c.model}[by]
+
+
+def week_label(week: pd.Series) -> pd.Series:
+    """Week numbers (Monday-based, since the epoch) as the ISO date of their Monday."""
+    return pd.to_datetime(week.astype("int64") * WEEK_NS - MONDAY_SHIFT_NS, unit="ns",
+                          utc=True).dt.strftime("%Y-%m-%d")
+
+
+def team_weekly(conn: Any, q: TeamQuery) -> pd.DataFrame:
+    """Per week (Monday, UTC) and group: ``waits``, ``people``, ``hours_active``,
+    ``waiting_share``, ``mean_wait_s``, ``switches`` (focus_out during waits, NaN with
+    ``switch_reason`` where no focus capture), ``switches_per_hour``, ``decided``,
+    ``acceptance_rate`` (NaN with ``acceptance_reason`` where no decisions), ``decide_s``.
+
+    Active time of a wait is the time to the same person's next one, or just the wait when
+    that gap exceeds the idle limit (the person stopped working)."""
+    w = waits_query(q)
+    limit_raw = q.idle_limit_s / q.time_scale * NS
+    active = case((and_(w.c.gap_ns.is_not(None), w.c.gap_ns <= limit_raw), w.c.gap_ns),
+                  else_=w.c.wait_ns)
+    who, week = _who(w, q.by).label("who"), _week(w.c.start_ns).label("week")
+    main = (select(who, week, func.count(), func.count(w.c.pid.distinct()),
+                   func.sum(w.c.wait_ns), func.sum(active), func.sum(w.c.decided),
+                   func.sum(w.c.accepted), func.sum(w.c.decide_s), func.sum(w.c.calls))
+            .group_by("who", "week"))
+    # Switches during waits: focus_out events inside a wait (index on participant, ts).
+    sw = (select(who, week, func.count(EV.id))
+          .select_from(w.join(EVENT_T, and_(EV.participant_id == w.c.pid,
+                                            EV.ts_ns >= w.c.start_ns, EV.ts_ns <= w.c.end_ns)))
+          .where(EV.kind == "focus_out").group_by("who", "week"))
+    # Focus capture present: the person had any focus or AFK events that week.
+    cap_week = _week(EV.ts_ns)
+    # Its own names: PostgreSQL resolves GROUP BY "week" to an input column before a label.
+    cap = (select(EV.participant_id.label("cpid"), cap_week.label("cweek"))
+           .where(EV.kind.in_(CAPTURE_KINDS)).group_by(EV.participant_id, cap_week)
+           .subquery())
+    captured = (select(who, week, func.count(w.c.pid.distinct()))
+                .select_from(w.join(cap, and_(cap.c.cpid == w.c.pid,
+                                              cap.c.cweek == _week(w.c.start_ns))))
+                .group_by("who", "week"))
+    cols = ["who", "week", "waits", "people", "wait_ns", "active_ns", "decided", "accepted",
+            "decide_s", "calls"]
+    df = pd.DataFrame([tuple(r) for r in conn.execute(main)], columns=cols)
+    ds = pd.DataFrame([tuple(r) for r in conn.execute(sw)], columns=["who", "week", "switches"])
+    dc = pd.DataFrame([tuple(r) for r in conn.execute(captured)],
+                      columns=["who", "week", "people_captured"])
+    return _weekly_frame(df, ds, dc, q.time_scale)
+
+
+WEEKLY_COLUMNS = ["week", "who", "waits", "people", "calls", "hours_active", "waiting_share",
+                  "mean_wait_s", "switches", "switches_per_hour", "switch_reason", "decided",
+                  "acceptance_rate", "acceptance_reason", "decide_s"]
+
+
+def _weekly_frame(df: pd.DataFrame, ds: pd.DataFrame, dc: pd.DataFrame,
+                  scale: float) -> pd.DataFrame:
+    if df.empty:
+        return pd.DataFrame(columns=WEEKLY_COLUMNS)
+    df = df.merge(ds, on=["who", "week"], how="left").merge(dc, on=["who", "week"],
+                                                              how="left")
+    for c in ("wait_ns", "active_ns", "decided", "accepted", "decide_s", "switches",
+              "people_captured", "calls"):
+        df[c] = pd.to_numeric(df[c], errors="coerce").fillna(0.0).astype(float)
+    wait_s = df["wait_ns"] / NS * scale
+    active_s = df["active_ns"] / NS * scale
+    hours = active_s / 3600.0
+    has_capture = df["people_captured"] > 0
+    switches = df["switches"].where(has_capture)
+    out = pd.DataFrame({
+        "week": week_label(df["week"]), "who": df["who"].astype(str),
+        "waits": df["waits"].astype(int), "people": df["people"].astype(int),
+        "calls": df["calls"].astype(int), "hours_active": hours,
+        "waiting_share": (wait_s / active_s).where(active_s > 0),
+        "mean_wait_s": wait_s / df["waits"].astype(float),
+        "switches": switches,
+        "switches_per_hour": (switches / hours).where(hours > 0),
+        "switch_reason": has_capture.map({True: "", False: "no focus capture"}),
+        "decided": df["decided"].astype(int),
+        "acceptance_rate": (df["accepted"] / df["decided"]).where(df["decided"] > 0),
+        "acceptance_reason": (df["decided"] > 0).map({True: "", False: "no decisions"}),
+        "decide_s": df["decide_s"] * scale,
+    })
+    return out.sort_values(["week", "who"], ignore_index=True)[WEEKLY_COLUMNS]
+
+
+def team_wait_bins(conn: Any, q: TeamQuery) -> pd.DataFrame:
+    """Per week and wait bin (``WAIT_EDGES_S``, real seconds): how many waits — the
+    distribution of waits per turn, whatever the team's size."""
+    w = waits_query(q)
+    raw = [e / q.time_scale * NS for e in WAIT_EDGES_S]
+    whens = [(w.c.wait_ns < e, i) for i, e in enumerate(raw[1:])]
+    b = case(*whens, else_=len(raw) - 1).label("bin")
+    week = _week(w.c.start_ns).label("week")
+    rows = conn.execute(select(week, b, func.count()).group_by("week", "bin"))
+    df = pd.DataFrame([tuple(r) for r in rows], columns=["week", "bin", "waits"])
+    if df.empty:
+        return pd.DataFrame(columns=["week", "bin", "range_s", "waits"])
+    df["week"] = week_label(df["week"])
+    df["bin"] = df["bin"].astype(int)
+    df["range_s"] = [bin_label(i) for i in df["bin"]]
+    return df.sort_values(["week", "bin"], ignore_index=True)[["week", "bin", "range_s",
+                                                                "waits"]]
+
+
+def bin_label(i: int) -> str:
+    e = WAIT_EDGES_S
+    return f"≥ {e[-1]:g} s" if i >= len(e) - 1 else f"{e[i]:g}–{e[i + 1]:g} s"
+
+
+def team_agents(conn: Any, q: TeamQuery) -> pd.DataFrame:
+    """Per agent and model over the whole range: waits, people, mean wait (real s),
+    acceptance — an observational comparison (people chose their tools), with its sizes."""
+    w = waits_query(q)
+    rows = conn.execute(
+        select(w.c.agent, w.c.model, func.count(), func.count(w.c.pid.distinct()),
+               func.avg(w.c.wait_ns), func.sum(w.c.decided), func.sum(w.c.accepted))
+        .group_by(w.c.agent, w.c.model).order_by(w.c.agent, w.c.model))
+    df = pd.DataFrame([tuple(r) for r in rows], columns=[
+        "agent", "model", "waits", "people", "mean_wait_ns", "decided", "accepted"])
+    df["mean_wait_s"] = pd.to_numeric(df.pop("mean_wait_ns")) / NS * q.time_scale
+    dec = pd.to_numeric(df["decided"]).fillna(0).astype(float)
+    df["acceptance_rate"] = (pd.to_numeric(df.pop("accepted")).astype(float) / dec
+                             ).where(dec > 0)
+    return df
+
+
+
+#: A telemetry turn's first model request and the proxy's turn start (same machine: ms apart).
+MATCH_TOLERANCE_S = 2.0
+RECONCILE_COLUMNS = ["pid", "agent", "prompt_ns", "telemetry_wait_s", "telemetry_span_s",
+                     "proxy_turn_id", "proxy_wait_s", "diff_s", "wait_s"]
+
+
+def reconcile(conn: Any, q: TeamQuery) -> pd.DataFrame:
+    """Telemetry turns beside the proxy's turns, where both exist (one study with the proxy
+    in the path *and* the agents' telemetry). Per telemetry turn: its wait (prompt → final
+    answer), its span (first request's start → final answer: what the proxy can see), the
+    proxy turn it matches (same person, the proxy's start within :data:`MATCH_TOLERANCE_S`
+    of the first request's start; each proxy turn once), the proxy's wait, ``diff_s`` =
+    span − proxy wait, and ``wait_s``: the proxy's when matched (its clock is the one that
+    shaped the wait), else the telemetry's. Real seconds."""
+    w = telemetry_turns(q.dialect, q.participants).subquery()
+    tel = pd.DataFrame([tuple(r) for r in conn.execute(
+        select(w.c.pid, w.c.agent, w.c.start_ns, w.c.first_call_ns, w.c.end_ns,
+               w.c.wait_ns).order_by(w.c.pid, w.c.start_ns))],
+        columns=["pid", "agent", "prompt_ns", "first_ns", "end_ns", "wait_ns"])
+    start = TU.wall_anchor_ns + (TU.t_start_ns - TU.mono_anchor_ns)
+    tq = select(TU.id, TU.participant_id, start, TU.wait_ms).where(TU.wait_ms.is_not(None))
+    if q.participants:
+        tq = tq.where(TU.participant_id.in_(q.participants))
+    prox = pd.DataFrame([tuple(r) for r in conn.execute(tq)],
+                        columns=["id", "pid", "start_ns", "wait_ms"])
+    out = []
+    taken: set[str] = set()
+    tol = MATCH_TOLERANCE_S * NS
+    for r in tel.itertuples(index=False):
+        cand = prox[(prox["pid"] == r.pid) & ~prox["id"].isin(taken)
+                    & ((prox["start_ns"] - r.first_ns).abs() <= tol)]
+        match = None
+        if len(cand):
+            match = cand.loc[(cand["start_ns"] - r.first_ns).abs().idxmin()]
+            taken.add(str(match["id"]))
+        span = (r.end_ns - r.first_ns) / NS * q.time_scale
+        proxy_wait = float(match["wait_ms"]) / 1000 * q.time_scale if match is not None else None
+        tel_wait = float(r.wait_ns) / NS * q.time_scale
+        out.append((r.pid, r.agent, int(r.prompt_ns), tel_wait, span,
+                    None if match is None else str(match["id"]), proxy_wait,
+                    None if proxy_wait is None else span - proxy_wait,
+                    tel_wait if proxy_wait is None else proxy_wait))
+    return pd.DataFrame(out, columns=RECONCILE_COLUMNS)

@@ -1,0 +1,139 @@
+"""Agent turns of a team study, rebuilt from the agents' own telemetry and kept in
+``team_turns`` (schema 10), so the team view aggregates turns, not every event.
+
+A turn starts at the person's prompt (``turn_start``) in one agent and holds that agent's
+model requests (``api_request``: its end is the record's time, its duration the agent's own
+timing), Codex's stream end (``answer_end``), tool runs, the person's tool decisions and the
+time the agent waited for them (``agent_wait``), until that person's next prompt in the same
+agent. ``wait_ns`` is prompt → the end of the final answer, less the time the agent waited
+for the person's decisions (deciding is not waiting); ``gap_ns`` runs to the person's next
+turn in any agent (the team view's active time). Durations raw (× ``time_scale`` = real).
+
+The receiver refreshes a person's turns after each batch it writes
+(:func:`refresh_team_turns`, from the turn open at the batch's first record); the SQL is
+portable (SQLite ≥ 3.25 window functions, PostgreSQL).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Select, and_, case, cast, delete, func, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql import ColumnElement
+from sqlmodel import SQLModel
+
+from .schema import Event, TeamTurn
+
+__all__ = ["TeamTurn", "json_field", "rebuild_team_turns", "refresh_team_turns",
+           "telemetry_turns"]
+
+NS = 1_000_000_000
+WEEK_NS = 7 * 86_400 * NS
+MONDAY_SHIFT_NS = 3 * 86_400 * NS  # 1970-01-01 was a Thursday: +3 days makes weeks start Monday
+DECISION_KINDS = ("accept", "reject", "partial_accept")
+TURN_KINDS = ("turn_start", "api_request", "answer_end", "tool_result", "agent_wait",
+              *DECISION_KINDS)
+
+
+EV = SQLModel.metadata.tables["events"].c
+TT_T = SQLModel.metadata.tables["team_turns"]
+TT = TT_T.c
+_ = (Event, TeamTurn)  # their tables are registered by their models
+
+
+def json_field(column: ColumnElement[Any], key: str, dialect: str) -> ColumnElement[Any]:
+    """``column``'s JSON text field ``key`` as text, on SQLite and PostgreSQL."""
+    if dialect == "postgresql":
+        return func.json_extract_path_text(cast(column, JSON), key)
+    return func.json_extract(column, f"$.{key}")
+
+
+def person_decision() -> ColumnElement[bool]:
+    """Not a tool decision the agent's configuration took (those are not the person's)."""
+    return ~and_(EV.source == "otel", EV.payload_json.like('%"decided_by": "config"%'))
+
+
+def telemetry_turns(dialect: str, participants: tuple[str, ...] = (),
+                    since_ns: int | None = None) -> Select[Any]:
+    """Turns computed from the events: ``pid, agent, model, start_ns, end_ns, wait_ns,
+    calls, decided, accepted, decide_s, first_call_ns`` (events from ``since_ns``, which
+    must be a turn's start)."""
+    agent = func.coalesce(json_field(EV.payload_json, "agent", dialect), "unknown")
+    seq = func.sum(case((EV.kind == "turn_start", 1), else_=0)).over(
+        partition_by=(EV.participant_id, agent), order_by=(EV.ts_ns, EV.id))
+    model = case((EV.kind == "api_request", json_field(EV.payload_json, "model", dialect)),
+                 else_=None)
+    parts = [EV.source == "otel", EV.kind.in_(TURN_KINDS)]
+    if participants:
+        parts.append(EV.participant_id.in_(participants))
+    if since_ns is not None:
+        parts.append(EV.ts_ns >= since_ns)
+    e = (select(EV.participant_id.label("pid"), agent.label("agent"), seq.label("seq"),
+                EV.kind.label("kind"), EV.ts_ns.label("ts"), EV.duration_s.label("dur"),
+                model.label("model"), person_decision().label("by_person"),
+                # Claude Code reports a call twice (log and span): count the logs only.
+                EV.payload_json.like('%"span": true%').label("is_span"))
+         .where(*parts).subquery())
+    k = e.c.kind
+    prompt = func.min(case((k == "turn_start", e.c.ts), else_=None))
+    # The final answer's end: a request's end (its record's time), or Codex's stream end
+    # (Codex times a request to its response headers only).
+    answer = func.max(case((k.in_(("api_request", "answer_end")), e.c.ts), else_=None))
+    decide = func.coalesce(func.sum(case((k == "agent_wait", e.c.dur), else_=None)), 0.0)
+    decided = and_(k.in_(DECISION_KINDS), e.c.by_person)
+    first_call = func.min(case((k == "api_request",
+                                e.c.ts - func.coalesce(e.c.dur, 0.0) * NS), else_=None))
+    return (select(e.c.pid.label("pid"), e.c.agent.label("agent"),
+                   func.coalesce(func.max(e.c.model), "unknown").label("model"),
+                   prompt.label("start_ns"), answer.label("end_ns"),
+                   (answer - prompt - decide * NS).label("wait_ns"),
+                   func.sum(case((and_(k == "api_request", ~e.c.is_span), 1), else_=0)
+                            ).label("calls"),
+                   func.sum(case((decided, 1), else_=0)).label("decided"),
+                   func.sum(case((and_(decided, k == "accept"), 1), else_=0)).label("accepted"),
+                   decide.label("decide_s"), first_call.label("first_call_ns"))
+            .where(e.c.seq > 0).group_by(e.c.pid, e.c.agent, e.c.seq)
+            .having(answer.is_not(None)))
+
+
+def _turn_open_at(conn: Connection, pid: str, ts_ns: int) -> int:
+    """The earliest start of a turn (any agent of ``pid``) still open at ``ts_ns``."""
+    latest = (select(func.max(EV.ts_ns).label("t"))
+              .where(EV.participant_id == pid, EV.source == "otel",
+                     EV.kind == "turn_start", EV.ts_ns <= ts_ns)
+              .group_by(json_field(EV.payload_json, "agent", conn.dialect.name)).subquery())
+    lo = conn.execute(select(func.min(latest.c.t))).scalar()
+    return int(lo) if lo is not None else ts_ns
+
+
+def refresh_team_turns(conn: Connection, pid: str, since_ns: int) -> int:
+    """Rebuild ``pid``'s turns from the one open at ``since_ns`` on; returns the turns
+    written. The turn before keeps its row; only its gap to the next turn is updated."""
+    lo = _turn_open_at(conn, pid, since_ns)
+    rows = [dict(r._mapping) for r in conn.execute(
+        telemetry_turns(conn.dialect.name, (pid,), lo).order_by("start_ns"))]
+    conn.execute(delete(TT_T).where(TT.participant_id == pid, TT.start_ns >= lo))
+    for i, r in enumerate(rows):
+        r["gap_ns"] = rows[i + 1]["start_ns"] - r["start_ns"] if i + 1 < len(rows) else None
+        r["id"] = f"{pid}:{r['agent']}:{r['start_ns']}"
+        r["participant_id"] = r.pop("pid")
+        r["week"] = (int(r["start_ns"]) + MONDAY_SHIFT_NS) // WEEK_NS
+        for c in ("calls", "decided", "accepted"):
+            r[c] = int(r[c] or 0)
+    if rows:
+        conn.execute(TT_T.insert(), rows)
+    prev = conn.execute(select(TT.id, TT.start_ns).where(
+        TT.participant_id == pid, TT.start_ns < lo).order_by(TT.start_ns.desc()).limit(1)).first()
+    if prev is not None:
+        nxt = rows[0]["start_ns"] if rows else None
+        conn.execute(update(TT_T).where(TT.id == prev[0]).values(
+            gap_ns=None if nxt is None else int(nxt) - int(prev[1])))
+    return len(rows)
+
+
+def rebuild_team_turns(conn: Connection) -> int:
+    """Every person's turns from scratch (after an import, or a generated team)."""
+    pids = [str(p) for p in conn.execute(select(EV.participant_id).where(
+        EV.source == "otel").distinct()).scalars()]
+    return sum(refresh_team_turns(conn, pid, 0) for pid in pids)
