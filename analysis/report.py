@@ -320,6 +320,13 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
     say("checks done")
     results["task_effect"] = task_effect_section(config, tasks, median_tokens or 300.0)
     say("task-time effect done")
+    if any(a.matched_to for a in config.arms):
+        from .speed_capability import speed_capability_section
+
+        served = frames.cycles[["arm", "model"]] if "model" in frames.cycles.columns else None
+        results["speed_capability"] = speed_capability_section(
+            config, tasks, cycles, served,
+            truth=((truth or {}).get("params") or {}).get("speed_capability"))
 
     reading = float(frames.reading_tps)
     results["study"]["reading_tps"] = reading
