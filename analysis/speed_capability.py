@@ -46,7 +46,7 @@ def speed_capability_section(config: Any, tasks: pd.DataFrame, cycles: pd.DataFr
     out: dict[str, Any] = {
         "arms": [{"arm": a.name, "model": a.model, "latency": a.latency,
                   "matched_to": a.matched_to} for a in config.arms],
-        "contrasts": _with_truth(_estimates(config, tasks, pairs), truth),
+        "contrasts": _with_truth(contrast_estimates(config, tasks), truth),
         "outcomes": outcomes_by_arm(tasks, cycles),
         "matched_latency": matched_latency_check(config, cycles),
         "served_models": _served(served, models),
@@ -54,8 +54,10 @@ def speed_capability_section(config: Any, tasks: pd.DataFrame, cycles: pd.DataFr
     return out
 
 
-def _estimates(config: Any, tasks: pd.DataFrame, pairs: dict[str, tuple[str, str]]
-               ) -> list[dict[str, Any]]:
+def contrast_estimates(config: Any, tasks: pd.DataFrame) -> list[dict[str, Any]]:
+    """Each contrast of the design as exp(β) − 1 with its CR2 interval (rows that cannot be
+    estimated carry ``skipped``)."""
+    pairs = contrasts(config)
     t = tasks[np.isfinite(tasks["task_time_s"].to_numpy(float))
               & (tasks["task_time_s"].to_numpy(float) > 0) & tasks["arm"].notna()]
     t = t.assign(arm=t["arm"].astype(str))
