@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .report_sections import wilson
+
 
 def factorial_replicate(config: Any, params: Any, participants: int, tasks: int,
                         prompts_per_task: int, seed: int) -> list[dict[str, Any]]:
@@ -44,14 +46,9 @@ def factorial_replicate(config: Any, params: Any, participants: int, tasks: int,
     return rows
 
 
-def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """Wilson score 95 % interval of a binomial proportion k/n."""
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (float(centre - half), float(centre + half))
+def _wilson(k: int, n: int) -> tuple[float, float]:
+    lo, hi = wilson(k, n)
+    return float(lo), float(hi)
 
 
 def summarise(rows: pd.DataFrame) -> pd.DataFrame:
@@ -65,8 +62,8 @@ def summarise(rows: pd.DataFrame) -> pd.DataFrame:
             "contrast": name, "participants": n, "replicates": len(ok),
             "mean_truth": float(ok["truth"].mean()), "mean_estimate": float(ok["estimate"].mean()),
             "bias": float((ok["estimate"] - ok["truth"]).mean()),
-            "power": sig / max(len(ok), 1), "power_ci": wilson(sig, len(ok)),
-            "coverage": cov / max(len(ok), 1), "coverage_ci": wilson(cov, len(ok)),
+            "power": sig / max(len(ok), 1), "power_ci": _wilson(sig, len(ok)),
+            "coverage": cov / max(len(ok), 1), "coverage_ci": _wilson(cov, len(ok)),
             "seconds_per_study": float(g["seconds"].mean()),
         })
     return pd.DataFrame(out)

@@ -105,7 +105,8 @@ def outcomes_by_arm(tasks: pd.DataFrame, cycles: pd.DataFrame) -> list[dict[str,
         time_s = t["task_time_s"].to_numpy(float)
         status = t["status"].astype(str) if "status" in t.columns else pd.Series([], dtype=str)
         ended = status[status.isin(["done", "abandoned"])]
-        decided = c["decision"].astype(str)
+        decided = (c["decision"] if "decision" in c.columns else pd.Series([], dtype=str)
+                   ).astype(str)
         decided = decided[decided.isin(["accept", "reject", "partial_accept"])]
         per_task = c.groupby("task_id").size() if "task_id" in c.columns else pd.Series([])
         rows.append({
@@ -120,9 +121,10 @@ def outcomes_by_arm(tasks: pd.DataFrame, cycles: pd.DataFrame) -> list[dict[str,
                             if "switched" in c.columns and c["switched"].notna().any()
                             else None),
             "tokens_per_task": (float(c.groupby("task_id")["tokens_completion"].sum().mean())
-                                if len(per_task) else None),
-            "median_ttft_s": _median(c["experienced_ttft_s"].to_numpy(float)),
-            "median_tps": _median(c["achieved_tps"].to_numpy(float)),
+                                if len(per_task) and "tokens_completion" in c.columns
+                                else None),
+            "median_ttft_s": _median(_values(c, "experienced_ttft_s")),
+            "median_tps": _median(_values(c, "achieved_tps")),
         })
     return rows
 
@@ -141,11 +143,12 @@ def matched_latency_check(config: Any, cycles: pd.DataFrame) -> list[dict[str, A
         row: dict[str, Any] = {"arm": a.name, "matched_to": a.matched_to,
                                "cycles": int(len(mine)), "matched_cycles": int(len(theirs))}
         for col, key in (("experienced_ttft_s", "ttft"), ("achieved_tps", "tps")):
-            x, y = _median(mine[col].to_numpy(float)), _median(theirs[col].to_numpy(float))
+            x, y = _median(_values(mine, col)), _median(_values(theirs, col))
             row[f"median_{key}"], row[f"matched_median_{key}"] = x, y
             row[f"{key}_ratio"] = (x / y) if x is not None and y else None
-        xs = mine["experienced_ttft_s"].dropna().to_numpy(float)
-        ys = theirs["experienced_ttft_s"].dropna().to_numpy(float)
+        xs = _values(mine, "experienced_ttft_s")
+        ys = _values(theirs, "experienced_ttft_s")
+        xs, ys = xs[np.isfinite(xs)], ys[np.isfinite(ys)]
         row["ks_p_ttft"] = float(ks_2samp(xs, ys).pvalue) if len(xs) and len(ys) else None
         ratios = [r for r in (row["ttft_ratio"], row["tps_ratio"]) if r is not None]
         row["ok"] = (all(1 / MATCH_TOLERANCE <= r <= MATCH_TOLERANCE for r in ratios)
@@ -166,6 +169,11 @@ def _served(served: pd.DataFrame | None, models: dict[str, str | None]
                      "served": {str(k): int(v) for k, v in counts.items()},
                      "ok": None if want is None else bool(set(counts.index) == {want})})
     return rows
+
+
+def _values(df: pd.DataFrame, col: str) -> np.ndarray:
+    """A column as floats (empty when the table does not have it: unmeasured, not zero)."""
+    return df[col].to_numpy(float) if col in df.columns else np.array([], dtype=float)
 
 
 def _median(x: np.ndarray) -> float | None:
