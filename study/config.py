@@ -302,6 +302,11 @@ class ProxySection(_Strict):
         return name
 
 
+#: Arm keys added after studies existed -> the key whose being set brings them into the
+#: randomization fingerprint.
+_NEW_ARM_KEYS = {"model": "model", "matched_to": "matched_to", "matched_after": "matched_to"}
+
+
 def _check_matched(arms: list[ArmConfig]) -> None:
     """A matched arm names another arm that delivers its own latency, and states its prior."""
     by_name = {a.name: a for a in arms}
@@ -370,7 +375,11 @@ class StudyConfig(_Strict):
             "seed": self.study.seed,
             "design": self.study.design,
             "unit": self.study.unit,
-            "arms": [a.model_dump() for a in self.arms],
+            # Keys that did not exist before are left out while unset, so a study from
+            # before them keeps its fingerprint.
+            "arms": [{k: v for k, v in a.model_dump().items()
+                      if k not in _NEW_ARM_KEYS or a.model_dump()[_NEW_ARM_KEYS[k]] is not None}
+                     for a in self.arms],
             "per_prompt": self.per_prompt.model_dump() if self.per_prompt else None,
         }
         return hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:16]

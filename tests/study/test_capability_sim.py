@@ -94,3 +94,11 @@ def test_factorial_truth_replays_the_same_people() -> None:
     lt = {k: v["mean_log_task_time"] for k, v in per.items()}
     assert c["speed"] == pytest.approx(np.expm1(lt["spark"] - lt["spark-slowed"]))
     assert c["capability"] == pytest.approx(np.expm1(lt["codex"] - lt["spark-slowed"]))
+
+
+def test_fingerprint_of_studies_without_the_new_keys_is_unchanged() -> None:
+    """Studies from before `model` / `matched_to` keep their randomization fingerprint
+    (the value main had for the example study), and setting the keys changes it."""
+    base = parse_study(tomllib.loads(example_study_text()))
+    assert base.randomization_fingerprint() == "66eeaf6d56cbe117"
+    assert config().randomization_fingerprint() != base.randomization_fingerprint()
