@@ -97,8 +97,20 @@ def test_factorial_truth_replays_the_same_people() -> None:
 
 
 def test_fingerprint_of_studies_without_the_new_keys_is_unchanged() -> None:
-    """Studies from before `model` / `matched_to` keep their randomization fingerprint
-    (the value main had for the example study), and setting the keys changes it."""
-    base = parse_study(tomllib.loads(example_study_text()))
-    assert base.randomization_fingerprint() == "66eeaf6d56cbe117"
-    assert config().randomization_fingerprint() != base.randomization_fingerprint()
+    """Studies from before `model` / `matched_to` keep their randomization fingerprint (the
+    hash of the arms as they were then), and setting the keys changes it."""
+    import hashlib
+    import json
+
+    data = tomllib.loads(speed_vs_capability_text())
+    for arm in data["arms"]:
+        for key in ("model", "matched_to", "matched_after"):
+            arm.pop(key, None)
+    old = parse_study(data)
+    before = {"seed": old.study.seed, "design": old.study.design, "unit": old.study.unit,
+              "arms": [{k: v for k, v in a.model_dump().items()
+                        if k not in ("model", "matched_to", "matched_after")}
+                       for a in old.arms], "per_prompt": None}
+    expected = hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
+    assert old.randomization_fingerprint() == expected
+    assert config().randomization_fingerprint() != expected
