@@ -23,7 +23,7 @@ from .effects import EffectResult, estimate_effect
 _OTHER = "__arm"  # the column that carries the other arms' labels as a categorical covariate
 
 
-def _contrast(df: pd.DataFrame, arm: str, reference: str, forecast: str | None,
+def contrast(df: pd.DataFrame, arm: str, reference: str, forecast: str | None,
               covariates: Sequence[str]) -> EffectResult:
     """``arm`` against ``reference`` with every other arm as its own dummy."""
     # The level that get_dummies drops must be "this arm or the reference": it sorts first.
@@ -44,7 +44,7 @@ def arm_effects(tasks: pd.DataFrame, arms: Sequence[str], waits_s: dict[str, flo
     rows: list[dict[str, Any]] = []
     for arm in arms[:-1]:
         try:
-            res = _contrast(df, arm, reference, forecast, covariates)
+            res = contrast(df, arm, reference, forecast, covariates)
         except AnalysisInputError as exc:
             rows.append({"arm": arm, "skipped": str(exc)})
             continue

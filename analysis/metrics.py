@@ -92,7 +92,7 @@ CYCLE_COLUMNS = [
     "target_ttft_ms", "target_tps", "target_delivery", "experienced_ttft_ms", "achieved_tps",
     "violation", "violation_ms", "tokens_completion", "tokens_sent", "request_kind", "turn_id",
     "tool_calls", "t_done_ns", "t_upstream_first_ns", "t_upstream_last_ns", "stream", "shaped",
-    "t_upstream_first_output_ns", "upstream",
+    "t_upstream_first_output_ns", "upstream", "model", "served_model",
 ]
 _NS_COLUMNS = ["mono_anchor_ns", "wall_anchor_ns", "t_request_ns", "t_first_sent_ns",
                "t_last_sent_ns", "t_done_ns", "t_upstream_first_ns", "t_upstream_last_ns",

@@ -326,6 +326,17 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
     results["task_post_review"] = task_outcomes.post_review_section(
         config, tasks, median_tokens or 300.0)
     say("task-time effect done")
+    if any(a.matched_to for a in config.arms):
+        from .speed_capability import speed_capability_section
+
+        served = None
+        if "model" in frames.cycles.columns:  # the model served: the arm's, else the client's
+            c = frames.cycles
+            served = pd.DataFrame({"arm": c["arm"], "model": c["served_model"].fillna(c["model"])
+                                   if "served_model" in c.columns else c["model"]})
+        results["speed_capability"] = speed_capability_section(
+            config, tasks, cycles, served,
+            truth=((truth or {}).get("params") or {}).get("speed_capability"))
 
     reading = float(frames.reading_tps)
     results["study"]["reading_tps"] = reading

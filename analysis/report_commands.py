@@ -104,7 +104,14 @@ def _print_summary(r: dict[str, Any], out: Path) -> None:
         console.print(f"  pooled onset ψ* (secondary) = {_num(t['psi_s'])} s "
                       f"(95 % CI {_num(ci[0])}–{_num(ci[1])} s)")
     e = r["task_effect"]
-    if e.get("estimate") is not None:
+    contrasts = (r.get("speed_capability") or {}).get("contrasts")
+    if contrasts:  # a speed-vs-capability design: its contrasts, not fastest vs slowest
+        for c in contrasts:
+            if c.get("estimate") is not None:
+                console.print(f"Task time, {c['contrast']} ({c['arm']} vs {c['reference']}): "
+                              f"{_pct(c['estimate'])} (CR2 clustered 95 % CI "
+                              f"{_pct(c['ci'][0])} … {_pct(c['ci'][1])})")
+    elif e.get("estimate") is not None:
         ci = (e.get("ci") or {}).get("cluster_cr2") or [None, None]
         console.print(f"Task time, {e['treatment_arm']} vs {e['control_arm']}: "
                       f"{_pct(e['estimate'])} (CR2 clustered 95 % CI "

@@ -28,7 +28,8 @@ SYNC_CYCLES = 20_000
 MAX_KEPT = 8
 SWITCH_COLUMNS = ["cycle_id", "participant_id", "arm", "task_id", "status", "request_at",
                   "experienced_ttft_s", "total_wait_s", "idle_wait_s", "tokens_completion",
-                  "switched", "time_away_s", "resumption_lag_s", "decision", "cycle_time_s"]
+                  "switched", "time_away_s", "resumption_lag_s", "decision", "cycle_time_s",
+                  "achieved_tps"]
 
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -34,6 +34,26 @@ def _user_errors() -> Iterator[None]:
         yield
     except FlowtrialError as exc:
         raise _fail(str(exc)) from None
+
+
+def _models(specs: list[str]) -> dict[str, Any]:
+    """``NAME=TTFT_MS:TPS:SUCCESS`` options -> SimModel by name."""
+    from flowtrial.study.simulator.capability import SimModel
+
+    out = {}
+    for spec in specs:
+        name, _, rest = spec.partition("=")
+        parts = rest.split(":")
+        try:
+            ttft, tps, success = (float(x) for x in parts)
+            out[name] = SimModel(ttft_ms=ttft, tokens_per_second=tps, success=success)
+        except (ValueError, TypeError):
+            raise _fail(f"--model {spec!r}: give NAME=TTFT_MS:TOKENS_PER_S:SUCCESS, e.g. "
+                        "gpt-5.3-codex=2500:75:0.8 (TTFT and pace > 0, 0 < success <= 1)"
+                        ) from None
+        if not name:
+            raise _fail(f"--model {spec!r}: the model's NAME is missing before '='")
+    return out
 
 
 def simulate(
@@ -60,6 +80,13 @@ def simulate(
                               "tool calls with tool time between, then the answer; the "
                               "person waits for the whole turn). Live mode: the simulated "
                               "model makes the tool calls.")] = 1,
+    model: Annotated[list[str] | None, typer.Option(
+        "--model", help="Virtual speed-vs-capability studies: a model the arms name, as "
+                        "NAME=TTFT_MS:TOKENS_PER_S:SUCCESS (its natural speed and the chance "
+                        "one answer does what was asked); repeat for each model.")] = None,
+    steps_per_task: Annotated[int, typer.Option(
+        "--steps-per-task", help="With --model: good answers a task needs (it takes as many "
+                                 "attempts as that needs, up to --prompts-per-task).")] = 2,
 ) -> None:
     """Add simulated participants with known ground truth to a study database."""
     from rich.console import Console
@@ -103,7 +130,10 @@ def simulate(
             for w in compression_warnings(config):
                 typer.echo(f"warning: {w}", err=True)
         params = SimParams(truth=truth, threshold_s=threshold_s,  # type: ignore[arg-type]
-                           threshold_logsd=threshold_sd)
+                           threshold_logsd=threshold_sd, models=_models(model or []),
+                           steps_per_task=steps_per_task)
+        if params.models and mode != "virtual":
+            raise _fail("--model describes models for virtual simulation: use --mode virtual")
         database = init_db(db, config, study.read_text(encoding="utf-8"))
         seed = new_seed() if seed is None else seed
         console = Console(stderr=True)

@@ -31,14 +31,21 @@ def init(
         "study.toml"
     ),
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    template: Annotated[str, typer.Option(
+        "--template", help="per-prompt (a flow-threshold study) or speed-vs-capability (a fast "
+                           "model, the same model slowed to a slow model's measured latency, "
+                           "and the slow model).")] = "per-prompt",
 ) -> None:
     """Write a commented example study file to edit."""
+    from .config import example_study_text, speed_vs_capability_text
+
+    texts = {"per-prompt": example_study_text, "speed-vs-capability": speed_vs_capability_text}
+    if template not in texts:
+        raise FlowtrialError(f"unknown --template {template!r}: use one of {', '.join(texts)}")
     if path.exists() and not force:
         raise FlowtrialError(
             f"{path} already exists: pass --force to overwrite it, or choose another path")
-    from .config import example_study_text
-
-    path.write_text(example_study_text(), encoding="utf-8")
+    path.write_text(texts[template](), encoding="utf-8")
     console.print(escape(f"Wrote {path}. Edit it, check it with `flowtrial validate --study "
                          f"{path}`, then enroll participants with `flowtrial enroll`."),
                   highlight=False, soft_wrap=True)

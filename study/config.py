@@ -282,6 +282,11 @@ class ArmConfig(_Strict):
     delivery: Delivery = "stream"
     frame_ms: FrameMs = DEFAULT_FRAME_MS
     weight: float = Field(default=1.0, gt=0)
+    # Speed versus capability (docs/researchers/speed-vs-capability.md): another arm whose
+    # *measured* latency this one delivers. A matched arm's ttft_ms / tokens_per_second are
+    # the stated prior used until that arm has recorded `matched_after` cycles.
+    matched_to: str | None = None
+    matched_after: int = Field(default=30, ge=1)
 
     @property
     def shaped(self) -> bool:
@@ -290,7 +295,16 @@ class ArmConfig(_Strict):
             self.ttft_ms is not None
             or self.tokens_per_second is not None
             or self.delivery == "all_at_once"
+            or self.matched_to is not None
         )
+
+    @property
+    def latency(self) -> str:
+        """``matched`` (another arm's measured latency), ``shaped`` (explicit targets) or
+        ``natural`` (the model's own speed, unshaped)."""
+        if self.matched_to is not None:
+            return "matched"
+        return "shaped" if self.shaped else "natural"
 
 
 class CaptureSection(_Strict):
@@ -380,6 +394,30 @@ class ConsentSection(_Strict):
     text: str = Field(min_length=1)
 
 
+#: Arm keys added after studies existed -> the key whose being set brings them into the
+#: randomization fingerprint.
+_NEW_ARM_KEYS = {"upstream": "upstream", "model": "model", "matched_to": "matched_to", "matched_after": "matched_to"}
+
+
+def _check_matched(arms: list[ArmConfig]) -> None:
+    """A matched arm names another arm that delivers its own latency, and states its prior."""
+    by_name = {a.name: a for a in arms}
+    for a in arms:
+        if a.matched_to is None:
+            continue
+        other = by_name.get(a.matched_to)
+        if other is None or other is a:
+            raise ValueError(f"arms: {a.name!r} has matched_to = {a.matched_to!r}, which is not "
+                             f"another arm (arms: {', '.join(by_name)})")
+        if other.matched_to is not None:
+            raise ValueError(f"arms: {a.name!r} is matched to {other.name!r}, which is itself "
+                             "matched: match to an arm that delivers its own latency")
+        if a.ttft_ms is None or a.tokens_per_second is None:
+            raise ValueError(f"arms: matched arm {a.name!r} needs ttft_ms and "
+                             "tokens_per_second: the stated prior it delivers until "
+                             f"{a.matched_to!r} has recorded {a.matched_after} cycles")
+
+
 class StudyConfig(_Strict):
     """The whole study file."""
 
@@ -421,6 +459,7 @@ class StudyConfig(_Strict):
             raise ValueError("arms: design 'parallel' needs at least one [[arms]] table")
         elif design == "crossover" and len(self.arms) < 2:
             raise ValueError("arms: design 'crossover' needs at least two [[arms]] tables")
+        _check_matched(self.arms)
         return self
 
     @property
@@ -445,9 +484,11 @@ class StudyConfig(_Strict):
             "seed": self.study.seed,
             "design": self.study.design,
             "unit": self.study.unit,
-            # Unset routing keys left out: studies from before they existed keep their hash.
+            # Keys that did not exist before are left out while unset, so a study from
+            # before them keeps its fingerprint.
             "arms": [{k: v for k, v in a.model_dump().items()
-                      if v is not None or k not in ("upstream", "model")} for a in self.arms],
+                      if k not in _NEW_ARM_KEYS or a.model_dump()[_NEW_ARM_KEYS[k]] is not None}
+                     for a in self.arms],
             "per_prompt": self.per_prompt.model_dump() if self.per_prompt else None,
         }
         return hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:16]
@@ -551,6 +592,13 @@ def study_warnings(config: StudyConfig) -> list[str]:
     return out
 
 
+def _describe_contrasts(config: StudyConfig) -> list[str]:
+    from .factorial import CONTRAST_MEANING, contrasts
+
+    return [f"contrast {name}: {arm} vs {ref} estimates {CONTRAST_MEANING[name.split(':')[0]]}"
+            for name, (arm, ref) in contrasts(config).items()]
+
+
 def describe_study(config: StudyConfig) -> list[str]:
     """A short summary of a study's design, one line per part (``flowtrial validate``)."""
 
@@ -579,8 +627,13 @@ def describe_study(config: StudyConfig) -> list[str]:
                                              pp.delivery, pp.jitter))
     else:
         for a in config.arms:
-            if not a.shaped:
-                desc = "unshaped (passes traffic through)"
+            if a.matched_to is not None:
+                desc = (f"{a.matched_to}'s measured TTFT and tokens/s (drawn per request from "
+                        f"its recorded cycles once it has {a.matched_after}; before that "
+                        f"{a.ttft_ms:g} ms, {a.tokens_per_second:g} tokens/s)")
+            elif not a.shaped:
+                desc = ("its natural speed (unshaped)" if a.model
+                        else "unshaped (passes traffic through)")
             else:
                 desc = profile(f"{a.ttft_ms:g} ms" if a.ttft_ms is not None else "upstream's own",
                                f"{a.tokens_per_second:g}" if a.tokens_per_second else
@@ -589,6 +642,7 @@ def describe_study(config: StudyConfig) -> list[str]:
             route = "".join([f", upstream {a.upstream}" if a.upstream else "",
                              f", model {a.model}" if a.model else ""])
             lines.append(f"arm {a.name}: {desc}{weight}{route}")
+        lines.extend(_describe_contrasts(config))
         if s.design == "crossover":
             lines.append(f"periods: {s.periods or len(config.arms)}")
     up = config.upstream
@@ -607,3 +661,11 @@ def describe_study(config: StudyConfig) -> list[str]:
 def example_study_text() -> str:
     """The commented example study file that `flowtrial init` writes."""
     return (Path(__file__).parent / "example_study.toml").read_text(encoding="utf-8")
+
+
+def speed_vs_capability_text() -> str:
+    """`flowtrial init --template speed-vs-capability`: a fast model, the same model slowed
+    to a slow model's measured latency, and the slow model (docs/researchers/
+    speed-vs-capability.md)."""
+    return (Path(__file__).parent / "speed_vs_capability_study.toml").read_text(
+        encoding="utf-8")

@@ -154,6 +154,36 @@ def switch_section(table: pd.DataFrame) -> None:
     st.caption("Switch rate with 95 % Wilson intervals; switches and resumption lag as "
                "analysis.metrics defines them (focus away from the working apps during the "
                f"wait for ≥ {ctx.info.switch_min_away_s:g} s).")
+    speed_capability_section(cyc)
+
+
+def speed_capability_section(cycles: pd.DataFrame) -> None:
+    """The report's speed-vs-capability contrasts and outcomes, for a matched-latency design
+    (docs/researchers/speed-vs-capability.md)."""
+    from flowtrial.analysis.speed_capability import speed_capability_section as section
+
+    config = data.database(ctx.url).config()
+    if not any(a.matched_to for a in config.arms):
+        return
+    tasks = data.task_times(ctx.url, ctx.fresh, ctx.scale, ctx.filters)
+    sc = section(config, tasks, cycles)
+    st.subheader("Speed versus capability")
+    cols = st.columns(max(len(sc["contrasts"]), 1))
+    for col, c in zip(cols, sc["contrasts"], strict=False):
+        if c.get("estimate") is None:
+            col.caption(f"{c['contrast']}: {c.get('skipped', 'not estimated')}")
+            continue
+        col.metric(f"{c['contrast']}: {c['arm']} vs {c['reference']}", ui.pct(c["estimate"]),
+                   help=f"{c['meaning']}. exp(β) − 1 on task time, one model with every arm; "
+                        "CR2 participant-clustered, Satterthwaite t.")
+        col.caption(f"95 % CI {ui.pct(c['ci'][0])} to {ui.pct(c['ci'][1])}, n = {c['n']} tasks")
+    outcomes = pd.DataFrame(sc["outcomes"])
+    st.dataframe(outcomes, hide_index=True)
+    for m in sc["matched_latency"]:
+        text = (f"Matched latency: {m['arm']} delivered a median TTFT ratio "
+                f"{m['ttft_ratio'] or float('nan'):.2f} and tokens/s ratio "
+                f"{m['tps_ratio'] or float('nan'):.2f} against {m['matched_to']}.")
+        (st.caption if m["ok"] else st.warning)(text)
 
 
 if not ui.no_cycles(ctx, "Per-arm distributions"):

@@ -26,6 +26,7 @@ from flowtrial.study.randomization import per_prompt_draw
 from flowtrial.study.storage import Database, create_db_engine
 
 from .draw_indices import DrawIndices
+from .matched import MatchedLatency
 from .shaping import Target
 
 __all__ = ["ArmResolver", "Resolution", "read_engine"]
@@ -105,6 +106,8 @@ class ArmResolver:
         self._targets = {
             a.name: Target.for_arm(a, self.time_scale) for a in config.arms
         }
+        # Arms delivering another arm's measured latency draw per request (matched.py).
+        self.matched = MatchedLatency(config, self.engine)
 
     def _started_task(self, pid: str) -> _TaskRow | None:
         with self.engine.connect() as conn:
@@ -139,10 +142,14 @@ class ArmResolver:
         if self.config.study.design == "per_prompt":
             await self.draw_indices.start()
 
-    def _arm_target(self, arm: str) -> Target | None:
+    def _arm_target(self, arm: str) -> tuple[Target | None, str | None]:
+        """The arm's target and, for a matched arm, its recorded draw."""
+        if arm in self.matched:
+            draw = self.matched.draw(arm)
+            return draw.target, draw.draw_json
         if arm in self._targets:
-            return self._targets[arm]
-        return None  # an arm no longer in the study file: pass through, arm still recorded
+            return self._targets[arm], None
+        return None, None  # an arm no longer in the study file: pass through, still recorded
 
     async def resolve(self, pid: str) -> Resolution:
         """The arm, target, period, task and draw for the next request of ``pid``."""
@@ -162,7 +169,8 @@ class ArmResolver:
                 elif t_arm:
                     period, arm = t_period, t_arm
             arm = arm or self._period0(pid, assignments)
-            return Resolution(arm, self._arm_target(arm), period, task[0] if task else None)
+            target, drawn = self._arm_target(arm)
+            return Resolution(arm, target, period, task[0] if task else None, drawn)
         # Elsewhere the task only labels the cycle: look it up alongside the upstream call
         # rather than before it (the read runs once the request is on its way upstream).
         lookup = self._task_label(pid)
@@ -179,7 +187,8 @@ class ArmResolver:
         except BaseException:
             lookup.cancel()
             raise
-        return Resolution(arm, self._arm_target(arm), 0, None, None, lookup)
+        target, drawn = self._arm_target(arm)
+        return Resolution(arm, target, 0, None, drawn, lookup)
 
     def _task_label(self, pid: str) -> asyncio.Future[int | None]:
         """The participant's started task id, read on the next turn of the event loop (the

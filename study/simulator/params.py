@@ -32,6 +32,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from scipy.special import expit, logit
 
+from .capability import SimModel
+
 TruthModel = Literal["hinge", "smooth", "flat"]
 TRUTH_MODELS: tuple[str, ...] = ("hinge", "smooth", "flat")
 
@@ -117,6 +119,11 @@ class SimParams(BaseModel):
     # Proxy realism in virtual mode: TTFT overhead (exponential mean, ms) and tps shortfall.
     ttft_overhead_ms: float = Field(default=2.0, ge=0)
     tps_shortfall_sd: float = Field(default=0.01, ge=0)
+    # Speed versus capability (capability.py): the models the arms serve, each with its own
+    # speed and chance of a good answer; a task needs `steps_per_task` good answers and ends
+    # (abandoned) when its prompts run out first. Empty: one model, fixed prompts per task.
+    models: dict[str, SimModel] = Field(default_factory=dict)
+    steps_per_task: int = Field(default=2, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> SimParams:

@@ -79,7 +79,6 @@ def study_targets(
                 draw_json[i, j] = json.dumps(d)
         return Targets(arm, period, ttft, tps, jitter, delivery, draw_json, shaped,
                        task_arm, task_period)
-    by_name = {a.name: a for a in config.arms}
     for i in range(p):
         index = first_index + i
         if config.study.design == "parallel":
@@ -92,15 +91,25 @@ def study_targets(
             task_period[i, t] = per
         arm[i] = task_arm[i, task_of]
         period[i] = task_period[i, task_of]
-    for name, a in by_name.items():
-        m = arm == name
-        ttft[m] = np.nan if a.ttft_ms is None else a.ttft_ms
-        tps[m] = np.nan if a.tokens_per_second is None else a.tokens_per_second
-        jitter[m] = a.jitter
-        delivery[m] = a.delivery
-        shaped[m] = a.shaped
-    return Targets(arm, period, ttft, tps, jitter, delivery, draw_json, shaped,
-                   task_arm, task_period)
+    targets = Targets(arm, period, ttft, tps, jitter, delivery, draw_json, shaped,
+                      task_arm, task_period)
+    apply_arms(config, targets)
+    return targets
+
+
+def apply_arms(config: StudyConfig, targets: Targets, only: str | None = None) -> None:
+    """Fill each cycle's latency targets from its arm; with ``only``, first put every cycle
+    and task in that arm (a counterfactual replay of the same people and tasks)."""
+    if only is not None:
+        targets.arm[:] = only
+        targets.task_arm[:] = only
+    for a in config.arms:
+        m = targets.arm == a.name
+        targets.ttft_ms[m] = np.nan if a.ttft_ms is None else a.ttft_ms
+        targets.tps[m] = np.nan if a.tokens_per_second is None else a.tokens_per_second
+        targets.jitter[m] = a.jitter
+        targets.delivery[m] = a.delivery
+        targets.shaped[m] = a.shaped
 
 
 @dataclass
@@ -118,7 +127,7 @@ class Experienced:
 
 def experienced_latency(
     config: StudyConfig, targets: Targets, n_tokens: np.ndarray, params: SimParams,
-    rng: np.random.Generator,
+    rng: np.random.Generator, upstream: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Experienced:
     """The proxy's shaping on the virtual clock: max(upstream, target) plus a little noise.
 
@@ -126,12 +135,16 @@ def experienced_latency(
     a target TTFT t is served as t/S, a pace of v tokens/s as v·S. The upstream is the
     study's simulated model (``[upstream.mock]``), whose raw TTFT and pace can only slow
     delivery; when it is slower than the target the cycle is a manipulation violation.
+    ``upstream`` gives each cycle its own model's raw TTFT (s) and pace instead (a study
+    whose arms serve different models: :mod:`.capability`).
     """
     s = config.study.time_scale
     mock = config.upstream.mock
     shape = n_tokens.shape
-    up_ttft = mock.ttft_ms / 1000.0
-    up_tps = mock.tokens_per_second
+    up_ttft: float | np.ndarray = mock.ttft_ms / 1000.0
+    up_tps: float | np.ndarray = mock.tokens_per_second
+    if upstream is not None:
+        up_ttft, up_tps = upstream
     n = n_tokens.astype(float)
     target_ttft = targets.ttft_ms / 1000.0 / s  # raw s, NaN = none
     target_tps = targets.tps * s  # raw tokens/s, NaN = none

@@ -27,6 +27,13 @@ from ..storage import Database, WriteBatch, write_rows
 from ..timeline import idle_wait_s
 from ..turns import turn_rows_from_cycles
 from .agent import add_agent_calls, plan_agent_turns
+from .capability import (
+    AttemptPlan,
+    attempt_plan,
+    factorial_truth,
+    match_targets,
+    model_speed,
+)
 from .model import (
     Behaviour,
     Population,
@@ -50,7 +57,7 @@ from .records import (
     next_participant_index,
     participant_ids,
 )
-from .targets import Targets, experienced_latency, study_targets
+from .targets import Targets, apply_arms, experienced_latency, study_targets
 
 # 2026-01-05T09:00:00Z: a Monday morning; virtual studies start here.
 VIRTUAL_EPOCH_NS = 1_767_603_600 * 10**9
@@ -101,8 +108,13 @@ def simulate_virtual_frames(
     design_seed: int | None = None,
     protocol: str = "chat",
     agent_steps: int = 1,
+    force_arm: str | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Simulate a study in memory: DataFrames with the columns of the study tables.
+
+    With ``params.models`` the arms serve models of their own speed and capability, and a
+    task takes as many of its ``prompts_per_task`` attempts as it needs (capability.py).
+    ``force_arm`` replays the same people and tasks with every cycle in that arm.
 
     Returns ``participants`` (id, enrolled_index, simulated), ``cycles``, ``events``,
     ``tasks`` and ``ground_truth`` (same columns as the tables; ``events.id`` is left
@@ -117,7 +129,12 @@ def simulate_virtual_frames(
     pop = draw_population(params, ids, rng_pop)
     beh = draw_behaviour(params, pop, tasks, prompts_per_task, rng_beh, protocol)
     targets = study_targets(config, ids, first_index, tasks, prompts_per_task, design_seed)
-    exp = experienced_latency(config, targets, beh.n_tokens, params, rng_noise)
+    if force_arm is not None:
+        apply_arms(config, targets, only=force_arm)
+    match_targets(config, params, targets)
+    attempts = attempt_plan(config, params, targets, tasks, prompts_per_task, seed)
+    exp = experienced_latency(config, targets, beh.n_tokens, params, rng_noise,
+                              upstream=model_speed(config, params, targets))
     s = config.study.time_scale
     p, k = len(ids), beh.n_cycles
 
@@ -148,6 +165,8 @@ def simulate_virtual_frames(
     first_of_task = np.arange(k) % prompts_per_task == 0
     pre = beh.craft_s + np.where(first_of_task, beh.gap_s[:, task_of], 0.0)
     span = pre + tl["decision_at"] + post  # one cycle, from end of the previous one
+    if attempts is not None:  # attempts a task did not need take no time
+        span = np.where(attempts.used, span, 0.0)
     start = (first_index + np.arange(p))[:, None] * params.participant_stagger_s
     t_req = start + np.cumsum(span, axis=1) - tl["decision_at"] - post  # real s
 
@@ -175,7 +194,9 @@ def simulate_virtual_frames(
         "turn": flat(np.broadcast_to(np.arange(k) % prompts_per_task + 1, (p, k))),
         "connection_id": None,
         "model": SIM_MODEL,
-        "served_model": None,
+        # The arm's model replaced the client's (capability.py studies serve several).
+        "served_model": (None if attempts is None else
+                         flat(np.vectorize(lambda a: config.arm(a).model)(targets.arm))),
         "upstream": "mock",
         "upstream_response_id": None,
         "mono_anchor_ns": 0,
@@ -234,14 +255,23 @@ def simulate_virtual_frames(
     })[CYCLE_COLUMNS]
     if plan is not None:
         cycles = add_agent_calls(cycles, plan, raw_ns)[CYCLE_COLUMNS]
+    last_of_task = np.broadcast_to(np.roll(first_of_task, -1), (p, k))
+    if attempts is not None:
+        last_of_task = attempts.last_used(prompts_per_task)
+        cycles = cycles[cycles["id"].isin(cycle_ids[flat(attempts.used)])]
 
     events = _events(params, beh, pop, tl, t_req, post, bg_resume, raw_ns, cycle_ids, ids,
-                     task_ids, first_of_task, s)
+                     task_ids, first_of_task, s, last_of_task, attempts)
     tasks_df = _tasks(params, beh, pop, targets, ids, task_ids, t_req, tl, post, raw_ns, s,
-                      first_of_task)
+                      last_of_task, attempts)
+    extra: dict[str, Any] = {"agent_steps": agent_steps} if plan is not None else {}
+    if attempts is not None and force_arm is None:
+        # The same people and tasks under every arm: what each contrast really is.
+        extra["speed_capability"] = factorial_truth(
+            config, params, n_participants, tasks, prompts_per_task, seed, ids=ids,
+            first_index=first_index, first_task_id=first_task_id, design_seed=design_seed)
     truth = _ground_truth(config, params, pop, seed, n_tasks=tasks,
-                          prompts_per_task=prompts_per_task,
-                          **({"agent_steps": agent_steps} if plan is not None else {}))
+                          prompts_per_task=prompts_per_task, **extra)
     cycle_truth = pd.DataFrame({
         "cycle_id": cycle_ids,
         "participant_id": pid,
@@ -265,8 +295,10 @@ def simulate_virtual_frames(
 def _events(params: SimParams, beh: Behaviour, pop: Population, tl: dict[str, np.ndarray],
             t_req: np.ndarray, post: np.ndarray, bg_resume: np.ndarray,
             raw_ns: Callable[[np.ndarray], np.ndarray], cycle_ids: np.ndarray, ids: list[str],
-            task_ids: np.ndarray, first_of_task: np.ndarray, s: float) -> pd.DataFrame:
+            task_ids: np.ndarray, first_of_task: np.ndarray, s: float,
+            last_of_task: np.ndarray, attempts: AttemptPlan | None) -> pd.DataFrame:
     p, k = t_req.shape
+    used = np.ones((p, k), bool) if attempts is None else attempts.used
     pid = np.repeat(np.array(ids, dtype=object), k)
     cid = cycle_ids
     flat = lambda a: np.asarray(a).reshape(-1)  # noqa: E731
@@ -274,9 +306,12 @@ def _events(params: SimParams, beh: Behaviour, pop: Population, tl: dict[str, np
 
     def add(mask: np.ndarray, kind: Any, t_real: np.ndarray, cycle: Any, duration: Any,
             payload: Any) -> None:
-        m = flat(mask)
+        sel = flat(mask)
+        m = sel & flat(used)
         if not m.any():
             return
+        if isinstance(payload, list | np.ndarray):  # one per masked row: keep the used ones
+            payload = np.asarray(payload, dtype=object)[flat(used)[sel]]
         parts.append(pd.DataFrame({
             "participant_id": pid[m], "cycle_id": cycle[m] if cycle is not None else None,
             "kind": kind[m] if isinstance(kind, np.ndarray) else kind,
@@ -292,12 +327,14 @@ def _events(params: SimParams, beh: Behaviour, pop: Population, tl: dict[str, np
     add(sw, "focus_out", t_req + tl["switch_at"], cid, beh.away_s, _payloads(apps, cats))
     add(sw, "focus_in", t_req + tl["back_at"], cid, None, back)
     kinds = decide(beh.u_decision, pop.acceptance[:, None], pop.partial_accept[:, None])
+    if attempts is not None:  # a good answer is taken, a bad one is why the person re-asks
+        kinds = np.where(attempts.success, "accept", "reject").astype(object)
     accepted = np.rint(beh.partial_frac * beh.n_tokens).astype(np.int64)
-    payload = [
+    payload = np.array([
         json.dumps({"accepted_tokens": int(a), "accepted_chars": int(a) * CHARS_PER_TOKEN})
         if kd == "partial_accept" else None
         for kd, a in zip(flat(kinds), flat(accepted), strict=True)
-    ]
+    ], dtype=object)
     add(np.ones((p, k), bool), flat(kinds), t_req + tl["decision_at"], cid, None, payload)
     # Switches during own coding: not during a wait, so no cycle.
     bg = beh.bg_switch
@@ -307,14 +344,13 @@ def _events(params: SimParams, beh: Behaviour, pop: Population, tl: dict[str, np
     add(bg, "focus_out", t_bg, none_cycle, beh.bg_away_s, _payloads(bapps, bcats))
     add(bg, "focus_in", t_bg + beh.bg_away_s, none_cycle, None, back)
     # Task boundaries.
-    last_of_task = np.roll(first_of_task, -1)
     start_payload = [json.dumps({"task_id": int(t)}) for t in flat(task_ids)[flat(
         np.broadcast_to(first_of_task, (p, k)))]]
     end_payload = [json.dumps({"task_id": int(t)}) for t in flat(task_ids)[flat(
-        np.broadcast_to(last_of_task, (p, k)))]]
+        last_of_task)]]
     add(np.broadcast_to(first_of_task, (p, k)), "task_start", t_req - beh.craft_s, none_cycle,
         None, start_payload)
-    add(np.broadcast_to(last_of_task, (p, k)), "task_end", t_req + tl["decision_at"] + post,
+    add(last_of_task, "task_end", t_req + tl["decision_at"] + post,
         none_cycle, None, end_payload)
     ev = pd.concat(parts, ignore_index=True).sort_values(["participant_id", "ts_ns"],
                                                          kind="stable", ignore_index=True)
@@ -328,13 +364,16 @@ def _events(params: SimParams, beh: Behaviour, pop: Population, tl: dict[str, np
 def _tasks(params: SimParams, beh: Behaviour, pop: Population, targets: Targets,
            ids: list[str], task_ids: np.ndarray, t_req: np.ndarray, tl: dict[str, np.ndarray],
            post: np.ndarray, raw_ns: Callable[[np.ndarray], np.ndarray], s: float,
-           first_of_task: np.ndarray) -> pd.DataFrame:
+           last_of_task: np.ndarray, attempts: AttemptPlan | None) -> pd.DataFrame:
     p, k = t_req.shape
     m = beh.prompts_per_task
     first = np.arange(0, k, m)
-    last = first + m - 1
     start_real = t_req[:, first] - beh.craft_s[:, first]
-    end_real = t_req[:, last] + tl["decision_at"][:, last] + post[:, last]
+    # Each task ends with its last attempt (every slot when there is no attempt plan).
+    end_all = t_req + tl["decision_at"] + post
+    end_real = end_all[last_of_task].reshape(p, beh.n_tasks)
+    status = "done" if attempts is None else np.where(
+        attempts.completed, "done", "abandoned").reshape(-1)
     fast, slow = task_forecasts(beh, pop)
     t_ids = task_ids[:, first]
     per = targets.task_period.reshape(-1)
@@ -349,10 +388,10 @@ def _tasks(params: SimParams, beh: Behaviour, pop: Population, targets: Targets,
         "forecast_slow_s": slow.reshape(-1),
         "started_at_ns": VIRTUAL_EPOCH_NS + raw_ns(start_real).reshape(-1),
         "ended_at_ns": VIRTUAL_EPOCH_NS + raw_ns(end_real).reshape(-1),
-        "status": "done",
+        "status": status,
         "time_s": None,
         "created_at": _to_datetimes(VIRTUAL_EPOCH_NS + raw_ns(start_real).reshape(-1)),
-        "link": None, "post_review_s": None, "outcome": "done",
+        "link": None, "post_review_s": None, "outcome": status,
     })[TASK_COLUMNS]
 
 
