@@ -396,7 +396,8 @@ class ConsentSection(_Strict):
 
 #: Arm keys added after studies existed -> the key whose being set brings them into the
 #: randomization fingerprint.
-_NEW_ARM_KEYS = {"upstream": "upstream", "model": "model", "matched_to": "matched_to", "matched_after": "matched_to"}
+_NEW_ARM_KEYS = {"upstream": "upstream", "model": "model", "matched_to": "matched_to",
+                 "matched_after": "matched_to"}
 
 
 def _check_matched(arms: list[ArmConfig]) -> None:
