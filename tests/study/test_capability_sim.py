@@ -104,12 +104,12 @@ def test_fingerprint_of_studies_without_the_new_keys_is_unchanged() -> None:
 
     data = tomllib.loads(speed_vs_capability_text())
     for arm in data["arms"]:
-        for key in ("model", "matched_to", "matched_after"):
+        for key in ("upstream", "model", "matched_to", "matched_after"):
             arm.pop(key, None)
     old = parse_study(data)
     before = {"seed": old.study.seed, "design": old.study.design, "unit": old.study.unit,
               "arms": [{k: v for k, v in a.model_dump().items()
-                        if k not in ("model", "matched_to", "matched_after")}
+                        if k not in ("upstream", "model", "matched_to", "matched_after")}
                        for a in old.arms], "per_prompt": None}
     expected = hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
     assert old.randomization_fingerprint() == expected
