@@ -39,6 +39,7 @@ from flowtrial.study.errors import FlowtrialError
 from flowtrial.study.participants import PER_PROMPT_ARM, assignments_for
 from flowtrial.study.schema import Cycle, Event, GroundTruth
 from flowtrial.study.simulator.agent import tool_run_times
+from flowtrial.study.simulator.capability import LiveAttempts, factorial_truth, live_attempts
 from flowtrial.study.simulator.model import (
     Behaviour,
     Population,
@@ -117,6 +118,7 @@ class _Run:
     beh: Behaviour
     progress: Callable[[], None]
     tool_s: np.ndarray | None = None  # (p, k, K − 1) real seconds per tool run (agent turns)
+    attempts: LiveAttempts | None = None  # models of a speed-vs-capability study
     observed: list[ObservedCycle] = field(default_factory=list)
     event_errors: list[str] = field(default_factory=list)
 
@@ -212,12 +214,17 @@ def simulate_live(
     tool_s = (tool_run_times(agent_steps, (n_participants, beh.n_cycles), seed,
                              params.tool_time.median, params.tool_time.logsd)
               if agent_steps > 1 else None)
+    attempts = live_attempts(config, params, n_participants, beh.n_cycles, seed)
+    extra: dict[str, Any] = {"agent_steps": agent_steps} if agent_steps > 1 else {}
+    if attempts is not None:  # the same people replayed under every arm (virtually)
+        extra["speed_capability"] = factorial_truth(
+            config, params, n_participants, tasks, prompts_per_task, seed, ids=ids,
+            first_index=_first)
     write_rows(database, [WriteBatch(GroundTruth, [
         {k: v for k, v in row.items() if k != "id"}
         for row in ground_truth_rows(config, params, pop, seed, mode="live",
                                      n_tasks=tasks, prompts_per_task=prompts_per_task,
-                                     **({"agent_steps": agent_steps} if agent_steps > 1
-                                        else {}))
+                                     **extra)
     ])])
     total = n_participants * tasks * prompts_per_task
     done = [0]
@@ -240,12 +247,12 @@ def simulate_live(
             if serve_proxy is not None:
                 with serve_proxy(database.url, config) as handle:
                     run = _Run(database, config, params, handle.base_url.rstrip("/"), ids,
-                               keys, pop, beh, tick, tool_s)
+                               keys, pop, beh, tick, tool_s, attempts)
                     asyncio.run(_run_all(run))
             else:
                 assert base_url is not None
                 run = _Run(database, config, params, base_url.rstrip("/"), ids, keys, pop,
-                           beh, tick, tool_s)
+                           beh, tick, tool_s, attempts)
                 asyncio.run(_run_all(run))
     elapsed = time.perf_counter() - started
     link_cycles_to_tasks(database, ids)
@@ -336,15 +343,25 @@ async def _participant(run: _Run, i: int) -> None:
                 payload = {"task_id": task_id, "name": f"task-{t + 1}"}
                 await _post(run, http, [{"kind": "task_start", "ts": _ts(start_ns),
                                          "payload": payload}])
+                good = 0
+                att = run.attempts
                 for j in range(beh.prompts_per_task):
                     k = t * beh.prompts_per_task + j
                     await asyncio.sleep(beh.craft_s[i, k] / scale)
-                    await _cycle(run, client, hooks, http, i, k, t, j)
+                    # With models (capability.py): a good answer is accepted, a bad one is
+                    # why the person asks again, until the task has its good answers.
+                    ok = None if att is None else att.good(i, k, arm)
+                    await _cycle(run, client, hooks, http, i, k, t, j,
+                                 None if ok is None else ("accept" if ok else "reject"))
                     run.progress()
+                    good += bool(ok)
+                    if att is not None and good >= att.steps:
+                        break
                 end_ns = time.time_ns()
                 await _post(run, http, [{"kind": "task_end", "ts": _ts(end_ns),
                                          "payload": payload}])
-                await asyncio.to_thread(end_task, run.database, task_id, end_ns)
+                status = "done" if att is None or good >= att.steps else "abandoned"
+                await asyncio.to_thread(end_task, run.database, task_id, end_ns, status)
         finally:
             await client.close()
 
@@ -398,7 +415,7 @@ def _proxy_view(database: Database, cycle_ids: list[str | None], clock: Clock
 
 
 async def _cycle(run: _Run, client: Any, hooks: Hooks, http: Any, i: int, k: int, t: int,
-                 j: int) -> None:
+                 j: int, decision: str | None = None) -> None:
     """One prompt -> wait -> review -> decision cycle (an agent turn with agent steps),
     then own coding."""
     beh, pop, params, scale = run.beh, run.pop, run.params, run.scale
@@ -465,8 +482,8 @@ async def _cycle(run: _Run, client: Any, hooks: Hooks, http: Any, i: int, k: int
         }])
     decision_raw = origin + float(tl["decision_at"]) / scale
     await clock.until_raw(decision_raw)
-    kind = str(decide(np.array(beh.u_decision[i, k]), np.array(pop.acceptance[i]),
-                      np.array(pop.partial_accept[i])))
+    kind = decision or str(decide(np.array(beh.u_decision[i, k]), np.array(pop.acceptance[i]),
+                                  np.array(pop.partial_accept[i])))
     ev: dict[str, Any] = {"kind": kind, "ts": _ts(clock.wall_at(decision_raw)),
                           "cycle_id": cycle_id}
     if kind == "partial_accept":

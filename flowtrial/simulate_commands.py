@@ -45,12 +45,15 @@ def _models(specs: list[str]) -> dict[str, Any]:
         name, _, rest = spec.partition("=")
         parts = rest.split(":")
         try:
-            ttft, tps, success = (float(x) for x in parts)
-            out[name] = SimModel(ttft_ms=ttft, tokens_per_second=tps, success=success)
+            if len(parts) == 1:
+                out[name] = SimModel(success=float(parts[0]))
+            else:
+                ttft, tps, success = (float(x) for x in parts)
+                out[name] = SimModel(ttft_ms=ttft, tokens_per_second=tps, success=success)
         except (ValueError, TypeError):
-            raise _fail(f"--model {spec!r}: give NAME=TTFT_MS:TOKENS_PER_S:SUCCESS, e.g. "
-                        "gpt-5.3-codex=2500:75:0.8 (TTFT and pace > 0, 0 < success <= 1)"
-                        ) from None
+            raise _fail(f"--model {spec!r}: give NAME=SUCCESS or NAME=TTFT_MS:TOKENS_PER_S:"
+                        "SUCCESS, e.g. gpt-5.3-codex=0.8 or gpt-5.3-codex=2500:75:0.8 (TTFT "
+                        "and pace > 0, 0 < success <= 1)") from None
         if not name:
             raise _fail(f"--model {spec!r}: the model's NAME is missing before '='")
     return out
@@ -81,9 +84,10 @@ def simulate(
                               "person waits for the whole turn). Live mode: the simulated "
                               "model makes the tool calls.")] = 1,
     model: Annotated[list[str] | None, typer.Option(
-        "--model", help="Virtual speed-vs-capability studies: a model the arms name, as "
-                        "NAME=TTFT_MS:TOKENS_PER_S:SUCCESS (its natural speed and the chance "
-                        "one answer does what was asked); repeat for each model.")] = None,
+        "--model", help="Speed-vs-capability studies: a model the arms name, as NAME=SUCCESS "
+                        "(the chance one answer does what was asked) or NAME=TTFT_MS:"
+                        "TOKENS_PER_S:SUCCESS (its natural speed too, for arms whose upstream "
+                        "is not a simulated model of its own); repeat for each model.")] = None,
     steps_per_task: Annotated[int, typer.Option(
         "--steps-per-task", help="With --model: good answers a task needs (it takes as many "
                                  "attempts as that needs, up to --prompts-per-task).")] = 2,
@@ -132,8 +136,6 @@ def simulate(
         params = SimParams(truth=truth, threshold_s=threshold_s,  # type: ignore[arg-type]
                            threshold_logsd=threshold_sd, models=_models(model or []),
                            steps_per_task=steps_per_task)
-        if params.models and mode != "virtual":
-            raise _fail("--model describes models for virtual simulation: use --mode virtual")
         database = init_db(db, config, study.read_text(encoding="utf-8"))
         seed = new_seed() if seed is None else seed
         console = Console(stderr=True)

@@ -7,8 +7,9 @@ slow model really delivered, not to a single number. Until the matched arm has r
 ``matched_after`` cycles the arm's stated prior (its ``ttft_ms`` / ``tokens_per_second``) is
 used. The draw and its source are recorded in the cycle's ``draw_json``.
 
-The sample is read in a worker thread, at most every ``refresh_s`` seconds, and never while a
-request waits: a draw only picks from the sample already in memory.
+The sample is read in a worker thread, at most every ``refresh_s`` seconds (every
+:data:`PRIOR_REFRESH_S` while an arm is still on its prior), and never while a request
+waits: a draw only picks from the sample already in memory.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ __all__ = ["MatchedLatency"]
 
 #: Recorded cycles of the matched arm kept in the sample (the latest ones).
 SAMPLE_SIZE = 500
+#: While an arm still delivers its prior, its sample is re-read this often (s), so it
+#: switches to recorded latencies soon after the matched arm has enough.
+PRIOR_REFRESH_S = 2.0
 _SAMPLE = text(
     "SELECT experienced_ttft_ms, achieved_tps FROM cycles WHERE arm = :arm AND status = 'ok' "
     "AND experienced_ttft_ms IS NOT NULL AND achieved_tps IS NOT NULL AND achieved_tps > 0 "
@@ -77,7 +81,9 @@ class MatchedLatency:
     def _maybe_refresh(self) -> None:
         """Start a refresh in a worker thread when the sample is stale (never waits)."""
         with self._lock:
-            if self._refreshing or time.monotonic() - self._refreshed_at < self.refresh_s:
+            on_prior = any(len(self._samples[n]) < a.matched_after for n, a in self.arms.items())
+            every = min(self.refresh_s, PRIOR_REFRESH_S) if on_prior else self.refresh_s
+            if self._refreshing or time.monotonic() - self._refreshed_at < every:
                 return
             self._refreshing = True
         try:

@@ -39,12 +39,52 @@ _ATTEMPT_STREAM = 33
 
 
 class SimModel(BaseModel):
-    """A model a simulated study serves: its natural speed and its capability."""
+    """A model a simulated study serves: its capability and, unless the arm's upstream is a
+    simulated model of its own speed (``[upstreams.NAME.mock]``), its natural speed."""
 
     model_config = ConfigDict(extra="forbid")
-    ttft_ms: float = Field(gt=0)
-    tokens_per_second: float = Field(gt=0)
     success: float = Field(gt=0, le=1)  # P(one answer does what was asked)
+    ttft_ms: float | None = Field(default=None, gt=0)
+    tokens_per_second: float | None = Field(default=None, gt=0)
+
+
+@dataclass(frozen=True)
+class LiveAttempts:
+    """Live simulation: whether attempt ``k`` of participant ``i`` is good under an arm's
+    model (the same uniform numbers as the virtual plan: common random numbers)."""
+
+    u: np.ndarray  # (P, K)
+    success: dict[str, float]  # arm -> P(good answer)
+    steps: int
+
+    def good(self, i: int, k: int, arm: str) -> bool:
+        return bool(self.u[i, k] < self.success.get(arm, 1.0))
+
+
+def live_attempts(config: StudyConfig, params: SimParams, n_participants: int,
+                  n_cycles: int, seed: int) -> LiveAttempts | None:
+    """The live counterpart of :func:`attempt_plan` (None without models)."""
+    if not params.models:
+        return None
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _ATTEMPT_STREAM]))
+    return LiveAttempts(u=rng.random((n_participants, n_cycles)),
+                        success={a: m.success for a, m in arm_models(config, params).items()},
+                        steps=params.steps_per_task)
+
+
+def natural_speed_raw(config: StudyConfig, params: SimParams, arm_name: str
+                      ) -> tuple[float, float]:
+    """An arm's model's own raw TTFT (s) and pace: its simulated upstream's (what the proxy
+    would serve), else the simulator's model speed, else the study's ``[upstream.mock]``."""
+    arm = config.arm(arm_name)
+    s = config.study.time_scale
+    named = config.upstreams.get(arm.upstream) if arm.upstream else None
+    if named is not None and named.kind == "mock":
+        return named.mock.ttft_ms / 1000.0, named.mock.tokens_per_second
+    m = params.models.get(arm.model or "")
+    if m is not None and m.ttft_ms is not None and m.tokens_per_second is not None:
+        return m.ttft_ms / 1000.0 / s, m.tokens_per_second * s
+    return config.upstream.mock.ttft_ms / 1000.0, config.upstream.mock.tokens_per_second
 
 
 @dataclass
@@ -82,14 +122,11 @@ def model_speed(config: StudyConfig, params: SimParams, targets: Targets
     simulator describes no models (then the study's one ``[upstream.mock]`` serves all)."""
     if not params.models:
         return None
-    s = config.study.time_scale
-    models = arm_models(config, params)
     ttft = np.full(targets.arm.shape, np.nan)
     tps = np.full(targets.arm.shape, np.nan)
-    for name, m in models.items():
+    for name in arm_models(config, params):
         mask = targets.arm == name
-        ttft[mask] = m.ttft_ms / 1000.0 / s
-        tps[mask] = m.tokens_per_second * s
+        ttft[mask], tps[mask] = natural_speed_raw(config, params, name)
     return ttft, tps
 
 
@@ -98,14 +135,14 @@ def match_targets(config: StudyConfig, params: SimParams, targets: Targets) -> N
     have measured from that arm's cycles, which the virtual model serves exactly)."""
     if not params.models:
         return
-    models = arm_models(config, params)
+    s = config.study.time_scale
     for arm in config.arms:
         if arm.matched_to is None:
             continue
-        other = models[arm.matched_to]
+        ttft_raw, tps_raw = natural_speed_raw(config, params, arm.matched_to)
         mask = targets.arm == arm.name
-        targets.ttft_ms[mask] = other.ttft_ms
-        targets.tps[mask] = other.tokens_per_second
+        targets.ttft_ms[mask] = ttft_raw * 1000.0 * s  # targets are real
+        targets.tps[mask] = tps_raw / s
 
 
 def attempt_plan(config: StudyConfig, params: SimParams, targets: Targets, n_tasks: int,

@@ -89,3 +89,48 @@ def test_task_effects_notebook_shows_the_contrasts(study: Path, tmp_path: Path) 
                    for o in c.get("outputs", []))
     assert "capability" in text and "spark-slowed" in text
     assert "attempts_per_task" in text and "Not a speed-vs-capability design" not in text
+
+
+def test_live_study_through_the_proxy(tmp_path: Path) -> None:
+    """Live: simulated people through the real proxy, each arm on its own simulated upstream
+    (compressed speeds: raw 3 ms / 100k tokens/s and 25 ms / 7.5k tokens/s at time_scale 100),
+    the matched arm drawing codex's recorded latencies once it has 4; then the report."""
+    runner = CliRunner()
+    study = tmp_path / "live.toml"
+    assert runner.invoke(app, ["init", str(study), "--template", "speed-vs-capability"]
+                         ).exit_code == 0
+    text = study.read_text()
+    for old, new in [("periods = 6                    # two tasks per arm", "periods = 3"),
+                     ("time_scale = 1\n", "time_scale = 100\n"),
+                     ("matched_after = 30 ", "matched_after = 4 "),
+                     ("ttft_ms = 300\ntokens_per_second = 1000",
+                      "ttft_ms = 3\ntokens_per_second = 100000"),
+                     ("ttft_ms = 2500\ntokens_per_second = 75\n\n[[arms]]\nname = \"spark\"",
+                      "ttft_ms = 25\ntokens_per_second = 7500\n\n[[arms]]\nname = \"spark\"")]:
+        assert old in text, old
+        text = text.replace(old, new)
+    study.write_text(text)
+    db = tmp_path / "live.db"
+    r = runner.invoke(app, ["simulate", "--study", str(study), "--db", str(db), "--mode", "live",
+                            "--participants", "4", "--tasks", "3", "--prompts-per-task", "4",
+                            "--seed", "3", "--model", "gpt-5.3-codex-spark=0.5",
+                            "--model", "gpt-5.3-codex=0.8"])
+    assert r.exit_code == 0, r.output
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        served = dict(conn.execute("SELECT arm, served_model FROM cycles GROUP BY arm"))
+        sources = dict(conn.execute(
+            "SELECT json_extract(draw_json, '$.source'), count(*) FROM cycles "
+            "WHERE arm = 'spark-slowed' GROUP BY 1"))
+    assert served == {"spark": "gpt-5.3-codex-spark", "spark-slowed": "gpt-5.3-codex-spark",
+                      "codex": "gpt-5.3-codex"}
+    assert sources.get("recorded", 0) > 0  # switched from the prior to codex's latencies
+    r = runner.invoke(app, ["analyze", "--db", str(db), "--out", str(tmp_path / "rep"),
+                            "--n-boot", "10"])
+    assert r.exit_code == 0, r.output
+    sc = json.loads((tmp_path / "rep" / "results.json").read_text())["speed_capability"]
+    assert {c["contrast"] for c in sc["contrasts"]} == {"speed", "capability", "naive"}
+    (m,) = sc["matched_latency"]
+    assert m["ok"], m  # the slowed fast model delivered codex's latency
+    assert all(s["ok"] for s in sc["served_models"])

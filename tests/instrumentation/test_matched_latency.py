@@ -15,8 +15,8 @@ from flowtrial.study.simulator import SimParams, simulate_virtual
 from flowtrial.study.simulator.capability import SimModel
 from flowtrial.study.storage import init_db
 
-MODELS = {"gpt-5.3-codex-spark": SimModel(ttft_ms=300, tokens_per_second=1000, success=0.5),
-          "gpt-5.3-codex": SimModel(ttft_ms=9000, tokens_per_second=40, success=0.8)}
+# Speeds come from the template's simulated upstreams (codex: 2.5 s raw TTFT).
+MODELS = {"gpt-5.3-codex-spark": SimModel(success=0.5), "gpt-5.3-codex": SimModel(success=0.8)}
 
 
 def _config(design: str = "crossover", time_scale: float = 10.0):  # noqa: ANN202
@@ -50,7 +50,8 @@ def test_prior_until_enough_then_recorded_draws(tmp_path: Path) -> None:
     pairs = {(round(d.target.ttft_ms, 6), round(d.target.tokens_per_second, 6)) for d in draws}
     assert pairs <= recorded and len(pairs) > 5
     real = json.loads(draws[0].draw_json)
-    assert abs(real["ttft_ms"] - 9000) < 200  # real units in the record: ~codex's 9 s
+    # Real units in the record: codex's 2.5 s raw TTFT at time_scale 10.
+    assert abs(real["ttft_ms"] - 2500 * 10) < 300
 
 
 def test_resolver_gives_matched_arm_a_recorded_draw(tmp_path: Path) -> None:
