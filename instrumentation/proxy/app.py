@@ -316,6 +316,8 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
                     log.warning("%d cycle(s) still open at shutdown", len(state.open_cycles))
                 for ext in reversed(exts):
                     await ext.shutdown(state)
+                if state.ingest is not None:  # uploads' processes (.ingest)
+                    await asyncio.to_thread(state.ingest.close)
                 await state.recorder.gate.close()  # rows held through an outage: a last try
                 await router.stop()
                 state.arms.close()

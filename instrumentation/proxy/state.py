@@ -14,6 +14,7 @@ from flowtrial.study.storage import Database, RecordWriter, create_db_engine
 from ..turns.tracker import TurnTracker
 from .arms import ArmResolver
 from .auth import Authenticator
+from .ingest import Ingest
 from .quiet_gc import QuietCollector
 from .recorder import Recorder
 from .runtime_tuning import writer_thread_started
@@ -69,6 +70,7 @@ class ProxyState:
         self.open_cycles: dict[str, str] = {}  # cycle id -> participant id (in flight)
         self._idle: asyncio.Event | None = None
         self.collector: QuietCollector | None = None  # set by the app's lifespan
+        self.ingest: Ingest | None = None  # uploads' off-loop path, made on first use (.ingest)
 
     # -- open cycles (event API ownership checks, graceful shutdown) ----------------------
     def open_cycle(self, cycle_id: str, participant_id: str) -> None:
