@@ -68,6 +68,7 @@ class ProxyState:
         self.requests = 0
         self.errors = 0
         self.open_cycles: dict[str, str] = {}  # cycle id -> participant id (in flight)
+        self.websockets: dict[str, int] = {}  # participant id -> open WebSockets
         self._idle: asyncio.Event | None = None
         self.collector: QuietCollector | None = None  # set by the app's lifespan
         self.ingest: Ingest | None = None  # uploads' off-loop path, made on first use (.ingest)

@@ -255,7 +255,35 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         else:
             await send({"type": "websocket.close", "code": 1008})
         return
+    open_now = state.websockets.get(participant.id, 0)
+    if open_now >= state.config.proxy.max_websockets_per_participant:
+        state.errors += 1
+        body = openai_error(f"this participant already has {open_now} WebSocket connections "
+                            "open (proxy.max_websockets_per_participant): close one, or use "
+                            "it for the next turn", "invalid_request_error",
+                            "too_many_websockets")
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await _deny(send, 429, body)
+        else:
+            await send({"type": "websocket.close", "code": 1008})
+        return
+    state.websockets[participant.id] = open_now + 1
+    try:
+        await _serve(state, participant, headers, receive, send)
+    finally:
+        left = state.websockets.get(participant.id, 1) - 1
+        if left > 0:
+            state.websockets[participant.id] = left
+        else:
+            state.websockets.pop(participant.id, None)
+
+
+async def _serve(state: ProxyState, participant: Any, headers: Headers, receive: Any,
+                 send: Any) -> None:
+    """One accepted connection's turns, until it closes (or idles past
+    ``proxy.ws_idle_timeout_s`` between turns: closed 1000)."""
     await send({"type": "websocket.accept"})
+    idle_s = state.config.proxy.ws_idle_timeout_s
     conn = _Connection(state, participant, send, forwardable_request_headers(headers),
                        key_from_headers(headers))
     inbox: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
@@ -267,7 +295,18 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         # Reads concurrently with a running turn, so a disconnect cancels it at once.
         nonlocal queued
         while True:
-            msg = await receive()
+            between_turns = current is None or current.done()
+            try:
+                msg = await (asyncio.wait_for(receive(), idle_s) if between_turns
+                             else receive())
+            except TimeoutError:
+                if not inbox.empty():
+                    continue
+                conn.closed = True
+                inbox.put_nowait(None)
+                await send({"type": "websocket.close", "code": 1000,
+                            "reason": "idle (proxy.ws_idle_timeout_s)"})
+                return
             if msg["type"] == "websocket.disconnect":
                 conn.closed = True
                 if current is not None and not current.done() and turn is not None \
