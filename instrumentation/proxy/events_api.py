@@ -162,8 +162,23 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def parse_batch(body: bytes) -> EventBatch:
-    """Decode and validate a batch (400 for bad JSON, 422 for bad events)."""
+def _precap(data: Any, caps: UploadCaps | None) -> Any:
+    """Payloads capped before validation, so a huge one costs no more than the cap to check
+    (and a batch over :data:`MAX_EVENTS` is refused before anything is walked)."""
+    if caps is None or not isinstance(data, dict) or not isinstance(data.get("events"), list):
+        return data
+    if len(data["events"]) > MAX_EVENTS:
+        raise EventsRejected(422, f"events: at most {MAX_EVENTS} events per batch: send the "
+                                  "rest in another request", "events")
+    for e in data["events"]:
+        if isinstance(e, dict) and isinstance(e.get("payload"), dict):
+            e["payload"] = cap_payload(e["payload"], caps)
+    return data
+
+
+def parse_batch(body: bytes, caps: UploadCaps | None = None) -> EventBatch:
+    """Decode and validate a batch (400 for bad JSON, 422 for bad events); with ``caps``,
+    payloads are capped first (:func:`~..upload_caps.cap_payload`)."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -172,6 +187,7 @@ def parse_batch(body: bytes) -> EventBatch:
     except RecursionError:
         raise EventsRejected(400, "the request body is JSON nested too deeply to read: send "
                                   "flat event objects", None, "invalid_json") from None
+    data = _precap(data, caps)
     bad = unstorable_value(data)
     if bad is not None:
         where, what = bad
@@ -215,9 +231,9 @@ def check_cycles(engine: Engine, pid: str, batch: EventBatch, own_open: frozense
                 f"events[{i}].cycle_id", "unknown_cycle")
 
 
-def event_rows(pid: str, batch: EventBatch, received_ns: int, caps: UploadCaps,
-               source: str = "client") -> list[dict[str, Any]]:
-    """The batch's ``events`` rows, payloads capped (:func:`~..upload_caps.cap_payload`)."""
+def event_rows(pid: str, batch: EventBatch, received_ns: int, source: str = "client"
+               ) -> list[dict[str, Any]]:
+    """The batch's ``events`` rows (payloads capped by :func:`parse_batch`)."""
     now = utcnow()
     return [
         {
@@ -227,7 +243,7 @@ def event_rows(pid: str, batch: EventBatch, received_ns: int, caps: UploadCaps,
             "ts_ns": e.ts_ns(received_ns),
             "duration_s": e.duration_s,
             "source": source,
-            "payload_json": json.dumps(cap_payload(e.payload, caps), ensure_ascii=False)
+            "payload_json": json.dumps(e.payload, ensure_ascii=False)
             if e.payload is not None else None,
             "dedupe_key": None,
             "received_at": now,

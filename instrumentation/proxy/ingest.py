@@ -40,7 +40,7 @@ import logging
 import multiprocessing
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -111,6 +111,7 @@ class Ingest:
         self.settings = settings
         self.processes = processes
         self._pool: Executor | None = None
+        self._lock = threading.Lock()
         self._running = 0
         self._per_participant: dict[str, int] = {}
         self._quota: dict[tuple[str, str], int] = {}  # (pid, UTC day) -> bytes stored
@@ -135,10 +136,17 @@ class Ingest:
                              BUSY_RETRY_S)
 
     def _executor(self) -> Executor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.settings.ingest_workers,
-                                             mp_context=_context(), initializer=worker_init)
-        return self._pool
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(self.settings.ingest_workers,
+                                                 mp_context=_context(),
+                                                 initializer=worker_init)
+            return self._pool
+
+    def _submit(self, *args: Any) -> Future[Any]:
+        # In a thread: the first submit starts the processes, and starting one waits for
+        # the fork server (its module imports: seconds on a busy machine).
+        return self._executor().submit(*args)
 
     async def run(self, pid: str, job: Callable[..., T], *args: Any) -> T:
         """``job(*args)`` in an ingest process, once admitted (module docstring)."""
@@ -153,10 +161,10 @@ class Ingest:
                 result, seed = await asyncio.to_thread(_seeded, job, args, self.context, pid,
                                                        seed_since)
             else:
-                loop = asyncio.get_running_loop()
                 try:
-                    result, seed = await loop.run_in_executor(
-                        self._executor(), _seeded, job, args, self.context, pid, seed_since)
+                    fut = await asyncio.to_thread(self._submit, _seeded, job, args,
+                                                  self.context, pid, seed_since)
+                    result, seed = await asyncio.wrap_future(fut)
                 except BrokenProcessPool:
                     log.warning("an ingest process died: starting new ones")
                     self._discard_pool()
@@ -211,13 +219,15 @@ class Ingest:
                 **{f"refused_{k}": v for k, v in self.refused.items()}}
 
     def _discard_pool(self) -> None:
-        pool, self._pool = self._pool, None
+        with self._lock:
+            pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         """Stop the ingest processes (waits for running jobs)."""
-        pool, self._pool = self._pool, None
+        with self._lock:
+            pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 

@@ -75,9 +75,9 @@ def events_job(ctx: JobContext, pid: str, body: bytes, own_open: frozenset[str],
     """``POST /flowtrial/v1/events``: the batch's rows (raises ``EventsRejected``)."""
     from .events_api import check_cycles, event_rows, parse_batch
 
-    batch = parse_batch(body)
+    batch = parse_batch(body, ctx.caps)
     check_cycles(ctx.database().engine, pid, batch, own_open)
-    return event_rows(pid, batch, received_ns, ctx.caps, source)
+    return event_rows(pid, batch, received_ns, source)
 
 
 # -- OTLP --------------------------------------------------------------------------------
