@@ -46,11 +46,9 @@ ttft_ms = {TTFT_FLOOR_MS}
 [capture]
 content = "none"
 
-[upstream]
-kind = "mock"
-[upstream.mock]
-tokens_per_second = 2000
-ttft_ms = 0
+[upstream.openai]
+base_url = "{{mock}}"
+api_key_env = "FLOWTRIAL_ARENA_UPSTREAM_KEY"
 
 [proxy]
 max_stored_bytes_per_day = {STORED_PER_DAY}
@@ -123,43 +121,64 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _started(args: list[str], pattern: str, env: dict[str, str]
+             ) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=env, cwd=ROOT)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        m = re.search(pattern, line)
+        if m:
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain
+            return proc, m.group(1)
+    proc.kill()
+    raise RuntimeError(f"{args[:3]} did not start")
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 @contextmanager
 def arena(directory: Path) -> Iterator[Arena]:
-    """The study (p01 attacks, p02 is well-behaved) and its proxy in a subprocess."""
+    """The study (p01 attacks, p02 is well-behaved), the simulated model in its own process
+    (as a real upstream is elsewhere: its work is not the proxy's) and the proxy in another."""
     from flowtrial.study.config import load_study
     from flowtrial.study.participants import enroll
     from flowtrial.study.storage import init_db
 
-    study = directory / "study.toml"
-    study.write_text(STUDY, encoding="utf-8")
-    db = directory / "arena.db"
-    config = load_study(study)
-    database = init_db(db, config, STUDY)
-    keys = {p: enroll(database, config, p)[1] for p in ("p01", "p02")}
-    database.dispose()
-    proc = subprocess.Popen([sys.executable, "-m", "flowtrial.proxy_assembly", "--study",
-                             str(study), "--db", str(db), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=_env(), cwd=ROOT)
+    env = {**_env(), "FLOWTRIAL_ARENA_UPSTREAM_KEY": "sk-arena"}
+    mock, mock_url = _started([sys.executable, "-c", "import typer; from flowtrial."
+                               "instrumentation.mock_model.commands import mock_model; "
+                               "typer.run(mock_model)", "--port", "0", "--ttft-ms", "0",
+                               "--tokens-per-second", "2000"],
+                              r"simulated model at (http://\S+/v1)", env)
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 60
-        url = None
-        while url is None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError("the proxy exited at start")
-            m = re.match(r"OPENAI_BASE_URL=(http://\S+)/v1", line)
-            url = m.group(1) if m else None
-        assert url is not None, "the proxy did not start"
-        threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain
-        yield Arena(url, db, keys, proc.pid)
-    finally:
-        proc.terminate()
+        toml = STUDY.replace("{mock}", mock_url)
+        study = directory / "study.toml"
+        study.write_text(toml, encoding="utf-8")
+        db = directory / "arena.db"
+        config = load_study(study)
+        database = init_db(db, config, toml)
+        keys = {p: enroll(database, config, p)[1] for p in ("p01", "p02")}
+        database.dispose()
+        proc, url = _started([sys.executable, "-m", "flowtrial.proxy_assembly", "--study",
+                              str(study), "--db", str(db), "--port", "0"],
+                             r"OPENAI_BASE_URL=(http://\S+)/v1", env)
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            yield Arena(url, db, keys, proc.pid)
+        finally:
+            _stop(proc)
+    finally:
+        _stop(mock)
 
 
 # -- payloads (built before an attack starts) ---------------------------------------------
