@@ -43,6 +43,7 @@ from .protocols import ADAPTERS, MessagesAdapter, ProtocolAdapter
 from .relay import Exchange
 from .responses import (
     error,
+    foreign_response_message,
     json_response,
     proxy_state,
     too_large,
@@ -99,6 +100,11 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
             st.errors += 1
             return error(400, "the request body must be a JSON object", code="invalid_json",
                           adapter=adapter)
+        if await st.turns.foreign_response(participant.id, obj.get("previous_response_id")):
+            st.errors += 1  # another participant's conversation is not to be continued
+            return error(404, foreign_response_message(obj["previous_response_id"]),
+                         code="previous_response_not_found", param="previous_response_id",
+                         adapter=adapter)
         info = adapter.read_request(obj)
         exchange = Exchange(st, adapter, participant, body, info, request.headers, t_request,
                             request.scope.get("query_string", b"").decode("latin-1"))

@@ -50,6 +50,7 @@ from .cycle import Cycle
 from .health import UNAVAILABLE_MESSAGE
 from .protocols.base import JsonFrames, dumps, openai_error
 from .protocols.responses import ResponsesSocketAdapter, ws_error
+from .responses import foreign_response_message
 from .runtime_tuning import give_way
 from .scrub import Scrubber
 from .sources import Direct, Prefetch
@@ -355,6 +356,13 @@ async def _serve(state: ProxyState, participant: Any, headers: Headers, receive:
                 state.recorder.gate.refused += 1
                 await conn.send(ws_error(UNAVAILABLE_MESSAGE, "server_error",
                                          "database_unavailable", 503))
+                continue
+            if await state.turns.foreign_response(participant.id,
+                                                  message.get("previous_response_id")):
+                state.errors += 1
+                await conn.send(ws_error(foreign_response_message(
+                    message["previous_response_id"]), code="previous_response_not_found",
+                    param="previous_response_id", status=404))
                 continue
             turn = SocketTurn(conn, message, t_request)
             current = asyncio.create_task(turn.run())

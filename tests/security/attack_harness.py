@@ -121,10 +121,11 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _started(args: list[str], pattern: str, env: dict[str, str]
+def _started(args: list[str], pattern: str, env: dict[str, str], nice: int = 0
              ) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env, cwd=ROOT)
+                            env=env, cwd=ROOT, preexec_fn=(lambda: os.nice(nice)) if nice
+                            else None)
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -149,8 +150,9 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 @contextmanager
 def arena(directory: Path) -> Iterator[Arena]:
-    """The study (p01 attacks, p02 is well-behaved), the simulated model in its own process
-    (as a real upstream is elsewhere: its work is not the proxy's) and the proxy in another."""
+    """The study (p01 attacks, p02 is well-behaved), the simulated model in its own process at
+    nice 10 (a real upstream is another machine: its work must not take the proxy's CPU here)
+    and the proxy in another."""
     from flowtrial.study.config import load_study
     from flowtrial.study.participants import enroll
     from flowtrial.study.storage import init_db
@@ -160,7 +162,7 @@ def arena(directory: Path) -> Iterator[Arena]:
                                "instrumentation.mock_model.commands import mock_model; "
                                "typer.run(mock_model)", "--port", "0", "--ttft-ms", "0",
                                "--tokens-per-second", "2000"],
-                              r"simulated model at (http://\S+/v1)", env)
+                              r"simulated model at (http://\S+/v1)", env, nice=10)
     try:
         toml = STUDY.replace("{mock}", mock_url)
         study = directory / "study.toml"
