@@ -9,6 +9,7 @@ import socket
 import time
 
 from flowtrial.study.config import StudyConfig
+from flowtrial.study.keys import conversation_secret
 from flowtrial.study.storage import Database, RecordWriter, create_db_engine
 
 from ..turns.tracker import TurnTracker
@@ -64,7 +65,8 @@ class ProxyState:
         self.wall_anchor_ns = time.time_ns()
         self.started_monotonic = time.monotonic()
         #: Classifies requests and keeps the turns table (docs/concepts/turns.md).
-        self.turns = TurnTracker(self.mono_anchor_ns, self.wall_anchor_ns, database=database)
+        self.turns = TurnTracker(self.mono_anchor_ns, self.wall_anchor_ns, database=database,
+                                 secret=conversation_secret(database.engine))
         self.requests = 0
         self.errors = 0
         self.open_cycles: dict[str, str] = {}  # cycle id -> participant id (in flight)

@@ -11,6 +11,7 @@ one by one (docs/concepts/turns.md).
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -239,10 +240,14 @@ def _structured(protocol: str, body: dict[str, Any]) -> bool:
     return isinstance(spec, dict) and spec.get("type") in ("json_schema", "json_object")
 
 
-def features(protocol: str, body: dict[str, Any]) -> Features:
+def features(protocol: str, body: dict[str, Any], secret: bytes | None = None) -> Features:
     """What the rules read of a request body of ``protocol`` (chat, completions,
-    responses, messages); tolerant of any shape (a bad field reads as absent)."""
+    responses, messages); tolerant of any shape (a bad field reads as absent). With
+    ``secret`` (the study's: :func:`flowtrial.study.keys.conversation_secret`) the
+    conversation key is keyed (HMAC), so no one without it can test a guessed prompt."""
     ends, how, key = _READERS.get(protocol, _completions)(body)
+    if key is not None and secret:
+        key = hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()[:16]
     model = body.get("model")
     max_tokens = next((v for k in ("max_tokens", "max_completion_tokens", "max_output_tokens")
                        if isinstance(v := body.get(k), int) and not isinstance(v, bool)), None)

@@ -66,8 +66,10 @@ class TurnTracker:
     """Per-process turn state: the assigner, each open turn's calls, response chains."""
 
     def __init__(self, mono_anchor_ns: int, wall_anchor_ns: int,
-                 rules: TurnRules | None = None, database: Any = None) -> None:
+                 rules: TurnRules | None = None, database: Any = None,
+                 secret: bytes | None = None) -> None:
         self.assigner = TurnAssigner(rules)
+        self.secret = secret  # keys conversation hashes (the study's, from its database)
         self.database = database  # where other processes' calls are read (None: memory only)
         self._offset = wall_anchor_ns - mono_anchor_ns
         self._calls: dict[str, dict[str, Call]] = {}  # turn id -> cycle id -> call
@@ -81,7 +83,7 @@ class TurnTracker:
         """Classify the request and file it into a turn (sets the record's fields). For a
         continuation, the turn it would join were it another process's, to pass to
         :meth:`reconcile` before the upstream call (None: nothing to check)."""
-        f = features(rec.protocol, dict(body))
+        f = features(rec.protocol, dict(body), self.secret)
         now = rec.t_request_ns + self._offset
         pid = rec.participant_id
         client = client_name(headers.get("user-agent"))

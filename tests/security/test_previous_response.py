@@ -46,3 +46,28 @@ def test_only_own_responses_continue(tmp_path: Path) -> None:
             bob.responses.create(model="m", input="mine now", previous_response_id=first.id)
         alice = openai.OpenAI(base_url=proxy.base_url + "/v1", api_key=study.keys["p01"])
         assert alice.responses.create(model="m", input="on", previous_response_id=first.id).id
+
+
+def test_conversation_key_is_keyed_and_secret_stays_home(tmp_path: Path) -> None:
+    """``conversation_key`` is an HMAC with the study's secret: the plain hash of a guessed
+    prompt matches no row, and the secret is not in an export."""
+    from flowtrial.instrumentation.turns.classify import features
+    from flowtrial.study.export import export_tables
+    from flowtrial.study.keys import CONVERSATION_SECRET, conversation_secret
+
+    study = make_study(tmp_path)
+    messages = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "guess me"}]
+    with serve_proxy(study.db, study.config) as proxy:
+        alice = openai.OpenAI(base_url=proxy.base_url + "/v1", api_key=study.keys["p01"])
+        alice.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
+    (stored,) = study.rows("SELECT conversation_key FROM cycles")[0]
+    body = {"messages": messages}
+    assert stored and stored != features("chat", body).conversation_key
+    secret = conversation_secret(study.database.engine)
+    assert stored == features("chat", body, secret).conversation_key
+    assert features("chat", body, b"another study").conversation_key != stored
+    out = tmp_path / "export"
+    export_tables(study.database, out, "csv")
+    assert CONVERSATION_SECRET not in (out / "meta.csv").read_text()
+    assert secret.hex() not in "".join(p.read_text() for p in out.glob("*.csv"))
