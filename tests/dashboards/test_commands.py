@@ -154,7 +154,8 @@ def test_wrong_passwords_limited_per_address_across_sessions(
         at = AppTest.from_file(str(APP), default_timeout=120).run()
         at.text_input[0].input("correct horse")
         at.button[0].click().run()
-        assert any("Too many wrong passwords" in e.value for e in at.error), [e.value for e in at.error]
+        errors = [e.value for e in at.error]
+        assert any("Too many wrong passwords" in e for e in errors), errors
         assert not at.metric
     finally:
         throttle._failures.clear()
