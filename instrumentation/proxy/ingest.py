@@ -28,6 +28,10 @@ API (for any upload endpoint; the event API, Continue and OTLP use it, and so ma
   ``retry_after`` (seconds): answer it in the endpoint's protocol shape with a
   ``Retry-After`` header (:meth:`IngestBusy.headers`).
 
+The processes start at the first upload, off the event loop (a thread waits for the fork
+server); meanwhile an upload of at most :data:`WARMING_THREAD_BYTES` is handled in a thread
+(a first small post is not kept waiting for seconds), a larger one waits for them.
+
 The quota's count is per proxy process (seeded from the database the first time a
 participant uploads on a day): with ``--workers N`` a participant may store up to N times
 the cap in a day.
@@ -58,6 +62,9 @@ T = TypeVar("T")
 #: Admission stops while the writer holds more than this many posts' worth of bulk rows.
 MAX_BULK_ROWS_FACTOR = 10
 BUSY_RETRY_S = 1
+#: While the ingest processes start (once, at the first upload), an upload at most this big
+#: is handled in a thread meanwhile; a larger one waits for them.
+WARMING_THREAD_BYTES = 64 * 1024
 _PRELOAD = ["flowtrial.instrumentation.proxy.ingest_jobs",
             "flowtrial.instrumentation.proxy.events_api",
             "flowtrial.instrumentation.telemetry.ingest",
@@ -93,6 +100,10 @@ def _context() -> Any:
         return _mp_context
 
 
+def _noop() -> None:
+    return None
+
+
 def _seeded(fn: Callable[..., T], args: tuple[Any, ...], ctx: JobContext | None, pid: str,
             since: datetime | None) -> tuple[T, int | None]:
     """Run ``fn`` and, if asked, read what ``pid`` stored since ``since`` (in the process)."""
@@ -112,6 +123,8 @@ class Ingest:
         self.processes = processes
         self._pool: Executor | None = None
         self._lock = threading.Lock()
+        self._warm = threading.Event()  # the processes are up
+        self._warmer: threading.Thread | None = None
         self._running = 0
         self._per_participant: dict[str, int] = {}
         self._quota: dict[tuple[str, str], int] = {}  # (pid, UTC day) -> bytes stored
@@ -143,6 +156,27 @@ class Ingest:
                                                  initializer=worker_init)
             return self._pool
 
+    def _small_while_warming(self, args: tuple[Any, ...]) -> bool:
+        """Whether to run this job in a thread: the processes are still starting (seconds on
+        a busy machine, once) and its body is small enough to parse anywhere."""
+        if self._warm.is_set():
+            return False
+        with self._lock:
+            if self._warmer is None:
+                self._warmer = threading.Thread(target=self._warm_up, name="flowtrial-ingest-"
+                                                "warm-up", daemon=True)
+                self._warmer.start()
+        size = sum(len(a) for a in args if isinstance(a, bytes | bytearray))
+        return size <= WARMING_THREAD_BYTES
+
+    def _warm_up(self) -> None:
+        try:
+            self._submit(_noop).result(timeout=120)
+        except Exception:  # noqa: BLE001 - the next job reports a broken pool
+            log.warning("the ingest processes did not start", exc_info=True)
+        finally:
+            self._warm.set()
+
     def _submit(self, *args: Any) -> Future[Any]:
         # In a thread: the first submit starts the processes, and starting one waits for
         # the fork server (its module imports: seconds on a busy machine).
@@ -157,7 +191,7 @@ class Ingest:
         day, since = _today()
         seed_since = since if (pid, day) not in self._quota else None
         try:
-            if not self.processes:
+            if not self.processes or self._small_while_warming(args):
                 result, seed = await asyncio.to_thread(_seeded, job, args, self.context, pid,
                                                        seed_since)
             else:
