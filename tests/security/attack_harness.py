@@ -382,10 +382,13 @@ class Outcome:
     attack: dict[str, int]
     stored_rows: int
     stored_bytes: int
-    notes: dict[str, Any] = field(default_factory=dict)
+    #: p02's upstream time to first token (the shared simulated model's) and how late the
+    #: proxy released the first token after max(floor, upstream's first): the proxy's part.
+    upstream_ms: list[float] = field(default_factory=list)
+    proxy_late_ms: list[float] = field(default_factory=list)
 
-    def p(self, q: float) -> float:
-        xs = sorted(self.ttft_ms)
+    def p(self, q: float, of: str = "ttft_ms") -> float:
+        xs = sorted(getattr(self, of))
         if not xs:
             return float("nan")
         return xs[min(len(xs) - 1, round((len(xs) - 1) * q / 100))]
@@ -410,11 +413,19 @@ def measure(arena: Arena, attack: Attack | None, seconds: float = 8.0) -> Outcom
     engine = create_engine(f"sqlite:///{arena.db}")
     try:
         with engine.connect() as conn:
-            found = {row[0] for row in conn.execute(text(
-                "SELECT id FROM cycles WHERE participant_id = 'p02'"))}
+            timing = {row[0]: row[1:] for row in conn.execute(text(
+                "SELECT id, t_request_ns, t_upstream_first_ns, t_first_sent_ns FROM cycles "
+                "WHERE participant_id = 'p02'"))}
     finally:
         engine.dispose()
     rows, size = arena.stored("p01")
+    floor_ns = TTFT_FLOOR_MS * 1e6
+    upstream, late = [], []
+    for c in cycles:
+        if c in timing and None not in timing[c]:
+            t_req, t_up, t_sent = timing[c]
+            upstream.append((t_up - t_req) / 1e6)
+            late.append((t_sent - max(t_req + floor_ns, t_up)) / 1e6)
     return Outcome(attack.name if attack else "quiet", [r["ttft_ms"] for r in ok], failed,
-                   sum(1 for c in cycles if c not in found) + (len(ok) - len(cycles)),
-                   counts, rows, size)
+                   sum(1 for c in cycles if c not in timing) + (len(ok) - len(cycles)),
+                   counts, rows, size, upstream_ms=upstream, proxy_late_ms=late)

@@ -25,8 +25,9 @@ from .attack_harness import (
 
 SECONDS = 8.0
 SLACK_MS = 250.0
-#: Still parsed on the event loop (model requests' bodies): not yet isolated.
-NOT_ISOLATED = {"large_model_bodies"}
+#: Attacks whose requests reach the upstream p02 shares (allowed, huge prompts): p02 waits
+#: for that upstream (one simulated-model process here), not for the proxy.
+UPSTREAM_BOUND = {"large_model_bodies"}
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +68,19 @@ def test_participant_served_on_time_under_attack(served: Arena, attack: object) 
         stored = [json.loads(p) for (p,) in _payloads(served, "client")]
         assert stored and all(TRUNCATED_KEY in p for p in stored)
     limit = TTFT_FLOOR_MS + SLACK_MS
-    if attack.name in NOT_ISOLATED and out.p(99) > limit:
-        pytest.xfail(f"model request bodies are still parsed on the proxy's event loop: p02 "
-                     f"TTFT p99 {out.p(99):.0f} ms")
-    assert out.p(99) <= limit, (f"{attack.name}: p02 TTFT p50 {out.p(50):.0f} ms, p99 "
-                                f"{out.p(99):.0f} ms (floor {TTFT_FLOOR_MS:.0f} ms)")
+    figures = (f"{attack.name}: p02 TTFT p50 {out.p(50):.0f} ms, p99 {out.p(99):.0f} ms "
+               f"(floor {TTFT_FLOOR_MS:.0f} ms); upstream first token p99 "
+               f"{out.p(99, 'upstream_ms'):.0f} ms; proxy late p99 "
+               f"{out.p(99, 'proxy_late_ms'):.0f} ms")
+    # The proxy's own part: it released p02's first token on time after the floor and the
+    # upstream's first token, whatever the attack.
+    assert out.p(99, "proxy_late_ms") <= SLACK_MS, figures
+    if attack.name in UPSTREAM_BOUND:
+        # The attacker's huge prompts are forwarded (they are allowed) to the simulated
+        # model p02 shares, which takes seconds to read them: its delay is the upstream's.
+        assert out.p(99) <= max(limit, out.p(99, "upstream_ms") + SLACK_MS), figures
+    else:
+        assert out.p(99) <= limit, figures
 
 
 def _payloads(served: Arena, source: str | None = None) -> list[tuple[str]]:
