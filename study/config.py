@@ -273,7 +273,7 @@ class ProxySection(_Strict):
     # many uploads may wait or run at once (beyond: 503 + Retry-After), per participant (429).
     ingest_workers: int = Field(default=1, ge=1, le=16)
     ingest_queue: int = Field(default=8, ge=1)
-    ingest_per_participant: int = Field(default=2, ge=1)
+    ingest_per_participant: int = Field(default=3, ge=1)  # an agent exports 3 signals
     # A compressed upload inflates to at most this many bytes (streamed against it: 413).
     max_inflated_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     # OTLP: records (log records, spans, data points) stored from one post; the rest are
