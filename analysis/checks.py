@@ -253,7 +253,7 @@ def missing_data(
                 "rate": {c: float(g[c].isna().mean()) for c in cols},
             }
         )
-    by_column = []
+    by_column: list[dict[str, Any]] = []
     problems = []
     for c in cols:
         miss = d[c].isna()

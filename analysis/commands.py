@@ -61,8 +61,9 @@ def effect(
 ) -> None:
     """Estimate the task-time effect (METR-style): OLS of log time on arm + log forecast.
 
-    Effect exp(β) − 1; 95 % CIs: CR2 participant-clustered with t(G−1) (default), and the
-    METR-parity rows (non-robust, HC3, clustered with a normal critical value); mixed model.
+    Effect exp(β) − 1; 95 % CIs: CR2 participant-clustered with a Satterthwaite
+    (Bell–McCaffrey) t critical value (default), and the METR-parity rows (non-robust, HC3,
+    clustered with METR's normal critical value); mixed model.
     """
     from . import AnalysisInputError
     from .effects import estimate_effect
@@ -92,7 +93,7 @@ def effect(
     for col in ("model", "effect", "95 % CI", "p"):
         table.add_column(col, justify="left" if col == "model" else "right")
     labels = {
-        "cluster_cr2": "OLS, CR2 clustered SE, t(G−1) (default)",
+        "cluster_cr2": "OLS, CR2 clustered SE, Satterthwaite t (default)",
         "nonrobust": "OLS, non-robust SE (METR parity)",
         "hc3": "OLS, HC3 SE (METR parity)",
         "cluster": "OLS, clustered SE, normal (METR parity)",
@@ -244,15 +245,20 @@ def notebooks(
 ) -> None:
     """Open the analysis notebooks (task effects, flow threshold, power) in JupyterLab on a
     study database."""
-    import importlib.util
     import os
-    import subprocess
+    import signal
     import sys
+
+    from flowtrial.study.errors import FlowtrialError
+    from flowtrial.study.extras import require
+    from flowtrial.study.processes import run_child
 
     from .notebook_db import ENV_VAR, find_demo_database
 
-    if importlib.util.find_spec("jupyterlab") is None:
-        raise ModuleNotFoundError("No module named 'jupyterlab'", name="jupyterlab")
+    try:
+        require("notebooks", "flowtrial notebooks")
+    except FlowtrialError as exc:
+        raise _fail(str(exc)) from None
     folder = Path(__file__).resolve().parent / "notebooks"
     if db is None:
         found = find_demo_database(Path.cwd(), folder)
@@ -278,13 +284,7 @@ def notebooks(
         # Containers often run as root, which Jupyter refuses unless told; it still listens
         # on 127.0.0.1 only.
         command.append("--ServerApp.allow_root=True")
-    process = subprocess.Popen(command, env=env)
-    while True:
-        try:
-            code = process.wait()
-            break
-        except KeyboardInterrupt:
-            # Jupyter got the same Ctrl-C: it asks to confirm, or stops on a second one.
-            # Wait for it, so that this command never leaves a server running behind it.
-            continue
+    # Ctrl-C reaches Jupyter too, which would ask to confirm; SIGTERM stops it without asking,
+    # and run_child waits for it, so this command never leaves a server behind.
+    code = run_child(command, env, translate={signal.SIGINT: signal.SIGTERM})
     raise typer.Exit(code)

@@ -53,7 +53,9 @@ open_ended             True where cycle_time_s is NaN for that reason
 
 ``task_table`` columns: task_id, participant_id, name, arm, period, forecast_fast_s,
 forecast_slow_s, started_at, ended_at, task_time_s (ended − started, else the imported
-``time_s``; both × time_scale), status, n_cycles.
+``time_s``; both × time_scale), status, post_review_s (implementation time after review, as
+entered: not scaled), outcome (done / abandoned / failed_review), link (pull request or
+issue), n_cycles.
 
 Both functions read with ``pandas.read_sql`` and are vectorized; the switch join uses
 ``merge_asof`` (100,000 cycles in a few seconds). The ``*_from_frames`` variants do the same
@@ -460,6 +462,12 @@ def task_table_from_frames(frames: StudyFrames) -> pd.DataFrame:
     imported = _float(t["time_s"]) if "time_s" in t.columns else np.full(n, np.nan)
     out["task_time_s"] = np.where(np.isfinite(observed), observed, imported) * scale
     out["status"] = t["status"].astype(object).to_numpy() if "status" in t.columns else None
+    # After review (schema 8): entered by the participant in real minutes, so not scaled.
+    out["post_review_s"] = _float(t["post_review_s"]) if "post_review_s" in t.columns \
+        else np.nan
+    out["outcome"] = t["outcome"].astype(object).to_numpy() if "outcome" in t.columns \
+        else None
+    out["link"] = t["link"].astype(object).to_numpy() if "link" in t.columns else None
     tid = pd.to_numeric(frames.cycles.get("task_id", pd.Series([], dtype=float)),
                         errors="coerce").dropna()
     counts = tid.astype(np.int64).value_counts()

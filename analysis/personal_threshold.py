@@ -175,7 +175,7 @@ def fit_personal_threshold(
     n = int(data.x.size)
     aic = {m: 2 * _K[m] - 2 * v for m, v in ll.items()}
     bic = {m: _K[m] * math.log(n) - 2 * v for m, v in ll.items()}
-    check = None
+    check: dict[str, Any] | None = None
     if node_check:
         f2: Fit = out[7]
         check = {

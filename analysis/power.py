@@ -82,7 +82,7 @@ def run_replicate(config: Any, truth: str, threshold_s: float, n_part: int, n_pr
 
     t0 = time.perf_counter()
     s = _seed(seed, n_part, n_prompts, rep)
-    params = SimParams(truth=truth, threshold_s=threshold_s)  # type: ignore[arg-type]
+    params = SimParams(truth=truth, threshold_s=threshold_s)
     tasks, per_task = design_tasks(config, n_prompts)
     tables = simulate_virtual_frames(config, params, n_part, tasks=tasks,
                                      prompts_per_task=per_task, seed=s, design_seed=s)

@@ -38,6 +38,7 @@ to give real seconds, and ``min_away_s``/``coverage_s`` are real seconds.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -380,7 +381,7 @@ def classify_switches(
 
     n = len(cyc)
 
-    def full(values: np.ndarray, fill: object, dtype: object = None) -> np.ndarray:
+    def full(values: np.ndarray, fill: Any, dtype: Any = None) -> np.ndarray:
         arr = np.full(n, fill, dtype=dtype if dtype is not None else np.asarray(values).dtype)
         arr[valid] = values
         return arr

@@ -95,7 +95,7 @@ def read_turn_inputs(database: Any, participants: list[str] | None = None
         "wall_anchor_ns + t_request_ns - mono_anchor_ns, "
         "wall_anchor_ns + COALESCE(t_last_sent_ns, t_done_ns, t_request_ns) - mono_anchor_ns "
         "FROM cycles WHERE 1 = 1" + where)
-    binds = [bindparam("p", expanding=True)] if participants else []
+    binds: list[Any] = [bindparam("p", expanding=True)] if participants else []
     with database.engine.connect() as conn:
         ev = conn.execute(ev_sql.bindparams(bindparam("k", expanding=True), *binds),
                           params).all()
@@ -149,7 +149,9 @@ def events_by_turn(events: pd.DataFrame, turns: pd.DataFrame, cycles: pd.DataFra
     first_of = turns.set_index("turn_id")["first_cycle_id"]
     via = via.where(~prompt | (via.map(first_of) == ev["cycle_id"]))
     ev["turn_id"] = via.astype(object)
-    ev["turn_link"] = np.where(via.notna(), "cycle", None)
+    link = np.full(len(ev), None, dtype=object)
+    link[via.notna().to_numpy()] = "cycle"
+    ev["turn_link"] = link
     todo = ev["turn_id"].isna()
     for fwd in (True, False):
         sel = todo & (prompt if fwd else ~prompt)

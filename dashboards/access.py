@@ -54,7 +54,7 @@ def allowed_hosts(bind_host: str, extra: Iterable[str] = ()) -> list[str]:
             names.add(name.lower())
         if wildcard:
             try:
-                names.update(a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None))
+                names.update(str(a[4][0]) for a in socket.getaddrinfo(socket.gethostname(), None))
             except OSError:
                 pass
     return sorted(names)

@@ -8,8 +8,6 @@ from typing import Annotated
 import typer
 
 APP = "app.py"
-#: How long the Streamlit child may take to stop after the signal is passed on.
-STOP_GRACE_S = 10.0
 
 
 def streamlit_command(db_url: str, port: int, host: str, allow_hosts: Sequence[str] = ()
@@ -35,41 +33,6 @@ def streamlit_command(db_url: str, port: int, host: str, allow_hosts: Sequence[s
     return argv, env
 
 
-def run_child(argv: list[str], env: dict[str, str]) -> int:
-    """Run the server and pass SIGINT/SIGTERM/SIGHUP on to it: it stops when this command
-    stops (and, on Linux, when this process dies without a word)."""
-    import signal
-    import subprocess
-    import sys
-
-    def die_with_parent() -> None:  # in the child, before exec
-        if sys.platform.startswith("linux"):
-            import ctypes
-
-            ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-    proc = subprocess.Popen(argv, env=env, preexec_fn=die_with_parent)  # noqa: PLW1509
-
-    def forward(signum: int, frame: object) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM,
-                                                       signal.SIGHUP)}
-    try:
-        return proc.wait()
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 def dashboard(
     db: Annotated[str, typer.Option(
         "--db", help="Study database: a SQLite path or a PostgreSQL URL.")],
@@ -86,6 +49,8 @@ def dashboard(
     import os
 
     from flowtrial.study.errors import FlowtrialError
+    from flowtrial.study.extras import require
+    from flowtrial.study.processes import port_in_use, run_child
     from flowtrial.study.storage import open_db
 
     from .access import PASSWORD_ENV, is_loopback
@@ -99,12 +64,17 @@ def dashboard(
                    "listen on 127.0.0.1", err=True)
         raise typer.Exit(2)
     try:
+        require("dashboard", "flowtrial dashboard")
         database = open_db(db)
     except FlowtrialError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     url = database.url
     database.dispose()
+    if port_in_use(host, port):
+        typer.echo(f"error: --port {port}: another program is listening on {host}:{port}; "
+                   "stop it or choose another --port", err=True)
+        raise typer.Exit(2)
     argv, env = streamlit_command(url, port, host, allow_host or ())
     shown = f"[{host}]" if ":" in host else host
     guard = "" if is_loopback(host) else ", password required"

@@ -199,10 +199,12 @@ def threshold_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, settings: 
 def task_names(url: str, fresh: tuple[int, ...]) -> dict[int, str]:
     """Task id → name, for the task filter on in-memory cycle tables."""
     from sqlalchemy import select
+    from sqlmodel import col
 
     from flowtrial.study.schema import Task
 
     from .data import database
 
     with database(url).engine.connect() as conn:
-        return {int(i): str(n) for i, n in conn.execute(select(Task.id, Task.name))}
+        rows = conn.execute(select(col(Task.id), col(Task.name)))
+        return {int(i): str(n) for i, n in rows if i is not None}

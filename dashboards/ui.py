@@ -78,7 +78,12 @@ RATE_AXIS = alt.Axis(format=".0%", tickMinStep=0.01)
 COUNT_AXIS = alt.Axis(format="d", tickMinStep=1)
 
 
-def chart(ch: alt.TopLevelMixin, df: pd.DataFrame, name: str) -> None:
+#: What ``st.altair_chart`` draws: any top-level Altair chart.
+AltairChart = (alt.Chart | alt.LayerChart | alt.FacetChart | alt.HConcatChart | alt.VConcatChart
+               | alt.ConcatChart | alt.RepeatChart)
+
+
+def chart(ch: AltairChart, df: pd.DataFrame, name: str) -> None:
     """An Altair chart (hover tooltips are set by the caller) and its data's download."""
     st.altair_chart(ch, width="stretch")
     download(df, name)

@@ -11,10 +11,12 @@ having written nothing.
 
 from __future__ import annotations
 
+import functools
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -22,10 +24,14 @@ from typer.core import TyperCommand, TyperGroup
 
 from .study.errors import FlowtrialError
 
-try:  # typer >= 0.25 carries its own copy of click; its exceptions are the ones raised
-    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+try:  # typer >= 0.25 carries its own copy of click and does not install click itself: its
+    # classes are the ones typer builds, its exceptions the ones raised
+    from typer import _click as click
 except ImportError:  # pragma: no cover - older typer runs on click itself
-    from click.exceptions import NoArgsIsHelpError, UsageError
+    import click  # type: ignore[no-redef]
+
+NoArgsIsHelpError = click.exceptions.NoArgsIsHelpError
+UsageError = click.exceptions.UsageError
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,9 @@ class CommandSpec:
     target: str  # "module:function"
     summary: str
     panel: str
+    #: The extras (flowtrial.study.extras) the command cannot run without; checked before it
+    #: runs (not for --help), so a missing one is one line naming it.
+    needs: tuple[str, ...] = ()
 
 
 _STUDY, _RUN, _ANALYSE, _CAPTURE = "Set up a study", "Run it", "Analyse", "Capture"
@@ -46,7 +55,7 @@ COMMANDS: dict[str, CommandSpec] = {
         "flowtrial.simulate_commands:demo",
         "Run a whole latency trial offline in about two minutes: proxy, simulated participants, "
         "analysis, report.",
-        _STUDY),
+        _STUDY, needs=("demo",)),
     "init": CommandSpec(
         "flowtrial.study.commands:init",
         "Write a commented example study file to edit.",
@@ -60,6 +69,17 @@ COMMANDS: dict[str, CommandSpec] = {
         "flowtrial.study.commands:enroll",
         "Enroll a participant: assigns arms and prints their API key once (only a hash is "
         "kept).",
+        _STUDY),
+    "withdraw": CommandSpec(
+        "flowtrial.study.commands:withdraw",
+        "Withdraw a participant: the proxy stops recording them at once (within a second); "
+        "with --delete every row of theirs is deleted, leaving one audit line with row "
+        "counts.",
+        _STUDY),
+    "onboard": CommandSpec(
+        "flowtrial.instrumentation.field_commands:onboard",
+        "Print a participant's ready-to-paste settings for one assistant (the same the "
+        "participant page shows), with their key filled in when it is in $FLOWTRIAL_KEY.",
         _STUDY),
     "status": CommandSpec(
         "flowtrial.study.commands:status",
@@ -75,12 +95,12 @@ COMMANDS: dict[str, CommandSpec] = {
     "proxy": CommandSpec(
         "flowtrial.proxy_assembly:proxy",
         "Run the latency-shaping proxy: point participants' assistants at the URL it prints.",
-        _RUN),
+        _RUN, needs=("proxy",)),
     "mock-model": CommandSpec(
         "flowtrial.instrumentation.mock_model.commands:mock_model",
         "Serve the built-in simulated model: OpenAI (chat, completions, responses incl. "
         "WebSocket mode) and Anthropic Messages wire formats, offline, with no API key.",
-        _RUN),
+        _RUN, needs=("proxy",)),
     "simulate": CommandSpec(
         "flowtrial.simulate_commands:simulate",
         "Add simulated participants with known ground truth to a study database.",
@@ -90,12 +110,18 @@ COMMANDS: dict[str, CommandSpec] = {
         "Import a participant's ActivityWatch window, AFK, editor and browser data as focus "
         "events (idempotent: importing the same data twice adds nothing).",
         _CAPTURE),
+    "sync-activitywatch": CommandSpec(
+        "flowtrial.instrumentation.field_commands:sync_activitywatch",
+        "Send your ActivityWatch data to the study: only what its capture policy allows, "
+        "filtered on this machine (no window titles or web addresses unless the study keeps "
+        "content).",
+        _CAPTURE),
     "import-otel": CommandSpec(
         "flowtrial.instrumentation.capture_commands:import_otel",
         "Import a coding agent's OpenTelemetry (Claude Code, Codex CLI, Gemini CLI) from an "
         "OTLP JSON file or Gemini CLI's outfile as events linked to the participant's cycles "
         "(idempotent: importing the same records twice adds nothing).",
-        _CAPTURE),
+        _CAPTURE, needs=("telemetry",)),
     "codex-notify": CommandSpec(
         "flowtrial.instrumentation.capture_commands:codex_notify",
         "Send Codex CLI's end-of-turn notification to the proxy as agent telemetry (set it as "
@@ -111,7 +137,7 @@ COMMANDS: dict[str, CommandSpec] = {
         "flowtrial.analysis.report_commands:analyze",
         "Run the preregistered analysis: checks, task-time effect, flow threshold, secondary "
         "outcomes; write results.json and a self-contained report.html.",
-        _ANALYSE),
+        _ANALYSE, needs=("analysis",)),
     "turns": CommandSpec(
         "flowtrial.study.commands:turns",
         "Rebuild the agent turns from the recorded cycles (older or imported data gets "
@@ -120,7 +146,7 @@ COMMANDS: dict[str, CommandSpec] = {
     "effect": CommandSpec(
         "flowtrial.analysis.commands:effect",
         "Estimate the task-time effect (METR-style): OLS of log time on arm + log forecast.",
-        _ANALYSE),
+        _ANALYSE, needs=("analysis",)),
     "threshold": CommandSpec(
         "flowtrial.analysis.commands:threshold",
         "Estimate the flow threshold: the median personal threshold and the spread τ between "
@@ -131,31 +157,23 @@ COMMANDS: dict[str, CommandSpec] = {
         "flowtrial.analysis.report_commands:power",
         "Power analysis by simulation: power to detect the flow threshold, CI coverage of the "
         "true ψ and power of the task-time effect, per participants × prompts cell.",
-        _ANALYSE),
+        _ANALYSE, needs=("analysis",)),
     "notebooks": CommandSpec(
         "flowtrial.analysis.commands:notebooks",
         "Open the analysis notebooks (task effects, flow threshold, power) in JupyterLab on a "
         "study database.",
-        _ANALYSE),
+        _ANALYSE, needs=("notebooks",)),
     "dashboard": CommandSpec(
         "flowtrial.dashboards.commands:dashboard",
         "Open the study dashboard (Streamlit): overview, flow timeline, arms, flow threshold "
         "and team view, read live from the study database.",
-        _ANALYSE),
+        _ANALYSE, needs=("dashboard",)),
     "export": CommandSpec(
-        "flowtrial.study.commands:export",
-        "Export every table as CSV or Parquet (keys and their hashes are never exported).",
+        "flowtrial.analysis.release_commands:export",
+        "Export every table as CSV or Parquet (keys and their hashes are never exported), or "
+        "with --release a de-identified data package of the analysis tables with its "
+        "codebook.",
         _ANALYSE),
-}
-
-#: Third-party packages that come with an extra: a command that needs one that is missing
-#: says which extra to install instead of printing a traceback.
-EXTRA_OF_MODULE = {
-    "starlette": "proxy", "uvicorn": "proxy", "httptools": "proxy", "websockets": "proxy",
-    "httpx": "proxy", "jinja2": "analysis", "statsmodels": "analysis",
-    "matplotlib": "analysis", "threadpoolctl": "analysis", "streamlit": "dashboard",
-    "altair": "dashboard", "psycopg": "postgres", "openai": "demo", "pyarrow": "parquet",
-    "aw_client": "activitywatch", "jupyterlab": "notebooks",
 }
 
 err_console = Console(stderr=True)
@@ -171,12 +189,14 @@ def fail(message: str) -> typer.Exit:
 
 def missing_extra_message(exc: ModuleNotFoundError) -> str | None:
     """The one-line advice for a missing optional dependency, or None if it is not one."""
+    from .study.extras import extra_of_module, install_hint
+
     top = (exc.name or "").split(".")[0]
-    extra = EXTRA_OF_MODULE.get(top)
+    extra = extra_of_module(exc.name or "")
     if extra is None:
         return None
     return (f"this command needs {top}, which comes with the [{extra}] extra: "
-            f"pip install 'flowtrial[{extra}]'")
+            f"{install_hint(extra)}")
 
 
 def usage_error(exc: UsageError) -> typer.Exit:
@@ -204,7 +224,7 @@ def _hide_flag_types(params: list[click.Parameter]) -> list[click.Parameter]:
 def _parse_args(parse: object, ctx: click.Context, args: list[str]) -> list[str]:
     """Parse, making sure a usage error knows its command (the option parser's do not)."""
     try:
-        return parse(ctx, args)  # type: ignore[operator, no-any-return]
+        return parse(ctx, args)  # type: ignore[operator]
     except UsageError as exc:
         if exc.ctx is None:
             exc.ctx = ctx
@@ -227,7 +247,24 @@ def load_command(name: str) -> click.Command:
     function = getattr(importlib.import_module(module_name), attr)
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     single.command(name, cls=Command)(function)
-    return typer.main.get_command(single)
+    command = typer.main.get_command(single)
+    if COMMANDS[name].needs and command.callback is not None:
+        command.callback = _checking_extras(name, command.callback)
+    return command
+
+
+def _checking_extras(name: str, callback: Callable[..., Any]) -> Callable[..., Any]:
+    """``callback`` that first makes sure the command's extras are installed (after parsing,
+    so ``--help`` works without them)."""
+    from .study.extras import require
+
+    @functools.wraps(callback)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        for extra in COMMANDS[name].needs:
+            require(extra, f"flowtrial {name}")
+        return callback(*args, **kwargs)
+
+    return checked
 
 
 class LazyGroup(TyperGroup):
@@ -248,9 +285,8 @@ class LazyGroup(TyperGroup):
         if spec is None:
             return None
         if self._listing:
-            stub = click.Command(cmd_name, help=spec.summary or None)
-            stub.rich_help_panel = spec.panel  # type: ignore[attr-defined]
-            return stub
+            return TyperCommand(cmd_name, help=spec.summary or None,
+                                rich_help_panel=spec.panel)
         return load_command(cmd_name)
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
@@ -262,7 +298,7 @@ class LazyGroup(TyperGroup):
     def make_context(self, info_name: str | None, args: list[str],
                      parent: click.Context | None = None, **extra: object) -> click.Context:
         try:
-            return super().make_context(info_name, args, parent, **extra)  # type: ignore[arg-type]
+            return super().make_context(info_name, args, parent, **extra)
         except NoArgsIsHelpError:
             raise
         except UsageError as exc:

@@ -316,7 +316,8 @@ def run_demo(
         glance = study_glance(database)
     finally:
         database.dispose()
-    report_path, note, results = None, "Analysis skipped (analyze=False).", None
+    note: str | None = "Analysis skipped (analyze=False)."
+    report_path, results = None, None
     if analyze:
         if progress:
             say("Running the analysis ...")

@@ -64,7 +64,7 @@ def main() -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception as exc:  # click usage errors
-        import click
+        from flowtrial.cli import click
 
         if isinstance(exc, click.ClickException):
             exc.show()

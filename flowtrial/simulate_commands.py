@@ -82,6 +82,10 @@ def simulate(
     if agent_steps < 1:
         raise _fail(f"--agent-steps {agent_steps}: need at least 1 (model calls per prompt)")
     with _user_errors():
+        if mode == "live":  # the proxy and the official openai SDK
+            from flowtrial.study.extras import require
+
+            require("demo", "flowtrial simulate --mode live")
         from flowtrial.live_simulation import simulate_live
         from flowtrial.study.config import load_study
         from flowtrial.study.simulator.params import SimParams

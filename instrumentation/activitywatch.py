@@ -57,8 +57,10 @@ from flowtrial.study.storage import Database, WriteBatch, utcnow, write_rows
 
 __all__ = [
     "AFK", "EDITOR", "WEB", "WINDOW", "ActivityWatchError", "AwBucket", "BucketReport",
-    "ImportReport", "convert_buckets", "import_activitywatch", "load_export", "load_server",
-    "parse_when", "participant_working_apps",
+    "ImportReport", "buckets_from_json", "convert_buckets", "import_activitywatch",
+    "load_export", "load_server",
+    "parse_when", "participant_working_apps", "tab_category", "tab_working_host",
+    "write_buckets",
 ]
 
 WINDOW = "currentwindow"
@@ -192,10 +194,21 @@ def load_export(path: str | Path) -> list[AwBucket]:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise ActivityWatchError(f"{p}: not a JSON file ({exc})") from None
+    return buckets_from_json(data, str(p))
+
+
+def buckets_from_json(data: object, source: str = "upload") -> list[AwBucket]:
+    """Buckets of a parsed export: ``{"buckets": {id: bucket}}`` (aw-server's ``/api/0/export``,
+    also ActivityWatch Research Edition's ``aw-bucket-export.json``), ``{"buckets": [bucket]}``
+    or one bucket ``{"id", "type", "events"}`` (a single bucket's export)."""
     buckets = data.get("buckets") if isinstance(data, dict) else None
+    if isinstance(data, dict) and buckets is None and isinstance(data.get("events"), list):
+        buckets = [data]
+    if isinstance(buckets, list):
+        buckets = {str(b.get("id", i)): b for i, b in enumerate(buckets) if isinstance(b, dict)}
     if not isinstance(buckets, dict):
         raise ActivityWatchError(
-            f"{p}: not an ActivityWatch export (expected {{\"buckets\": {{id: {{…, "
+            f"{source}: not an ActivityWatch export (expected {{\"buckets\": {{id: {{…, "
             "\"events\": [...]}}}}}, as written by GET /api/0/export)"
         )
     out = []
@@ -213,13 +226,12 @@ def load_server(url: str, since: datetime | None = None, until: datetime | None 
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ActivityWatchError(
             f"--server {url!r}: use the server's address, e.g. http://127.0.0.1:5600")
-    try:
-        from aw_client import ActivityWatchClient
-    except ImportError:
-        raise ActivityWatchError(
-            "reading from an ActivityWatch server needs the aw-client package: "
-            "pip install aw-client (or use --export FILE.json)") from None
+    from flowtrial.study.extras import require
+
+    require("activitywatch", "reading from an ActivityWatch server (--server; or use "
+            "--export FILE.json)")
     import requests
+    from aw_client import ActivityWatchClient
 
     try:
         client = ActivityWatchClient("flowtrial-import", host=parts.hostname,
@@ -305,6 +317,22 @@ def _tabs_for(browser_app: str, web: list[AwBucket]) -> _Tabs | None:
     return _Tabs([e.ts_ns for e, _ in pairs], [e for e, _ in pairs], [b for _, b in pairs])
 
 
+def tab_category(data: Mapping[str, Any]) -> str:
+    """A tab's category: from its URL, or as filtered on the participant's machine."""
+    if "url" in data:
+        return category_for_url(data.get("url"))
+    cat = data.get("category")
+    return str(cat) if isinstance(cat, str) and cat else "browser"
+
+
+def tab_working_host(data: Mapping[str, Any], working: frozenset[str]) -> str | None:
+    """The working host a tab shows (e.g. the assistant's web UI), else None."""
+    if "url" in data:
+        return host_is_working(data.get("url"), working)
+    host = data.get("working_host")
+    return str(host) if isinstance(host, str) and host.lower() in working else None
+
+
 def _focus_row(pid: str, bucket: str, ev: AwEvent, ts: int, app: str, category: str,
                working: bool, title: object, keep_titles: bool) -> dict[str, Any]:
     payload: dict[str, Any] = {"app": app}
@@ -369,18 +397,18 @@ def convert_buckets(
                         # while it kept focus.
                         tab = tabs.at(ev.ts_ns)
                         if tab is not None:
-                            host = host_is_working(tab.data.get("url"), working)
-                            cat, work = category_for_url(tab.data.get("url")), host is not None
+                            host = tab_working_host(tab.data, working)
+                            cat, work = tab_category(tab.data), host is not None
                             app = host or app
                         i = bisect.bisect_right(tabs.starts, ev.ts_ns)
                         while i < len(tabs.events) and tabs.events[i].ts_ns < ev.end_ns:
                             t = tabs.events[i]
-                            host = host_is_working(t.data.get("url"), working)
+                            host = tab_working_host(t.data, working)
                             wb = tabs.buckets[i]
                             web_rows[wb].append(_focus_row(
                                 participant_id, wb, t, t.ts_ns,
                                 host or normalize_app(ev.data.get("app")) or "browser",
-                                category_for_url(t.data.get("url")), host is not None,
+                                tab_category(t.data), host is not None,
                                 t.data.get("title"), keep_titles))
                             i += 1
                 rows.append(_focus_row(participant_id, b.id, ev, ev.ts_ns, app, cat, work,
@@ -475,8 +503,17 @@ def import_activitywatch(
         assert server is not None
         buckets = load_server(server, lo, hi)
         source = server
+    return write_buckets(database, participant_id, buckets, source, apps,
+                         keep_titles=keep_titles, since=lo, until=hi)
+
+
+def write_buckets(database: Database, participant_id: str, buckets: Sequence[AwBucket],
+                  source: str, apps: Iterable[str], *, keep_titles: bool = False,
+                  since: datetime | None = None, until: datetime | None = None
+                  ) -> ImportReport:
+    """Convert ``buckets`` and write the events not yet in the database (idempotent)."""
     rows, reports = convert_buckets(buckets, participant_id, apps, keep_titles=keep_titles,
-                                    since=lo, until=hi)
+                                    since=since, until=until)
     existing = _existing_keys(database, [r["dedupe_key"] for r in rows])
     by_bucket: dict[str, int] = {}
     now = utcnow()

@@ -308,6 +308,8 @@ def continue_routes(
             return _error(401, "missing or unknown flowtrial participant key: set the data "
                                "destination's apiKey to your own key (ft_…)", "invalid_api_key")
         st = proxy_state(request)
+        if st is not None and (standing := st.auth.refusal(participant.id)) is not None:
+            return _error(403, standing.message, str(standing.code))
         ingest = ingest_of(st) if st is not None and writer is None else standalone
         try:
             body = await read_body(request, limit)

@@ -1,4 +1,4 @@
-"""The study's own commands: init, validate, enroll, status, export, migrate, turns.
+"""The study's own commands: init, validate, enroll, status, export, withdraw, migrate, turns.
 
 Kept light at import time: each command imports what it needs inside its body, so that
 ``flowtrial CMD --help`` stays fast.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -68,7 +68,9 @@ def enroll(
     db: DbOpt,
     participant: Annotated[str, typer.Option("--participant", help="Pseudonymous id, e.g. p01.")],
     consent_at: Annotated[
-        str | None, typer.Option("--consent-at", help="ISO time consent was given (default now).")
+        str | None, typer.Option("--consent-at", help=(
+            "ISO time consent was given (default now; with a [consent] text: given on the "
+            "participant page)."))
     ] = None,
 ) -> None:
     """Enroll a participant: assigns arms and prints their API key once (only a hash is kept)."""
@@ -94,7 +96,7 @@ def enroll(
     print(key)
 
 
-def _assignment_text(design: str, assignments: list) -> str:  # type: ignore[type-arg]
+def _assignment_text(design: str, assignments: list[Any]) -> str:
     """What a participant was assigned, in the design's own words."""
     if design == "per_prompt" or not assignments:
         return "each prompt draws its own latency (per-prompt design)"
@@ -121,6 +123,10 @@ def status(
         f"time_scale={st.time_scale:g}  participants={st.participants}  tasks={st.tasks}  "
         f"events={st.events}"
     )
+    if st.withdrawn or st.awaiting_consent or st.refused_requests:
+        console.print(f"participation: withdrawn={st.withdrawn}  awaiting consent="
+                      f"{st.awaiting_consent}  requests refused before consent="
+                      f"{st.refused_requests}")
     t = Table(title="Arms")
     t.add_column("arm")
     t.add_column("assigned", justify="right")
@@ -167,6 +173,31 @@ def export(
     console.print(t)
 
 
+def withdraw(
+    db: DbOpt,
+    participant: Annotated[str, typer.Option("--participant", help="The participant's id.")],
+    delete: Annotated[bool, typer.Option(
+        "--delete", help="Also delete every row of theirs in every table (one transaction).")
+    ] = False,
+) -> None:
+    """Withdraw a participant: the proxy stops recording them at once (within a second);
+    with --delete every row of theirs is deleted, leaving one audit line with row counts."""
+    from .participation import withdraw as do_withdraw
+    from .storage import open_db
+
+    database = open_db(db)
+    try:
+        counts = do_withdraw(database, participant, delete_data=delete)
+    finally:
+        database.dispose()
+    console.print(escape(f"{participant}: withdrawn; nothing more is recorded."),
+                  highlight=False)
+    if delete:
+        rows = ", ".join(f"{t} {n}" for t, n in sorted(counts.items())) or "none"
+        console.print(escape(f"Deleted {sum(counts.values())} rows ({rows})."),
+                      highlight=False, soft_wrap=True)
+
+
 def migrate(db: DbOpt) -> None:
     """Upgrade a study database made by an older flowtrial to this version's schema (opening
     it does this too; run it once before starting several proxies on one database)."""
@@ -185,10 +216,17 @@ def turns(db: DbOpt) -> None:
     kinds are inferred where the proxy recorded none)."""
     from .storage import database_url, display_url, open_db
     from .turns import rebuild_turns
+    from .typing_window import typing_gaps, window_sensitivity
 
     database = open_db(db)
     try:
         n = rebuild_turns(database)
+        gaps = typing_gaps(database)
     finally:
         database.dispose()
     console.print(f"{display_url(database_url(db))}: {n} turns rebuilt from the cycles.")
+    if gaps:  # how much the turns hang on the typing window (docs/concepts/turns.md)
+        counts = ", ".join(f"{w:g} s: {k}" for w, k in window_sensitivity(gaps))
+        console.print(f"Typing-speed rule: {len(gaps)} user messages followed their "
+                      f"conversation's answer; a window of {counts} would make them the "
+                      "agent's (continuing the turn).")

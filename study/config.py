@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -75,6 +76,10 @@ class StudySection(_Strict):
     unit: Unit | None = None
     time_scale: float = Field(default=1.0, gt=0)
     idle_limit_s: float = Field(default=600.0, gt=0)
+    #: A user-role request sooner than this after its conversation's answer ended is the
+    #: agent's, not the person's (docs/concepts/turns.md#the-typing-speed-rule); 0 turns
+    #: the rule off.
+    typing_window_s: float = Field(default=1.0, ge=0)
     periods: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
@@ -119,6 +124,9 @@ class MockSettings(_Strict):
     # Long answers for fast arms: every prose answer N tokens, or N drawn per request from
     # [lo, hi] (deterministic for the seed). None: the corpus answer as it is.
     answer_tokens: int | tuple[int, int] | None = None
+    # Scripted text answers instead of corpus ones: the k-th once the conversation holds
+    # k of them (instrumentation/mock_model/script.py), e.g. to break an agent's format once.
+    script: list[str] = Field(default_factory=list, max_length=100)
 
     @field_validator("answer_tokens")
     @classmethod
@@ -158,7 +166,7 @@ class UpstreamSection(_Strict):
         if "kind" not in self.model_fields_set and (named or self.base_url is not None):
             # A study that names a real endpoint means it: never fall back to the simulated
             # model just because `kind` was left out.
-            self.kind = named[0] if named else "openai"
+            self.kind = "anthropic" if named and named[0] == "anthropic" else "openai"
         elif self.kind == "mock" and (named or self.base_url is not None):
             what = ", ".join(f"[upstream.{f}]" for f in named) or "base_url"
             raise ValueError(f'kind = "mock" (the built-in simulated model) would ignore '
@@ -291,6 +299,17 @@ class ProxySection(_Strict):
     # The *name* of the variable holding the admin token (GET /flowtrial/v1/admin/...);
     # unset variable = admin endpoints disabled. Never the token itself.
     admin_token_env: str = "FLOWTRIAL_ADMIN_TOKEN"
+    # The address participants reach the proxy at (behind TLS or a tunnel), used in the
+    # settings the participant page and `flowtrial onboard` print; default http://host:port.
+    public_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
+
+    @property
+    def base_url(self) -> str:
+        """Where participants' assistants reach the proxy (no trailing slash)."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
 
     @model_validator(mode="after")
     def _inbox_holds_a_message(self) -> ProxySection:
@@ -312,6 +331,14 @@ class ProxySection(_Strict):
         return name
 
 
+class ConsentSection(_Strict):
+    """A field study's consent (docs/researchers/field-study.md): until a participant agrees
+    to this text on the participant page, the proxy refuses their requests."""
+
+    version: str = Field(min_length=1, max_length=64)
+    text: str = Field(min_length=1)
+
+
 class StudyConfig(_Strict):
     """The whole study file."""
 
@@ -323,6 +350,7 @@ class StudyConfig(_Strict):
     analysis: AnalysisSection = AnalysisSection()
     proxy: ProxySection = ProxySection()
     questionnaire: QuestionnaireSection = QuestionnaireSection()
+    consent: ConsentSection | None = None
 
     @model_validator(mode="after")
     def _design(self) -> StudyConfig:
@@ -354,6 +382,12 @@ class StudyConfig(_Strict):
                 return a
         raise KeyError(name)
 
+    def config_hash(self) -> str:
+        """SHA-256 of the whole validated study configuration (canonical JSON): names the
+        exact study a report, ``results.json`` or a release package came from."""
+        canon = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canon.encode()).hexdigest()
+
     def randomization_fingerprint(self) -> str:
         """Hash of the parts that fix who gets which latency; they must not change mid-study."""
         part = {
@@ -378,7 +412,7 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _message(err: dict[str, Any]) -> str:
+def _message(err: Mapping[str, Any]) -> str:
     ctx = err.get("ctx") or {}
     kind = err["type"]
     if kind == "greater_than":

@@ -32,6 +32,9 @@ from .keys import CONVERSATION_SECRET
 from .schema import TABLES
 from .storage import Database
 
+# The audit of withdrawals and deletions names withdrawn participants: it stays with the study
+# database (the researcher's record that a deletion was carried out), never in an export.
+NOT_EXPORTED = {"audit"}
 # Columns that hold what people wrote or read, and secrets: never in a de-identified export.
 CONTENT_COLUMNS = {"prompt_text", "content_text", "prompt_fingerprint", "content_fingerprint",
                    "error", "config_toml", "description"}
@@ -60,6 +63,11 @@ def _pseudo(value: object, salt: bytes) -> object:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return value
     return "h_" + hmac.new(salt, str(value).encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def pseudonym(value: object, salt: bytes) -> object:
+    """``h_`` + a keyed hash of ``value`` (None and NaN stay as they are)."""
+    return _pseudo(value, salt)
 
 
 def _deidentify_payload(raw: object, salt: bytes) -> object:
@@ -94,11 +102,17 @@ def export_tables(
     ``salt``: the pseudonym key of a de-identified export (default: a fresh random one, so
     pseudonyms differ between exports and cannot be recomputed from the data).
     """
+    if fmt == "parquet":
+        from .extras import require
+
+        require("parquet", "export --format parquet")
     out_dir.mkdir(parents=True, exist_ok=True)
     key = salt if salt is not None else secrets.token_bytes(32)
     counts: dict[str, int] = {}
     for model in TABLES:
         table = model.__table__  # type: ignore[attr-defined]
+        if table.name in NOT_EXPORTED:
+            continue
         df = pd.read_sql_table(table.name, database.engine)
         df = df.drop(columns=[c for c in SECRET_COLUMNS if c in df.columns])
         if table.name == "meta":  # the conversation secret never leaves the database

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
+from sqlmodel import col
 
 from . import keys
 from .config import StudyConfig
@@ -57,7 +58,8 @@ def enroll(
             key_salt=k.salt,
             key_hash=k.key_hash,
             enrolled_index=index,
-            consent_at=consent_at or now,
+            # A study with a [consent] text asks for consent on the participant page.
+            consent_at=consent_at or (None if config.consent is not None else now),
             created_at=now,
             simulated=simulated,
             working_apps_json=json.dumps(working_apps) if working_apps else None,
@@ -100,7 +102,7 @@ def participant_by_key(database: Database, key: str) -> Participant | None:
         return None
     with database.session() as s:
         p = s.execute(
-            select(Participant).where(Participant.key_id == parts[0])
+            select(Participant).where(col(Participant.key_id) == parts[0])
         ).scalars().first()
     if p is None or not keys.verify(key, p.key_salt, p.key_hash):
         return None
@@ -111,7 +113,7 @@ def assignments_for(database: Database, participant_id: str) -> dict[int, str]:
     """period -> arm for a participant."""
     with database.session() as s:
         rows = s.execute(
-            select(Assignment).where(Assignment.participant_id == participant_id)
+            select(Assignment).where(col(Assignment.participant_id) == participant_id)
         ).scalars().all()
     return {a.period: a.arm for a in rows}
 

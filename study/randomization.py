@@ -33,8 +33,8 @@ def _block_pattern(weights: Sequence[float], max_block: int = 64) -> list[int]:
             return [i for i, c in enumerate(counts) for _ in range(round(c))]
     # Irrational-looking ratios: approximate with the largest block allowed.
     total = sum(ws)
-    counts = [max(1, round(max_block * w / total)) for w in ws]
-    return [i for i, c in enumerate(counts) for _ in range(c)]
+    sizes = [max(1, round(max_block * w / total)) for w in ws]
+    return [i for i, c in enumerate(sizes) for _ in range(c)]
 
 
 def parallel_arm(arms: Sequence[ArmConfig], seed: int, index: int) -> tuple[str, int]:

@@ -17,10 +17,10 @@ from sqlalchemy import BigInteger, Column, Index, MetaData, Text, UniqueConstrai
 from sqlmodel import Field, SQLModel
 
 #: Bumped with every Alembic revision in ``study/migrations/versions`` (revision ``000N``).
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 11
 
 
-def _big() -> Column:  # type: ignore[type-arg]
+def _big() -> Column:
     return Column(BigInteger, nullable=True)
 
 
@@ -73,6 +73,12 @@ class Participant(SQLModel, table=True):
     created_at: datetime
     simulated: bool = False
     working_apps_json: str | None = None  # per-participant override of the study's list
+    # Field studies (schema 8, docs/researchers/field-study.md): the version of the consent
+    # text agreed to (consent_at is when), when the participant withdrew (nothing of theirs
+    # is recorded after it), and how many requests the proxy refused before consent.
+    consent_version: str | None = None
+    withdrawn_at: datetime | None = None
+    refused_requests: int = 0
 
 
 class Assignment(SQLModel, table=True):
@@ -107,6 +113,11 @@ class Task(SQLModel, table=True):
     status: str = "planned"  # planned | started | done | abandoned
     time_s: float | None = None  # imported task time, when start/end are not observed
     created_at: datetime
+    # Schema 8: the task's pull request or issue, the implementation time after review
+    # (METR's post-review time) and the final outcome: done | abandoned | failed_review.
+    link: str | None = None
+    post_review_s: float | None = None
+    outcome: str | None = None
 
 
 class Cycle(SQLModel, table=True):
@@ -184,6 +195,13 @@ class Cycle(SQLModel, table=True):
     #: The upstream's first output (text or a tool call) reached the proxy (schema 6);
     #: ``t_upstream_first_ns`` is its first bytes, often a structure event before any output.
     t_upstream_first_output_ns: int | None = Field(default=None, sa_column=_big())
+    #: Schema 11 (docs/concepts/turns.md): the client's SDK (``client`` is the agent); a
+    #: hash of the request's new user text and whether it offered tools (what a later
+    #: request's revision compares); the kind and rule a revision replaced (``human:new_input``).
+    client_sdk: str | None = None
+    input_key: str | None = None
+    offers_tools: bool | None = None
+    revised_from: str | None = None
 
 
 class Turn(SQLModel, table=True):
@@ -284,9 +302,21 @@ class DrawCounter(SQLModel, table=True):
     next_index: int = Field(sa_column=Column(BigInteger, nullable=False))
 
 
+class Audit(SQLModel, table=True):
+    """What was done to participants' data (withdrawal, deletion): names no content, only
+    the action, the participant's id and row counts (schema version 8)."""
+
+    __tablename__ = "audit"
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime
+    action: str  # withdraw | delete
+    participant_id: str  # no foreign key: the line outlives the participant's rows
+    detail_json: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
 TABLES: list[type[SQLModel]] = [
     Meta, Study, Arm, Participant, Assignment, Task, Cycle, Event,
-    QuestionnaireAnswer, Persistence, GroundTruth, DrawCounter, Turn,
+    QuestionnaireAnswer, Persistence, GroundTruth, DrawCounter, Turn, Audit,
 ]
 
 

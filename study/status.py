@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sqlalchemy import func, select
+from sqlmodel import col
 
 from .participants import PER_PROMPT_ARM
 from .randomization import SRMResult, srm_check
@@ -24,6 +25,11 @@ class StudyStatus:
     events: int = 0
     tasks: int = 0
     srm: SRMResult | None = None
+    #: Field studies: withdrawn participants (their rows kept), those whose consent is open
+    #: in a study with a [consent] text, and requests refused before consent.
+    withdrawn: int = 0
+    awaiting_consent: int = 0
+    refused_requests: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -37,6 +43,9 @@ class StudyStatus:
             "events": self.events,
             "tasks": self.tasks,
             "srm": self.srm.to_dict() if self.srm else None,
+            "withdrawn": self.withdrawn,
+            "awaiting_consent": self.awaiting_consent,
+            "refused_requests": self.refused_requests,
         }
 
 
@@ -46,14 +55,20 @@ def study_status(database: Database) -> StudyStatus:
     with database.session() as s:
         n_part = s.execute(select(func.count()).select_from(Participant)).scalar_one()
         assign_rows = s.execute(
-            select(Assignment.arm, func.count()).where(Assignment.period == 0)
+            select(col(Assignment.arm), func.count()).where(col(Assignment.period) == 0)
             .group_by(Assignment.arm)
         ).all()
         cycle_rows = s.execute(
-            select(Cycle.arm, Cycle.status, func.count()).group_by(Cycle.arm, Cycle.status)
+            select(col(Cycle.arm), col(Cycle.status), func.count())
+            .group_by(Cycle.arm, Cycle.status)
         ).all()
         n_events = s.execute(select(func.count()).select_from(Event)).scalar_one()
         n_tasks = s.execute(select(func.count()).select_from(Task)).scalar_one()
+        pt = Participant.__table__  # type: ignore[attr-defined]
+        withdrawn, open_consent, refused = s.execute(select(
+            func.count(pt.c.withdrawn_at),
+            func.count().filter(pt.c.consent_at.is_(None) & pt.c.withdrawn_at.is_(None)),
+            func.coalesce(func.sum(pt.c.refused_requests), 0))).one()
     st = StudyStatus(
         name=config.study.name,
         design=config.study.design,
@@ -62,6 +77,9 @@ def study_status(database: Database) -> StudyStatus:
         participants=int(n_part),
         events=int(n_events),
         tasks=int(n_tasks),
+        withdrawn=int(withdrawn),
+        awaiting_consent=int(open_consent) if config.consent is not None else 0,
+        refused_requests=int(refused),
     )
     per_prompt = config.study.design == "per_prompt"
     arm_names = [PER_PROMPT_ARM] if per_prompt else config.arm_names

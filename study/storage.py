@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, inspect, make_url, select, text
+from sqlalchemy import Engine, Insert, create_engine, event, inspect, make_url, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError
@@ -88,6 +88,9 @@ def create_db_engine(db: str | Path, *, pooled: bool = False) -> Engine:
         raise StorageError(
             f"{display_url(url)}: unsupported database: use a SQLite file path or a "
             "postgresql://user@host/dbname URL")
+    from .extras import require
+
+    require("postgres", f"the database {display_url(url)}")
     # pre_ping: a connection the server dropped (restart, failover) is replaced, not used.
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
 
@@ -177,7 +180,8 @@ def init_db(db: str | Path, config: StudyConfig, config_toml: str | None = None)
     database = open_db(db, must_exist=False)
     if _read_version(database.engine) is None:
         with database.engine.begin() as conn:
-            SQLModel.metadata.create_all(conn, tables=[t.__table__ for t in TABLES])
+            SQLModel.metadata.create_all(
+                conn, tables=[t.__table__ for t in TABLES])  # type: ignore[attr-defined]
             conn.execute(Meta.__table__.insert().values(  # type: ignore[attr-defined]
                 key="schema_version", value=str(SCHEMA_VERSION)))
             stamp_head(conn)
@@ -236,12 +240,16 @@ def init_db(db: str | Path, config: StudyConfig, config_toml: str | None = None)
 @dataclass
 class WriteBatch:
     """Rows for one table. ``ignore_conflicts`` makes re-inserts no-ops (idempotent imports);
-    ``upsert`` replaces a row with the same primary key (the proxy's turn rows)."""
+    ``upsert`` replaces a row with the same primary key (the proxy's turn rows); ``update``
+    sets the given columns of the row with the row's primary key, ``delete`` deletes it
+    (a turn revision, docs/concepts/turns.md#revising-a-request)."""
 
     table: Any
     rows: Sequence[dict[str, Any]]
     ignore_conflicts: bool = False
     upsert: bool = False
+    update: bool = False
+    delete: bool = False
 
 
 class LazyRow(Sequence[dict[str, Any]]):
@@ -273,10 +281,14 @@ def insert_batch(conn: Any, b: WriteBatch) -> None:
     if b.upsert:
         _upsert(conn, table, b.rows)
         return
+    if b.update or b.delete:
+        _update_or_delete(conn, table, b)
+        return
     if not b.ignore_conflicts:
         conn.execute(table.insert(), list(b.rows))
         return
     dialect = conn.dialect.name
+    stmt: Insert
     if dialect == "sqlite":
         stmt = sqlite_insert(table).on_conflict_do_nothing()
     elif dialect == "postgresql":
@@ -284,6 +296,21 @@ def insert_batch(conn: Any, b: WriteBatch) -> None:
     else:  # pragma: no cover - other dialects are not supported for imports
         raise StorageError(f"idempotent insert not supported on {dialect}")
     conn.execute(stmt, list(b.rows))
+
+
+def _update_or_delete(conn: Any, table: Any, b: WriteBatch) -> None:
+    """Update (the row's other columns) or delete rows by primary key."""
+    from sqlalchemy import and_, bindparam
+
+    keys = [c.name for c in table.primary_key.columns]
+    where = and_(*[table.c[k] == bindparam(f"_k_{k}") for k in keys])
+    for row in b.rows:
+        params = {f"_k_{k}": row[k] for k in keys}
+        if b.delete:
+            conn.execute(table.delete().where(where), params)
+        else:
+            conn.execute(table.update().where(where).values(
+                {k: v for k, v in row.items() if k not in keys}), params)
 
 
 def _upsert(conn: Any, table: Any, rows: Sequence[dict[str, Any]]) -> None:
@@ -322,18 +349,18 @@ def _merge(batches: list[WriteBatch]) -> list[WriteBatch]:
     keep the order in which their table first appears, so parents queued before children
     (a participant before its assignments) are still inserted first.
     """
-    groups: dict[tuple[Any, bool, bool, frozenset[str]], list[dict[str, Any]]] = {}
+    groups: dict[tuple[Any, bool, bool, bool, bool, frozenset[str]], list[dict[str, Any]]] = {}
     for b in batches:
         for row in b.rows:
-            groups.setdefault((b.table, b.ignore_conflicts, b.upsert, frozenset(row)),
-                              []).append(row)
+            groups.setdefault((b.table, b.ignore_conflicts, b.upsert, b.update, b.delete,
+                               frozenset(row)), []).append(row)
     out = []
-    for (t, ignore, upsert, _), rows in groups.items():
+    for (t, ignore, upsert, update, delete, _), rows in groups.items():
         if upsert:  # one row per key, the latest: a statement may not update a row twice
             table = t.__table__ if hasattr(t, "__table__") else t
             keys = [c.name for c in table.primary_key.columns]
             rows = list({tuple(r[k] for k in keys): r for r in rows}.values())
-        out.append(WriteBatch(t, rows, ignore, upsert))
+        out.append(WriteBatch(t, rows, ignore, upsert, update, delete))
     return out
 
 

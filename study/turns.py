@@ -20,7 +20,7 @@ continuation), naming the rule ``inferred:…``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -50,6 +50,12 @@ class TurnRules:
 
     retry_window_s: float = 60.0  # an identical request within this is the client re-asking
     idle_limit_s: float = 600.0  # a turn no call joins for this long is over
+    #: A user-role request this soon after its conversation's answer ended cannot be a
+    #: person's (docs/concepts/turns.md#the-typing-speed-rule): it continues the turn.
+    typing_window_s: float = 1.0
+    #: A lone ``human`` request is revised to ``side`` when a request on another
+    #: conversation with the same new user text follows within this (a title call).
+    revise_window_s: float = 60.0
 
 
 def turn_id_for(first_cycle_id: str) -> str:
@@ -82,6 +88,10 @@ class Call:
     mono_anchor_ns: int = 0
     wall_anchor_ns: int = 0
     simulated: bool = False
+    kind_rule: str | None = None
+    input_key: str | None = None  # hash of the request's new user text (schema 11)
+    offers_tools: bool | None = None
+    turn_id: str | None = None
 
     @property
     def final(self) -> bool:
@@ -99,7 +109,8 @@ class Call:
 
 def call_from_row(row: Any) -> Call:
     """A :class:`Call` from a ``cycles`` row (a mapping or an object with its columns)."""
-    g = row.get if isinstance(row, dict) else (lambda k, d=None: getattr(row, k, d))
+    g: Callable[..., Any] = (row.get if isinstance(row, dict)
+                             else (lambda k, d=None: getattr(row, k, d)))
     mono, wall = int(g("mono_anchor_ns") or 0), int(g("wall_anchor_ns") or 0)
     end = g("t_last_sent_ns")
     if end is None:
@@ -113,7 +124,8 @@ def call_from_row(row: Any) -> Call:
         status=g("status") or "ok", arm=g("arm") or "", period=g("period"),
         task_id=g("task_id"), protocol=g("protocol") or "chat", client=g("client"),
         conversation_key=g("conversation_key"), mono_anchor_ns=mono, wall_anchor_ns=wall,
-        simulated=bool(g("simulated")),
+        simulated=bool(g("simulated")), kind_rule=g("kind_rule"), input_key=g("input_key"),
+        offers_tools=g("offers_tools"), turn_id=g("turn_id"),
     )
 
 
@@ -213,12 +225,17 @@ class OpenTurn:
     client: str | None
     last_activity_ns: int  # on the wall clock
     closed: bool = False  # a final answer came: only a retry or a side call may still join
+    calls: int = 1  # requests in its wait (side calls not counted)
+    failed: bool = False  # its latest call failed (upstream error or cut): the turn ended
 
 
 @dataclass
 class _Participant:
     turns: dict[str, OpenTurn] = field(default_factory=dict)  # by turn id, oldest first
     recent: dict[str, tuple[int, str | None]] = field(default_factory=dict)  # request key
+    #: conversation key -> (when its latest answer ended well, that answer's turn id)
+    answers: dict[str | None, tuple[int, str]] = field(default_factory=dict)
+    person_ns: int | None = None  # the latest sign that the person acted (an event)
 
 
 class TurnAssigner:
@@ -245,6 +262,8 @@ class TurnAssigner:
         window = int(self.rules.retry_window_s * 1e9)
         for key in [k for k, (t, _) in p.recent.items() if now_ns - t > window]:
             del p.recent[key]
+        for conv in [k for k, (t, _) in p.answers.items() if now_ns - t > idle]:
+            del p.answers[conv]
 
     def latest(self, participant_id: str, now_ns: int) -> OpenTurn | None:
         """The participant's most recent turn still within the idle limit (open or closed)."""
@@ -269,17 +288,23 @@ class TurnAssigner:
     def assign(self, participant_id: str, cycle_id: str, kind: str, now_ns: int, *,
                conversation_key: str | None = None, request_key: str | None = None,
                model: str | None = None, offers_tools: bool = False,
-               client: str | None = None) -> str | None:
+               client: str | None = None, join: str | None = None) -> str | None:
         """The turn id for a request classified ``kind`` (None for a side call outside any
-        turn)."""
+        turn); ``join`` names the turn a continuation joins even if it was closed (the
+        typing-speed rule reopens it)."""
         p = self._p(participant_id)
         self._expire(p, now_ns)
         turn: OpenTurn | None = None
-        if kind == "retry" and request_key in p.recent:
+        if join is not None and join in p.turns:
+            turn = p.turns[join]
+            turn.closed = False
+        elif kind == "retry" and request_key in p.recent:
             tid = p.recent[request_key][1]
             if tid is None:  # the client re-asked a side call: still a side call's
                 return None
             turn = p.turns.get(tid)
+            if turn is not None:
+                turn.failed = False
         elif kind == "continuation":
             live = [t for t in p.turns.values() if not t.closed]
             turn = next((t for t in reversed(live) if t.conversation_key == conversation_key),
@@ -295,6 +320,8 @@ class TurnAssigner:
                     if other.conversation_key == conversation_key:
                         other.closed = True
             p.turns[turn.id] = turn
+        elif turn is not None and kind != "side":
+            turn.calls += 1
         if turn is not None and kind != "side":
             turn.last_activity_ns = max(turn.last_activity_ns, now_ns)
             if kind == "retry":
@@ -323,15 +350,52 @@ class TurnAssigner:
                 p.recent[key] = (t, turn.id)
 
     def ended(self, participant_id: str, turn_id: str | None, kind: str, final: bool,
-              now_ns: int) -> None:
-        """A call of ``turn_id`` ended; a final answer (not a side call's) closes the turn."""
+              now_ns: int, failed: bool = False) -> None:
+        """A call of ``turn_id`` ended; a final answer (not a side call's) closes the turn,
+        and so does a failed call (an upstream error or cut: new input opens a new turn)."""
         if turn_id is None or kind == "side":
             return
-        turn = self._p(participant_id).turns.get(turn_id)
+        p = self._p(participant_id)
+        turn = p.turns.get(turn_id)
         if turn is not None:
             turn.last_activity_ns = max(turn.last_activity_ns, now_ns)
-            if final:
+            turn.failed = failed
+            if final or failed:
                 turn.closed = True
+            if not failed:
+                p.answers[turn.conversation_key] = (now_ns, turn_id)
+            else:
+                p.answers.pop(turn.conversation_key, None)
+
+    def answer_gap(self, participant_id: str, conversation_key: str | None, now_ns: int
+                   ) -> tuple[float, str, bool] | None:
+        """Seconds since the conversation's latest answer ended well, its turn, and whether
+        the person showed they acted since (None: no such answer within the idle limit)."""
+        p = self._p(participant_id)
+        self._expire(p, now_ns)
+        seen = p.answers.get(conversation_key)
+        if conversation_key is None or seen is None or seen[1] not in p.turns:
+            return None
+        end, tid = seen
+        acted = p.person_ns is not None and p.person_ns >= end
+        return max(0.0, (now_ns - end) / 1e9), tid, acted
+
+    def person_acted(self, participant_id: str, now_ns: int) -> None:
+        """Something showed the person acted (typed, clicked) at ``now_ns``."""
+        p = self._p(participant_id)
+        p.person_ns = max(p.person_ns or now_ns, now_ns)
+
+    def turn(self, participant_id: str, turn_id: str) -> OpenTurn | None:
+        """A turn still held, by id."""
+        return self._p(participant_id).turns.get(turn_id)
+
+    def drop(self, participant_id: str, turn_id: str) -> None:
+        """Forget a turn (its only request was revised into another turn's side call)."""
+        p = self._p(participant_id)
+        p.turns.pop(turn_id, None)
+        for key, (t, tid) in list(p.recent.items()):
+            if tid == turn_id:
+                p.recent[key] = (t, None)
 
 
 # ---------------------------------------------------------------------------- older data
@@ -399,7 +463,7 @@ def latest_recorded_turn(database: Any, participant_id: str, conversation_key: s
             .order_by(c.started_at.desc(), c.id.desc()).limit(1)).scalar()
         if tid is None:
             return None, []
-        rows = conn.execute(select(Cycle.__table__).where(
+        rows = conn.execute(select(Cycle.__table__).where(  # type: ignore[attr-defined]
             c.participant_id == participant_id, c.turn_id == tid)).mappings().all()
     calls = [call_from_row(dict(r)) for r in rows]
     return tid, sorted(calls, key=lambda x: (x.t_request_ns + x.offset_ns, x.cycle_id))
@@ -412,13 +476,14 @@ def rebuild_turns(database: Any, rules: TurnRules | None = None) -> int:
     (:class:`TurnAssigner`), both written back; every turn row is then recomputed from its
     cycles (:func:`summarize_turn`), so the proxy's rows come out unchanged."""
     from sqlalchemy import delete, select, update
-    from sqlmodel import Session
+    from sqlmodel import Session, col
 
     from .schema import Cycle, Turn
+    from .turn_revision import apply_revisions
 
     with Session(database.engine) as session:
         rows = session.exec(select(Cycle).order_by(  # type: ignore[call-overload]
-            Cycle.participant_id, Cycle.t_request_ns, Cycle.id)).scalars().all()
+            Cycle.participant_id, col(Cycle.t_request_ns), Cycle.id)).scalars().all()
         by_participant: dict[str, list[Call]] = {}
         cycles = {}
         for r in rows:
@@ -436,11 +501,14 @@ def rebuild_turns(database: Any, rules: TurnRules | None = None) -> int:
                         c.kind = changes[c.cycle_id]["request_kind"]
             unassigned = [c for c in calls if cycles[c.cycle_id].turn_id is None]
             if unassigned:
+                by_id = {c.cycle_id: c for c in unassigned}
                 for cid, tid in assign_calls(unassigned, rules).items():
                     if tid is not None:
                         changes.setdefault(cid, {})["turn_id"] = tid
+                        by_id[cid].turn_id = tid
+            apply_revisions(calls, rules or TurnRules(), changes)
         for cid, values in changes.items():
-            session.execute(update(Cycle).where(Cycle.id == cid).values(**values))
+            session.execute(update(Cycle).where(col(Cycle.id) == cid).values(**values))
         groups: dict[str, list[Call]] = {}
         for calls in by_participant.values():
             for c in calls:

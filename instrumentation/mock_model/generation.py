@@ -58,7 +58,8 @@ def generate(turn: Turn, corpus: Corpus, seed: int,
         if answer_tokens is not None:
             long = _long_answer(source, rng, corpus, turn, language, answer_tokens)
             source = "".join(long)
-    text, finish, stop_sequence = source, "stop", None
+    finish: Finish = "stop"
+    text, stop_sequence = source, None
     # Earliest stop sequence wins; searching from index 1 keeps the answer non-empty.
     hits = [(i, s) for s in turn.stop if (i := text.find(s, 1)) > 0]
     if hits:

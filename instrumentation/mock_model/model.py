@@ -11,13 +11,14 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..tokens import split_tokens
 from .anthropic_wire import (
     anthropic_error,
     messages_body,
     messages_stream,
 )
 from .corpus import load_corpus
-from .generation import Job, Schedule, generate
+from .generation import Generation, Job, Schedule, generate
 from .inbound import (
     Protocol,
     RequestError,
@@ -38,6 +39,7 @@ from .openai_wire import (
     sse_event,
     ws_error,
 )
+from .script import scripted_answer
 from .tool_steps import ToolCall, ToolPlanner
 from .tool_wire import (
     chat_tool_body,
@@ -123,6 +125,7 @@ class MockModel:
     def __init__(
         self, tokens_per_second: float = 2000.0, ttft_ms: float = 20.0, seed: int = 0,
         tool_steps: int = 0, answer_tokens: tuple[int, int] | None = None,
+        script: tuple[str, ...] = (),
     ) -> None:
         if not tokens_per_second > 0:
             raise ValueError(f"tokens_per_second must be > 0, got {tokens_per_second}")
@@ -136,6 +139,7 @@ class MockModel:
         self.seed = seed
         self.answer_tokens = answer_tokens
         self.tools = ToolPlanner(tool_steps, seed)
+        self.script = tuple(script)  # scripted text answers (script.py)
         self._corpus = load_corpus()
         # Ids come from their own seeded stream: unique per reply, reproducible per run,
         # and independent of the answer text (which depends on the request only).
@@ -180,7 +184,8 @@ class MockModel:
             return _json(200, {"input_tokens": turn.prompt_tokens})
 
         call = self.tools.plan(protocol, data)
-        job = self._job(turn, {k.lower(): v for k, v in headers.items()}, start, tool_call=call)
+        job = self._job(turn, {k.lower(): v for k, v in headers.items()}, start, tool_call=call,
+                        text=scripted_answer(self.script, protocol, data))
         if protocol == "responses":
             self.tools.answered(job.id, call)
         if call is not None:
@@ -226,7 +231,8 @@ class MockModel:
             return
         lowered = {k.lower(): v for k, v in (headers or {}).items()}
         call = self.tools.plan("responses", body) if generate_flag else None
-        job = self._job(turn, lowered, start, stream_id, tool_call=call)
+        job = self._job(turn, lowered, start, stream_id, tool_call=call,
+                        text=scripted_answer(self.script, "responses", body))
         if generate_flag:
             self.tools.answered(job.id, call)
         events = (responses_tool_events(job) if call is not None
@@ -256,8 +262,11 @@ class MockModel:
         return "".join(self._ids.choice(_ALNUM) for _ in range(29))
 
     def _job(self, turn: Turn, headers: Mapping[str, str], start: float,
-             stream_id: str | None = None, tool_call: ToolCall | None = None) -> Job:
+             stream_id: str | None = None, tool_call: ToolCall | None = None,
+             text: str | None = None) -> Job:
         gen = generate(turn, self._corpus, self.seed, self.answer_tokens)
+        if text is not None and turn.schema is None:  # a scripted answer (script.py)
+            gen = Generation(text, tuple(split_tokens(text)), "stop", None, turn.prompt_tokens)
         cycle = headers.get(CYCLE_ID_HEADER, "")
         # The proxy passes its cycle id so clients see it in the response id.
         suffix = cycle if _CYCLE_ID.fullmatch(cycle) else self._random_id(turn.protocol)

@@ -3,9 +3,10 @@
 With ``tool_steps = N`` (``[upstream] tool_steps`` in a study, ``--tool-steps`` on
 ``flowtrial mock-model``) a request that offers tools is answered with a call to a *harmless*
 offered tool for the first N steps of the person's turn, then with the usual text answer.
-Harmless means: list a directory (``LS``, ``list_dir``, ``Glob`` …) or, failing that, run
-``pwd`` through the shell tool (Codex's ``exec_command``, Claude Code's ``Bash``, ``shell``
-…). An agent offering neither gets text at once. The step is read from the request (tool
+Harmless means read-only, chosen from the offered schemas by :mod:`.harmless`: list a
+directory, print the working directory, run ``pwd`` through a shell tool (Codex's
+``exec_command``, Claude Code's ``Bash``, opencode's ``bash`` …), read or search; an agent
+offering none of these gets text at once. The step is read from the request (tool
 calls since the person's last message), so the same request gets the same answer; the
 Responses chain (``previous_response_id`` with only tool outputs) is followed in memory.
 """
@@ -17,15 +18,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .harmless import pick_harmless
+
 __all__ = ["ToolCall", "ToolPlanner"]
 
-#: Listing tools first (nothing runs), then shells with `pwd`; names compared lower-cased.
-_LISTERS = ("ls", "list_dir", "list_directory", "glob", "find_files")
-_SHELLS = ("exec_command", "shell", "bash", "run_shell_command", "shell_command",
-           "local_shell", "run_terminal_cmd", "execute_command")
-_COMMAND_KEYS = ("cmd", "command")
-_PATH_KEYS = ("path", "dir_path", "directory", "target_directory", "absolute_path")
-_PATTERN_KEYS = ("pattern", "glob")
 _CALL_TYPES = ("function_call", "custom_tool_call", "local_shell_call")
 _MAX_CHAINS = 10_000
 
@@ -40,63 +36,27 @@ class ToolCall:
     step: int  # 1-based step of the turn
 
 
-def _tools(protocol: str, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(name, JSON schema of the arguments) of each function tool offered."""
+def _tools(protocol: str, body: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(name, description, JSON schema of the arguments) of each function tool offered."""
     out = []
     for tool in body.get("tools") or []:
         if not isinstance(tool, dict):
             continue
+        spec: Any = None
         if protocol == "chat":
-            fn = tool.get("function") if tool.get("type") == "function" else None
-            if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-                out.append((fn["name"], fn.get("parameters") or {}))
+            spec = tool.get("function") if tool.get("type") == "function" else None
+            schema = spec.get("parameters") if isinstance(spec, dict) else None
         elif protocol == "responses":
-            if tool.get("type") == "function" and isinstance(tool.get("name"), str):
-                out.append((tool["name"], tool.get("parameters") or {}))
+            spec = tool if tool.get("type") == "function" else None
+            schema = tool.get("parameters")
         elif protocol == "messages":
-            if isinstance(tool.get("name"), str) and "input_schema" in tool:
-                out.append((tool["name"], tool.get("input_schema") or {}))
+            spec = tool if "input_schema" in tool else None
+            schema = tool.get("input_schema")
+        if isinstance(spec, dict) and isinstance(spec.get("name"), str):
+            description = spec.get("description")
+            out.append((spec["name"], description if isinstance(description, str) else "",
+                        schema if isinstance(schema, dict) else {}))
     return out
-
-
-def _arguments(kind: str, schema: dict[str, Any]) -> dict[str, Any] | None:
-    """Arguments for a lister or shell tool that fit its schema (None if they cannot)."""
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    required = [r for r in schema.get("required") or [] if isinstance(r, str)]
-    args: dict[str, Any] = {}
-    if kind == "shell":
-        key = next((k for k in _COMMAND_KEYS if k in props), None)
-        if key is None:
-            return None
-        is_list = (props[key] or {}).get("type") == "array"
-        args[key] = ["pwd"] if is_list else "pwd"
-    else:
-        for key in props:
-            if key in _PATH_KEYS:
-                args[key] = "."
-            elif key in _PATTERN_KEYS:
-                args[key] = "*"
-    for key in required:
-        if key in args:
-            continue
-        spec = props.get(key) or {}
-        if key == "description" or spec.get("type") == "string":
-            args[key] = "List the working directory" if key == "description" else "."
-        else:
-            return None  # a required argument we cannot fill harmlessly
-    return args
-
-
-def _pick(protocol: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
-    offered = _tools(protocol, body)
-    for kinds, names in (("lister", _LISTERS), ("shell", _SHELLS)):
-        for wanted in names:
-            for name, schema in offered:
-                if name.lower() == wanted:
-                    args = _arguments(kinds, schema if isinstance(schema, dict) else {})
-                    if args is not None:
-                        return name, args
-    return None
 
 
 def _calls_since_person(protocol: str, body: dict[str, Any]) -> tuple[int, bool]:
@@ -152,7 +112,7 @@ class ToolPlanner:
             done += self._chains.get(previous, 0)
         if done >= self.steps:
             return None
-        picked = _pick(protocol, body)
+        picked = pick_harmless(_tools(protocol, body))
         if picked is None:
             return None
         name, args = picked

@@ -26,7 +26,7 @@ from flowtrial.study.questionnaire import instruments_for
 from flowtrial.study.schema import Participant
 from flowtrial.study.storage import Database
 
-from . import store
+from . import field, store
 from .session import Session, SessionSigner, new_secret
 
 __all__ = ["COOKIE", "PREFIX", "participant_routes"]
@@ -51,6 +51,9 @@ MESSAGES = {
     "answered": "Thank you: your answers are recorded.",
     "already": "Your answers to this questionnaire were already recorded.",
     "loggedout": "You are logged out.",
+    "reviewed": "The outcome after review is recorded.",
+    "consented": "Thank you: your consent is recorded.",
+    "uploaded": "Your activity data was received.",
 }
 
 
@@ -157,8 +160,8 @@ def participant_routes(database: Database, config: StudyConfig, *,
     def lookup(sess: Session) -> Participant | None:
         with database.session() as s:
             p = s.get(Participant, sess.participant_id)
-            if p is None or p.key_id != sess.key_id or store.session_revoked(
-                    s.connection(), sess.participant_id, sess.nonce):
+            if p is None or p.key_id != sess.key_id or p.withdrawn_at is not None or (
+                    store.session_revoked(s.connection(), sess.participant_id, sess.nonce)):
                 return None
         return p
 
@@ -183,10 +186,16 @@ def participant_routes(database: Database, config: StudyConfig, *,
                       arm_text=_arm_text(config, task.arm), instruments=instruments,
                       values=values or {}, design=config.study.design, task_url=task_url)
 
+    async def unconsented(sess: Session) -> bool:
+        return config.consent is not None and await asyncio.to_thread(
+            field.needs_consent, database, config, sess.participant_id)
+
     async def home(request: Request) -> Response:
         sess = await session_of(request)
         if sess is None:
             return redirect(login_url)
+        if await unconsented(sess):
+            return redirect(f"{prefix}/consent")
         tasks = await asyncio.to_thread(store.list_tasks, database, sess.participant_id)
         current = next((t for t in tasks if t.status == "started"), None) or next(
             (t for t in tasks if t.status == "planned"), None)
@@ -208,17 +217,35 @@ def participant_routes(database: Database, config: StudyConfig, *,
         if p is None:
             return render("login.html", 401, error="That key is not valid: paste the "
                           "participant key you were given (it starts with ft_).", message=None)
-        resp = redirect(home_url)
-        resp.set_cookie(COOKIE, signer.issue(p.id, p.key_id), max_age=signer.ttl_s,
+        token = signer.issue(p.id, p.key_id)
+        sess = signer.verify(token)
+        assert sess is not None
+        ctx: dict[str, Any] = {"csrf": signer.csrf(sess), "participant": p.id}
+        if p.withdrawn_at is not None:
+            return render("login.html", 403, error="You have withdrawn from this study: "
+                          "this key no longer works.", message=None)
+        resp: Response
+        if form.get("connect") != "yes":
+            resp = redirect(home_url)
+        elif config.consent is not None and p.consent_at is None:
+            # Asked to see the settings: the key typed here fills them in after consent.
+            resp = render("consent.html", consent=config.consent, key=key, **ctx)
+        else:
+            resp = render("connect.html", clients=field.connect_context(config, key),
+                          with_key=True, **ctx)
+        resp.set_cookie(COOKIE, token, max_age=signer.ttl_s,
                         path=prefix, httponly=True, samesite="strict",
                         secure=request.url.scheme == "https")
         return resp
 
-    async def authed_form(request: Request) -> tuple[Session, dict[str, str]] | Response:
+    async def authed_form(request: Request, before_consent: bool = False
+                          ) -> tuple[Session, dict[str, str]] | Response:
         """The session and form of a state-changing POST, or the response refusing it."""
         sess = await session_of(request)
         if sess is None:
             return redirect(login_url)
+        if not before_consent and await unconsented(sess):
+            return redirect(f"{prefix}/consent")
         try:
             form = await _form(request)
         except _Forbidden:
@@ -258,6 +285,8 @@ def participant_routes(database: Database, config: StudyConfig, *,
         sess = await session_of(request)
         if sess is None:
             return redirect(login_url)
+        if await unconsented(sess):
+            return redirect(f"{prefix}/consent")
         return await task_page(sess, request.path_params["task_id"], msg=message(request))
 
     def action(kind: str) -> Any:
@@ -281,8 +310,19 @@ def participant_routes(database: Database, config: StudyConfig, *,
                     return redirect(task_url(tid), "started")
                 if kind == "end":
                     await asyncio.to_thread(store.end_task, database, pid, tid,
-                                            form.get("status", "done"))
+                                            form.get("status", "done"), form.get("link"))
                     return redirect(task_url(tid), "ended")
+                if kind == "review":
+                    mins = _minutes(form.get("post_review_min"))
+                    if mins is None and (form.get("post_review_min") or "").strip() in (
+                            "0", "0.0", "0,0"):
+                        mins = 0.0
+                    if mins is None:
+                        raise store.PageError("enter the time after review in minutes "
+                                              "(0 if none)")
+                    await asyncio.to_thread(store.record_review, database, pid, tid, mins,
+                                            form.get("outcome", ""), form.get("link"))
+                    return redirect(task_url(tid), "reviewed")
                 answers = store.parse_answers(instruments, form)
                 fresh = await asyncio.to_thread(store.submit_answers, database, pid, tid,
                                                 answers)
@@ -301,7 +341,13 @@ def participant_routes(database: Database, config: StudyConfig, *,
     async def to_home(request: Request) -> Response:
         return redirect(home_url)
 
+    async def before_consent(request: Request) -> tuple[Session, dict[str, str]] | Response:
+        return await authed_form(request, before_consent=True)
+
+    kit = field.PageKit(database, config, prefix, signer, render, redirect, forbidden,
+                        session_of, before_consent, config.proxy.max_body_bytes)
     return [
+        *field.field_routes(kit),
         Route(prefix, to_home, methods=["GET"]),
         Route(home_url, home, methods=["GET"], name="participant_home"),
         Route(login_url, login, methods=["GET", "POST"], name="participant_login"),
@@ -310,5 +356,5 @@ def participant_routes(database: Database, config: StudyConfig, *,
         Route(f"{prefix}/tasks", add, methods=["POST"]),
         Route(f"{prefix}/tasks/{{task_id:int}}", task, methods=["GET"]),
         *[Route(f"{prefix}/tasks/{{task_id:int}}/{k}", action(k), methods=["POST"])
-          for k in ("forecast", "start", "end", "questionnaire")],
+          for k in ("forecast", "start", "end", "questionnaire", "review")],
     ]

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlalchemy import and_, func, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -39,6 +40,8 @@ from flowtrial.study.tasks import add_task
 __all__ = ["PageError", "Reveal", "TaskView"]
 
 SOURCE = "page"
+#: A task's final outcome after review (METR): ``tasks.outcome``.
+OUTCOMES = ("done", "abandoned", "failed_review")
 _T = Task.__table__  # type: ignore[attr-defined]
 _E = Event.__table__  # type: ignore[attr-defined]
 _Q = QuestionnaireAnswer.__table__  # type: ignore[attr-defined]
@@ -61,6 +64,9 @@ class TaskView:
     started_at_ns: int | None
     ended_at_ns: int | None
     answered: bool = False
+    link: str | None = None
+    post_review_s: float | None = None
+    outcome: str | None = None
 
     @property
     def forecast_done(self) -> bool:
@@ -110,7 +116,7 @@ def list_tasks(database: Database, pid: str) -> list[TaskView]:
 def _view(r: Any, answered: bool) -> TaskView:
     return TaskView(r["id"], r["name"], r["description"], r["status"], r["period"], r["arm"],
                     r["forecast_fast_s"], r["forecast_slow_s"], r["started_at_ns"],
-                    r["ended_at_ns"], answered)
+                    r["ended_at_ns"], answered, r["link"], r["post_review_s"], r["outcome"])
 
 
 def get_task(database: Database, pid: str, task_id: int) -> TaskView:
@@ -210,14 +216,32 @@ def start_task(database: Database, pid: str, task_id: int) -> None:
     # Started or ended already (a second click): nothing to do.
 
 
-def end_task(database: Database, pid: str, task_id: int, status: str) -> None:
+def clean_link(raw: str | None) -> str | None:
+    """The task's pull request or issue URL (http/https, at most 500 characters) or None."""
+    link = (raw or "").strip()
+    if not link:
+        return None
+    parts = urlsplit(link)
+    if parts.scheme not in ("http", "https") or not parts.netloc or len(link) > 500 or any(
+            c.isspace() for c in link):
+        raise PageError("the link must be the web address of the pull request or issue "
+                        "(https://…, at most 500 characters)")
+    return link
+
+
+def end_task(database: Database, pid: str, task_id: int, status: str,
+             link: str | None = None) -> None:
     if status not in ("done", "abandoned"):
         raise PageError("a task ends as done or abandoned")
+    url = clean_link(link)
     now = time.time_ns()
     with database.engine.begin() as conn:
+        values: dict[str, Any] = {"status": status, "ended_at_ns": now, "outcome": status}
+        if url is not None:
+            values["link"] = url
         n = conn.execute(update(_T).where(and_(
             _T.c.id == task_id, _T.c.participant_id == pid, _T.c.status == "started",
-        )).values(status=status, ended_at_ns=now)).rowcount
+        )).values(**values)).rowcount
         if n == 1:
             _insert_event_once(conn, _event(pid, task_id, "task_end", now, "task_end",
                                             {"task_id": task_id, "status": status}))
@@ -225,6 +249,26 @@ def end_task(database: Database, pid: str, task_id: int, status: str) -> None:
     task = get_task(database, pid, task_id)
     if task.status == "planned":
         raise PageError("this task has not started")
+
+
+def record_review(database: Database, pid: str, task_id: int, post_review_s: float,
+                  outcome: str, link: str | None) -> None:
+    """After review (METR's outcome): the implementation time it took and the final
+    outcome (done | abandoned | failed_review) of an ended task; may be corrected."""
+    if outcome not in OUTCOMES:
+        raise PageError("the outcome is done, abandoned or failed review")
+    if not (0 <= post_review_s <= 1e7):
+        raise PageError("enter the time after review in minutes (0 if none)")
+    url = clean_link(link)
+    with database.engine.begin() as conn:
+        values: dict[str, Any] = {"post_review_s": post_review_s, "outcome": outcome}
+        if url is not None:
+            values["link"] = url
+        n = conn.execute(update(_T).where(and_(
+            _T.c.id == task_id, _T.c.participant_id == pid,
+            _T.c.status.in_(("done", "abandoned")))).values(**values)).rowcount
+    if n != 1:
+        raise PageError("the review's outcome is entered after the task has ended")
 
 
 def parse_answers(instruments: list[Instrument], form: dict[str, str]

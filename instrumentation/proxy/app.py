@@ -30,7 +30,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.storage import Database, RecordWriter
@@ -46,6 +46,7 @@ from .responses import (
     foreign_response_message,
     json_response,
     proxy_state,
+    refused,
     too_large,
     unauthorized,
     unavailable,
@@ -79,6 +80,9 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
         if participant is None:
             st.errors += 1
             return unauthorized(adapter)
+        if (standing := st.auth.refusal(participant.id)) is not None:
+            st.errors += 1
+            return refused(standing, adapter)
         try:
             body = await read_body(request, st.max_body_bytes)
         except BodyTooLarge:
@@ -333,7 +337,8 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
                 await tuning.stop()  # after the drain: those streams are shaped too
 
     fast = {a.path: _protocol_endpoint(a) for a in ADAPTERS.values()}
-    routes = [Route(path, endpoint, methods=["POST"]) for path, endpoint in fast.items()]
+    routes: list[BaseRoute] = [Route(path, endpoint, methods=["POST"])
+                               for path, endpoint in fast.items()]
     routes += [
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),

@@ -153,7 +153,8 @@ class ArmResolver:
             if not done:
                 task = await asyncio.to_thread(self._started_task, pid)
             assignments = await self._assignments_for(pid)
-            period, arm = 0, None
+            period: int | None = 0
+            arm = None
             if task is not None:
                 _, t_period, t_arm = task
                 if t_period is not None and t_period in assignments:

@@ -77,6 +77,7 @@ def run_proxy(study: Path, db: str, host: str | None, port: int | None,
     from flowtrial.study.storage import init_db
 
     from .app import GRACE_S, create_proxy_app
+    from .extensions import telemetry_off_note
     from .server import base_url_of, bind_socket, make_server
     from .state import close_writer, make_writer
     from .upstream import missing_key_vars
@@ -102,6 +103,9 @@ def run_proxy(study: Path, db: str, host: str | None, port: int | None,
     design = config.study.design
     out.print(f"[bold]flowtrial proxy[/bold] for study [bold]{config.study.name}[/bold] "
               f"({design}, upstream {config.upstream.kind}) listening on {url}", soft_wrap=True)
+    note = telemetry_off_note(extensions)
+    if note:
+        err.print(note, soft_wrap=True, highlight=False, markup=False)
     if workers > 1:
         database.dispose()  # the workers open their own connections after the fork
         _print_urls(out, url)

@@ -107,7 +107,10 @@ class Cycle:
             self.pacer = Pacer(res.target, rec.t_request_ns, seed=rec.id)
 
     async def record(self) -> None:
-        """Make the cycle durable (raises if the write fails)."""
+        """Make the cycle durable (raises if the write fails); nothing is written for a
+        participant who withdrew while it ran (their data may already be deleted)."""
+        if self.state.auth.withdrawn(self.rec.participant_id):
+            return
         if self._task_lookup is not None:
             try:
                 self.rec.task_id = await asyncio.shield(self._task_lookup)

@@ -273,4 +273,5 @@ async def accept_events(state: ProxyState, pid: str, body: bytes, *,
             raise EventsRejected(503, f"the events could not be recorded ({type(exc).__name__})"
                                  ": check the proxy's database", None, "recording_failed"
                                  ) from None
+        state.turns.note_events(pid, rows)  # a person acted: the typing-speed rule yields
     return len(rows)

@@ -13,7 +13,10 @@ here or beside its feature, and one entry in the root's list.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,13 +25,22 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from flowtrial.study.config import StudyConfig
+from flowtrial.study.extras import install_hint
 from flowtrial.study.storage import Database
 
 from ..request_body import BodyTooLarge, read_body
 from .events_api import EventsRejected, accept_events
 from .ingest import IngestBusy
 from .openapi import admin_paths, continue_paths, document_paths, events_paths, openapi_routes
-from .responses import error, json_response, proxy_state, too_large, unauthorized, unavailable
+from .responses import (
+    error,
+    json_response,
+    proxy_state,
+    refused,
+    too_large,
+    unauthorized,
+    unavailable,
+)
 from .state import ProxyState
 
 log = logging.getLogger(__name__)
@@ -36,7 +48,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "AdminEndpoints", "AgentTelemetry", "AppContext", "ContinueDestination", "EventsApi",
     "Extension",
-    "OpenApiDocument", "ParticipantPage", "ProxyExtension", "builtin_extensions",
+    "OpenApiDocument", "ParticipantPage", "Participation", "ProxyExtension", "builtin_extensions",
 ]
 
 
@@ -102,6 +114,9 @@ async def _events(request: Request) -> Response:
     if participant is None:
         st.errors += 1
         return unauthorized()
+    if (standing := st.auth.refusal(participant.id)) is not None:
+        st.errors += 1
+        return refused(standing)
     try:
         body = await read_body(request, st.max_body_bytes)
         n = await accept_events(st, participant.id, body)
@@ -157,6 +172,37 @@ class ParticipantPage(Extension):
         return participant_routes(ctx.database, ctx.config, secret=ctx.page_secret)
 
 
+class Participation(Extension):
+    """Keeps the proxy's view of who may be recorded current (consent, withdrawal) and writes
+    the pre-consent refusal counts (:meth:`.auth.Authenticator.watch`); the activity upload
+    endpoints (:mod:`..activity_upload`)."""
+
+    name = "participation"
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+
+    def routes(self, ctx: AppContext) -> list[BaseRoute]:
+        from ..activity_upload import activity_routes
+
+        return activity_routes(ctx.database, ctx.config)
+
+    def openapi(self) -> dict[str, Any]:
+        from ..activity_upload import activity_paths
+
+        return activity_paths()
+
+    async def startup(self, state: ProxyState) -> None:
+        self._task = asyncio.create_task(state.auth.watch())
+
+    async def shutdown(self, state: ProxyState) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await asyncio.to_thread(state.auth.refresh)  # the last refusal counts
+
+
 class AdminEndpoints(Extension):
     """``GET /flowtrial/v1/admin/…``: read-only status for the study's admin (admin token)."""
 
@@ -195,11 +241,16 @@ class AgentTelemetry(Extension):
         return telemetry_routes(ctx.database, ctx.config)
 
 
-def telemetry_available() -> bool:
-    """Whether the ``[telemetry]`` extra (opentelemetry-proto) is installed."""
-    import importlib.util
+#: What the proxy says when the ``[telemetry]`` extra is missing (it serves on without it).
+TELEMETRY_OFF = (f"agent telemetry (OTLP) off: {install_hint('telemetry')} to receive it "
+                 "(docs/clients/telemetry.md)")
 
-    return importlib.util.find_spec("opentelemetry.proto") is not None
+
+def telemetry_available() -> bool:
+    """Whether the ``[telemetry]`` extra (opentelemetry-proto, protobuf) is installed."""
+    from flowtrial.study.extras import available
+
+    return available("telemetry")
 
 
 def builtin_extensions() -> list[ProxyExtension]:
@@ -207,9 +258,17 @@ def builtin_extensions() -> list[ProxyExtension]:
     receiver when the ``[telemetry]`` extra is installed (without it those paths are 404 and
     the proxy's log says why)."""
     shipped: list[ProxyExtension] = [EventsApi(), ContinueDestination(), ParticipantPage(),
-                                     AdminEndpoints(), OpenApiDocument()]
+                                     Participation(), AdminEndpoints(), OpenApiDocument()]
     if telemetry_available():
         shipped.append(AgentTelemetry())
     else:
-        log.info("agent telemetry (OTLP) off: pip install 'flowtrial[telemetry]' to receive it")
+        log.info(TELEMETRY_OFF)
     return shipped
+
+
+def telemetry_off_note(extensions: Sequence[ProxyExtension]) -> str | None:
+    """The line ``flowtrial proxy`` prints when it serves no OTLP receiver because the
+    ``[telemetry]`` extra is missing (None when it serves one, or left it out on purpose)."""
+    if any(e.name == AgentTelemetry.name for e in extensions) or telemetry_available():
+        return None
+    return TELEMETRY_OFF

@@ -260,7 +260,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         trickled in many reads costs linear time."""
         start = max(0, self._scanned - 3)
         self._scanned = len(self._head)
-        window, offset = self._head, 0
+        window: bytes | bytearray = self._head
+        offset = 0
         if start == 0 and self._fed_tail:  # a blank line may begin in bytes already parsed
             window, offset = self._fed_tail + self._head, len(self._fed_tail)
         hits = [(i, len(e)) for e in _HEAD_ENDS if (i := window.find(e, start)) >= 0]

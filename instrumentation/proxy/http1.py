@@ -293,6 +293,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         close_delimited = b"content-length" not in names and b"transfer-encoding" not in names
         if method == "HEAD" or status in (204, 304):
             state.complete, close_delimited = True, False
+        assert conn is not None  # the loop above connected or raised
         stream = _Body(self, conn, parser, state, request, read_timeout, close_delimited)
         return LeanResponse(status, state.headers, stream)
 

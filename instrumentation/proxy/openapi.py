@@ -24,7 +24,7 @@ __all__ = ["OPENAPI_PATH", "openapi_document", "openapi_routes", "openapi_schema
 
 OPENAPI_PATH = "/flowtrial/v1/openapi.json"
 _REF = "#/components/schemas/{model}"
-_PARTICIPANT = [{"participantKey": []}, {"participantApiKey": []}]
+_PARTICIPANT: list[dict[str, list[str]]] = [{"participantKey": []}, {"participantApiKey": []}]
 
 
 def _error_response(description: str) -> dict[str, Any]:
@@ -215,7 +215,7 @@ def document_paths() -> dict[str, Any]:
 
 def admin_paths() -> dict[str, Any]:
     """The admin endpoints' part of the document."""
-    admin = [{"adminToken": []}]
+    admin: list[dict[str, list[str]]] = [{"adminToken": []}]
     admin_errors = {"401": _error_response("No admin token."),
                     "403": _error_response("Admin endpoints disabled, or not the admin token.")}
     return {

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -84,7 +85,11 @@ class CycleRecord:
     kind_rule: str | None = None
     turn_id: str | None = None
     conversation_key: str | None = None
-    client: str | None = None
+    client: str | None = None  # the agent's name (instrumentation/turns/clients.py)
+    client_sdk: str | None = None
+    input_key: str | None = None  # hash of the new user text (a revision compares it)
+    offers_tools: bool | None = None
+    revised_from: str | None = None  # the kind and rule a later request's revision replaced
     t_upstream_last_ns: int | None = None  # the upstream's last event reached the proxy
     t_upstream_first_output_ns: int | None = None  # ... its first text or tool call
 
@@ -171,6 +176,10 @@ class CycleRecord:
             "turn_id": self.turn_id,
             "conversation_key": self.conversation_key,
             "client": self.client,
+            "client_sdk": self.client_sdk,
+            "input_key": self.input_key,
+            "offers_tools": self.offers_tools,
+            "revised_from": self.revised_from,
             "t_upstream_last_ns": self.t_upstream_last_ns,
             "t_upstream_first_output_ns": self.t_upstream_first_output_ns,
         }
@@ -237,8 +246,9 @@ class Recorder:
         """The cycle's one-row batch, built later by the writer thread."""
         return LazyRow(partial(_cycle_row, rec, self.capture, self.recorded_by))
 
-    async def record(self, rec: CycleRecord, also: WriteBatch | None = None) -> None:
-        """Make ``rec`` durable (with ``also``, its turn's row, in the same transaction);
+    async def record(self, rec: CycleRecord, also: Sequence[WriteBatch] = ()) -> None:
+        """Make ``rec`` durable (with ``also``, its turn's row and any revision, in the same
+        transaction);
         raises if the write failed (the caller must fail loudly).
 
         A failure that is the database's trips the gate and keeps the row (marked: its client
@@ -252,8 +262,7 @@ class Recorder:
         batch = WriteBatch(Cycle, self._lazy_row(rec))
         t0 = time.monotonic_ns()
         try:
-            await asyncio.wrap_future(self.writer.submit(
-                *((batch, also) if also is not None else (batch,))))
+            await asyncio.wrap_future(self.writer.submit(batch, *also))
         except Exception as exc:
             self.failed += 1
             if is_database_failure(exc):

@@ -9,11 +9,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from flowtrial.study.participation import Standing
+
 from .health import RETRY_AFTER_S, UNAVAILABLE_MESSAGE
 from .protocols import ProtocolAdapter, openai_error
 from .state import ProxyState
 
-__all__ = ["error", "json_response", "proxy_state", "too_large", "unauthorized", "unavailable"]
+__all__ = ["error", "json_response", "proxy_state", "refused", "too_large", "unauthorized",
+           "unavailable"]
 
 
 def json_response(status: int, body: bytes | dict[str, Any],
@@ -37,6 +40,11 @@ def unauthorized(adapter: ProtocolAdapter | None = None) -> Response:
         "invalid_api_key", adapter=adapter)
 
 
+def refused(standing: Standing, adapter: ProtocolAdapter | None = None) -> Response:
+    """403 for a participant who has not consented or has withdrawn (nothing is recorded)."""
+    return error(403, standing.message, "permission_error", standing.code, adapter=adapter)
+
+
 def too_large(limit: int, adapter: ProtocolAdapter | None = None) -> Response:
     return error(413, f"request body larger than the proxy's limit of {limit} bytes "
                       "(proxy.max_body_bytes)", code="request_too_large", adapter=adapter)
@@ -49,7 +57,7 @@ def foreign_response_message(response_id: Any) -> str:
 
 
 def proxy_state(request: Request) -> ProxyState:
-    return request.app.state.proxy  # type: ignore[no-any-return]
+    return request.app.state.proxy
 
 
 def unavailable(st: ProxyState, adapter: ProtocolAdapter | None = None) -> Response:

@@ -110,7 +110,7 @@ class ProxyHandle:
 
     @property
     def state(self) -> ProxyState:
-        return self.app.state.proxy  # type: ignore[no-any-return]
+        return self.app.state.proxy
 
     @property
     def port(self) -> int:

@@ -12,7 +12,7 @@ from flowtrial.study.config import StudyConfig
 from flowtrial.study.keys import conversation_secret
 from flowtrial.study.storage import Database, RecordWriter, create_db_engine
 
-from ..turns.tracker import TurnTracker
+from ..turns.tracker import TurnTracker, turn_rules
 from .arms import ArmResolver
 from .auth import Authenticator
 from .ingest import Ingest
@@ -53,7 +53,7 @@ class ProxyState:
         self.config = config
         self.writer = writer
         self.upstreams = upstreams
-        self.auth = Authenticator(database)
+        self.auth = Authenticator(database, config)
         self.arms = ArmResolver(database, config)
         self.recorder = Recorder(writer, config.capture.content, recorded_by=self.instance)
         self.keepalive_ns = int(config.proxy.keepalive_s * 1e9)
@@ -66,6 +66,7 @@ class ProxyState:
         self.started_monotonic = time.monotonic()
         #: Classifies requests and keeps the turns table (docs/concepts/turns.md).
         self.turns = TurnTracker(self.mono_anchor_ns, self.wall_anchor_ns, database=database,
+                                 rules=turn_rules(config),
                                  secret=conversation_secret(database.engine))
         self.requests = 0
         self.errors = 0

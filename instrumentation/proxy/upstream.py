@@ -185,12 +185,14 @@ class MockUpstream(Upstream):
 
     def __init__(self, model: Any = None, *, tokens_per_second: float = 2000.0,
                  ttft_ms: float = 20.0, seed: int = 0, tool_steps: int = 0,
-                 answer_tokens: tuple[int, int] | None = None) -> None:
+                 answer_tokens: tuple[int, int] | None = None,
+                 script: tuple[str, ...] = ()) -> None:
         if model is None:
             from ..mock_model import MockModel
 
             model = MockModel(tokens_per_second=tokens_per_second, ttft_ms=ttft_ms, seed=seed,
-                              tool_steps=tool_steps, answer_tokens=answer_tokens)
+                              tool_steps=tool_steps, answer_tokens=answer_tokens,
+                              script=script)
         self.model = model
 
     async def request(self, method: str, path: str, headers: dict[str, str],
@@ -477,7 +479,7 @@ class UpstreamRouter:
             m = up.mock
             mock = MockUpstream(tokens_per_second=m.tokens_per_second, ttft_ms=m.ttft_ms,
                                 seed=m.seed, tool_steps=up.tool_steps,
-                                answer_tokens=m.answer_range())
+                                answer_tokens=m.answer_range(), script=tuple(m.script))
             return cls({"openai": mock, "anthropic": mock})
         fams: dict[str, Upstream] = {}
         for family in ("openai", "anthropic"):

@@ -256,6 +256,14 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         else:
             await send({"type": "websocket.close", "code": 1008})
         return
+    if (standing := state.auth.refusal(participant.id)) is not None:
+        state.errors += 1
+        body = openai_error(standing.message, "permission_error", standing.code)
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await _deny(send, 403, body)
+        else:
+            await send({"type": "websocket.close", "code": 1008})
+        return
     open_now = state.websockets.get(participant.id, 0)
     if open_now >= state.config.proxy.max_websockets_per_participant:
         state.errors += 1

@@ -165,7 +165,7 @@ def _digest(*parts: Message) -> str:
 def _resource_key(resource: Message) -> KeyValue:
     # Only the resource's attributes identify the sender (dropped counts do not).
     kv = KeyValue(key="resource")
-    for a in resource.attributes:  # type: ignore[attr-defined]
+    for a in resource.attributes:
         kv.value.kvlist_value.values.append(a)
     return kv
 
@@ -238,7 +238,7 @@ def _metric_points(req: ExportMetricsServiceRequest) -> Iterator[OtelRecord]:
 def records(signal: Signal, request: Message) -> list[OtelRecord]:
     """Every log record, span or metric data point of an export request."""
     if signal == "logs":
-        return list(_log_records(request))  # type: ignore[arg-type]
+        return list(_log_records(request))
     if signal == "traces":
-        return list(_spans(request))  # type: ignore[arg-type]
-    return list(_metric_points(request))  # type: ignore[arg-type]
+        return list(_spans(request))
+    return list(_metric_points(request))

@@ -123,6 +123,8 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
                 return _status(401, code_pb2.UNAUTHENTICATED,
                                "missing or unknown flowtrial participant key: set the OTLP "
                                "headers to Authorization=Bearer ft_… (your own key)", as_json)
+            if st is not None and (standing := st.auth.refusal(participant.id)) is not None:
+                return _status(403, code_pb2.PERMISSION_DENIED, standing.message, as_json)
             ingest = ingest_of(st) if st is not None and writer is None else standalone
             pid = participant.id
             try:
@@ -134,6 +136,8 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
                 if result.rows:
                     await ingest.store(pid, WriteBatch(Event, result.rows,
                                                        ignore_conflicts=True), database)
+                    if st is not None:  # a typed prompt reported: the typing-speed rule yields
+                        st.turns.note_events(pid, result.rows)
             except BodyTooLarge:
                 return _status(413, code_pb2.RESOURCE_EXHAUSTED, f"request body larger than "
                                f"the proxy's limit of {limit} bytes (proxy.max_body_bytes)",

@@ -16,6 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .clients import client_name
+from .followups import faster_than_typing
+
 __all__ = [
     "RULES",
     "Context",
@@ -57,7 +60,13 @@ class Context:
     turn_model: str | None = None
     turn_offers_tools: bool = False
     turn_client: str | None = None
-    client: str | None = None  # this request's client
+    client: str | None = None  # this request's client (the agent's name)
+    #: Seconds since this conversation's previous answer ended well (None: no such answer
+    #: within the idle limit), the typing-speed window, and whether the person showed they
+    #: acted since that answer (docs/concepts/turns.md#the-typing-speed-rule).
+    since_answer_s: float | None = None
+    typing_window_s: float = 0.0
+    person_acted: bool = False
 
 
 Predicate = Callable[[Features, Context], bool]
@@ -86,6 +95,12 @@ RULES: tuple[Rule, ...] = (
          "function_call_output / custom_tool_call_output)"),
     Rule("probe", "side", lambda f, c: f.max_tokens is not None and f.max_tokens <= 1,
          "max_tokens <= 1: a quota or reachability probe, nothing to read"),
+    Rule("faster_than_typing", "continuation",
+         lambda f, c: f.ends == "user_text" and faster_than_typing(
+             c.since_answer_s, c.typing_window_s, c.person_acted),
+         "new user text sooner after the conversation's previous answer ended than a person "
+         "can read and type (the typing window), with no sign the person acted: the agent "
+         "wrote it (a re-ask after a malformed answer, an automatic follow-up)"),
     Rule("other_conversation_while_open", "side",
          lambda f, c: c.turn_open and _other_conversation(f, c)
          and (not f.offers_tools or f.model != c.turn_model),
@@ -259,16 +274,3 @@ def features(protocol: str, body: dict[str, Any], secret: bytes | None = None) -
         max_tokens=max_tokens, structured=_structured(protocol, body),
         previous_response_id=previous if isinstance(previous, str) else None,
     )
-
-
-def client_name(user_agent: str | None) -> str | None:
-    """The client's name from its User-Agent: the first product token, version dropped,
-    lower-cased (``claude-cli/2.1.197 (…)`` → ``claude-cli``, ``OpenAI/Python 1.99`` →
-    ``openai/python``)."""
-    if not user_agent or not user_agent.strip():
-        return None
-    token = user_agent.split()[0]
-    name, _, version = token.partition("/")
-    if version and not version[:1].isdigit():
-        name = token
-    return name.lower()[:64] or None

@@ -26,11 +26,12 @@ import hashlib
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
 
 from flowtrial.study.storage import LazyRow, WriteBatch
+from flowtrial.study.turn_revision import REVISED_FROM, REVISED_RULE, revisable
 from flowtrial.study.turns import (
     Call,
     OpenTurn,
@@ -41,9 +42,17 @@ from flowtrial.study.turns import (
     turn_id_for,
 )
 
-from .classify import Context, classify, client_name, features
+from .classify import Context, classify, features
+from .clients import client_identity
+from .followups import input_key
 
-__all__ = ["TurnTracker"]
+__all__ = ["PERSON_EVENT_KINDS", "TurnTracker", "turn_rules"]
+
+#: Event kinds that only a person's action makes (the typing-speed rule's "sign the person
+#: acted"; ``turn_start`` is an agent's telemetry of a typed prompt).
+PERSON_EVENT_KINDS = frozenset({"accept", "reject", "partial_accept", "edit", "focus_in",
+                                "focus_out", "afk_end", "task_start", "task_end",
+                                "turn_start"})
 
 _MAX_RESPONSE_IDS = 10_000
 log = logging.getLogger("flowtrial.proxy")
@@ -60,6 +69,21 @@ class _Rec(Protocol):  # what the tracker reads and sets on a cycle record
     turn_id: str | None
     conversation_key: str | None
     client: str | None
+    client_sdk: str | None
+    input_key: str | None
+    offers_tools: bool | None
+    revised_from: str | None
+
+
+@dataclass
+class _Lone:
+    """A ``human`` request by default (``new_input``) without tools: a later request with
+    the same new user text may revise it (study/turn_revision.py)."""
+
+    rec: _Rec
+    t_ns: int  # wall clock
+    turn_id: str
+    recorded: bool = False
 
 
 class TurnTracker:
@@ -76,6 +100,22 @@ class TurnTracker:
         # Responses id -> (participant, conversation key): whose it is, what it continues
         self._chains: dict[str, tuple[str, str | None]] = {}
         self._since_prune = 0
+        self._lone: dict[str, list[_Lone]] = {}  # participant -> revisable requests
+        self._lone_by_cycle: dict[str, _Lone] = {}
+        self._pending: dict[str, list[WriteBatch]] = {}  # cycle id -> revision writes
+
+    def person_acted(self, participant_id: str, wall_ns: int) -> None:
+        """Something showed the person acted (an event from their client or page): a
+        user-role request after it is theirs whatever the typing-speed rule says."""
+        self.assigner.person_acted(participant_id, wall_ns)
+
+    def note_events(self, participant_id: str, rows: list[dict[str, Any]]) -> None:
+        """Events just recorded (``events`` rows): those a person's action makes (an edit,
+        an accept, a focus change, a prompt an agent reported) count for
+        :meth:`person_acted`."""
+        for row in rows:
+            if row.get("kind") in PERSON_EVENT_KINDS and isinstance(row.get("ts_ns"), int):
+                self.person_acted(participant_id, row["ts_ns"])
 
     # ------------------------------------------------------------------ hooks
     def arrive(self, rec: _Rec, body: Mapping[str, Any], raw: bytes,
@@ -86,7 +126,9 @@ class TurnTracker:
         f = features(rec.protocol, dict(body), self.secret)
         now = rec.t_request_ns + self._offset
         pid = rec.participant_id
-        client = client_name(headers.get("user-agent"))
+        identity = client_identity(headers.get("user-agent"), headers)
+        client = identity.agent
+        new_input = input_key(rec.protocol, dict(body))
         conversation = f.conversation_key
         if f.previous_response_id is not None:  # a Responses chain keeps its conversation
             chain = self._chains.get(f.previous_response_id)
@@ -94,6 +136,8 @@ class TurnTracker:
                 f.previous_response_id)
         request_key = f"{len(raw)}:{hash(raw):x}"  # in memory only: the fast built-in hash
         latest = self.assigner.latest(pid, now)
+        gap = (self.assigner.answer_gap(pid, conversation, now) if f.ends == "user_text"
+               else None)
         ctx = Context(
             repeat=self.assigner.repeat_of(pid, request_key, now),
             turn_open=latest is not None and not latest.closed,
@@ -102,13 +146,24 @@ class TurnTracker:
             turn_offers_tools=latest.offers_tools if latest else False,
             turn_client=latest.client if latest else None,
             client=client,
+            since_answer_s=gap[0] if gap else None,
+            typing_window_s=self.assigner.rules.typing_window_s,
+            person_acted=gap[2] if gap else False,
         )
         kind, rule = classify(replace(f, conversation_key=conversation), ctx)
         rec.request_kind, rec.kind_rule = kind, rule
-        rec.conversation_key, rec.client = conversation, client
+        rec.conversation_key, rec.client, rec.client_sdk = conversation, client, identity.sdk
+        rec.input_key, rec.offers_tools = new_input, f.offers_tools
         rec.turn_id = self.assigner.assign(
             pid, rec.id, kind, now, conversation_key=conversation, request_key=request_key,
-            model=f.model, offers_tools=f.offers_tools, client=client)
+            model=f.model, offers_tools=f.offers_tools, client=client,
+            join=gap[1] if gap is not None and rule == "faster_than_typing" else None)
+        if kind == "human" and rec.turn_id is not None:
+            self._revise(rec, now)
+            if rule == "new_input" and not f.offers_tools and new_input is not None:
+                lone = _Lone(rec, now, rec.turn_id)
+                self._lone.setdefault(pid, []).append(lone)
+                self._lone_by_cycle[rec.id] = lone
         if kind != "continuation" or conversation is None or self.database is None:
             return None
         return OpenTurn("", conversation, f.model, f.offers_tools, client, now)
@@ -171,11 +226,13 @@ class TurnTracker:
         for c in calls:
             mine.setdefault(c.cycle_id, c)
 
-    def recorded(self, rec: Any) -> WriteBatch | None:
+    def recorded(self, rec: Any) -> list[WriteBatch]:
         """The cycle is about to be written: note its end, and return its turn's row (an
-        upsert, built in the writer thread) to commit in the same transaction."""
+        upsert, built in the writer thread) and any revision of an earlier cycle this one
+        decided (an update of its row, the delete of its turn's) to commit in the same
+        transaction."""
         if getattr(rec, "request_kind", None) is None:
-            return None
+            return []
         if rec.upstream_response_id and rec.conversation_key is not None:
             if len(self._chains) >= _MAX_RESPONSE_IDS:
                 self._chains.pop(next(iter(self._chains)))
@@ -183,18 +240,62 @@ class TurnTracker:
                                                       rec.conversation_key)
         call = _call(rec, self._offset)
         self.assigner.ended(rec.participant_id, rec.turn_id, rec.request_kind, call.final,
-                            (call.t_end_ns or rec.t_request_ns) + self._offset)
+                            (call.t_end_ns or rec.t_request_ns) + self._offset,
+                            failed=rec.status != "ok")
+        lone = self._lone_by_cycle.get(rec.id)
+        if lone is not None:
+            lone.recorded = True
+        pending = self._pending.pop(rec.id, [])
         if rec.turn_id is None:
-            return None
+            return pending
         calls = self._calls.setdefault(rec.turn_id, {})
         calls[rec.id] = call
         self._prune()
         if not any(c.kind != "side" for c in calls.values()):
-            return None  # side calls alone make no turn (yet)
+            return pending  # side calls alone make no turn (yet)
         from flowtrial.study.schema import Turn
 
         row = LazyRow(partial(summarize_turn, rec.turn_id, list(calls.values())))
-        return WriteBatch(Turn, row, upsert=True)
+        return [WriteBatch(Turn, row, upsert=True), *pending]
+
+    def _revise(self, rec: _Rec, now: int) -> None:
+        """A ``human`` request arrived: revise the newest lone earlier request it shows was
+        a side call (study/turn_revision.py) into a side call of this request's turn."""
+        pid = rec.participant_id
+        window = self.assigner.rules.revise_window_s
+        alive: list[_Lone] = []
+        for lone in self._lone.get(pid, []):
+            if now - lone.t_ns <= window * 1e9:
+                alive.append(lone)
+            else:
+                self._lone_by_cycle.pop(lone.rec.id, None)
+        for lone in reversed(alive):
+            turn = self.assigner.turn(pid, lone.turn_id)
+            e = lone.rec
+            if turn is None or turn.calls != 1 or not revisable(
+                    e.kind_rule, e.offers_tools, e.input_key, e.conversation_key, lone.t_ns,
+                    rec.input_key, rec.conversation_key, now, window):
+                continue
+            self.assigner.drop(pid, lone.turn_id)
+            e.request_kind, e.kind_rule, e.revised_from = "side", REVISED_RULE, REVISED_FROM
+            e.turn_id = rec.turn_id
+            moved = self._calls.pop(lone.turn_id, {})
+            for c in moved.values():
+                c.kind = "side"
+            self._calls.setdefault(rec.turn_id or "", {}).update(moved)
+            if lone.recorded:  # its row and its turn's are written: mend them
+                from flowtrial.study.schema import Cycle, Turn
+
+                self._pending.setdefault(rec.id, []).extend([
+                    WriteBatch(Cycle, [{"id": e.id, "request_kind": "side",
+                                        "kind_rule": REVISED_RULE,
+                                        "revised_from": REVISED_FROM,
+                                        "turn_id": rec.turn_id}], update=True),
+                    WriteBatch(Turn, [{"id": lone.turn_id}], delete=True)])
+            alive.remove(lone)
+            self._lone_by_cycle.pop(e.id, None)
+            break
+        self._lone[pid] = alive
 
     # ------------------------------------------------------------------ internals
     def _prune(self) -> None:
@@ -211,6 +312,25 @@ class TurnTracker:
             live |= self.assigner.held(pid, now)
         for tid in [t for t in self._calls if t not in live]:
             del self._calls[tid]
+        window = self.assigner.rules.revise_window_s * 1e9
+        for pid, lones in list(self._lone.items()):
+            keep = [lone for lone in lones if now - lone.t_ns <= window]
+            for lone in lones:
+                if lone not in keep:
+                    self._lone_by_cycle.pop(lone.rec.id, None)
+            if keep:
+                self._lone[pid] = keep
+            else:
+                del self._lone[pid]
+
+
+def turn_rules(config: Any) -> TurnRules:
+    """The turn windows a study sets (``[study] idle_limit_s``, ``typing_window_s``). The
+    typing window is a person's real time: with time compressed (``time_scale``) it is that
+    much shorter on the proxy's clock."""
+    study = config.study
+    return TurnRules(idle_limit_s=study.idle_limit_s,
+                     typing_window_s=study.typing_window_s / study.time_scale)
 
 
 def _hash(text: str) -> str:
@@ -228,5 +348,6 @@ def _call(rec: Any, offset: int) -> Call:
         tool_calls=rec.tool_calls, status=rec.status, arm=rec.arm, period=rec.period,
         task_id=rec.task_id, protocol=rec.protocol, client=rec.client,
         conversation_key=rec.conversation_key, mono_anchor_ns=rec.mono_anchor_ns,
-        wall_anchor_ns=rec.wall_anchor_ns, simulated=rec.simulated,
+        wall_anchor_ns=rec.wall_anchor_ns, simulated=rec.simulated, kind_rule=rec.kind_rule,
+        input_key=rec.input_key, offers_tools=rec.offers_tools, turn_id=rec.turn_id,
     )

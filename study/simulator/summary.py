@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -70,7 +71,7 @@ class StudyGlance:
     cycles: int
     participants: int
     violations: int
-    bands: list[dict[str, object]]
+    bands: list[dict[str, Any]]
 
     @property
     def violation_rate(self) -> float:

@@ -64,6 +64,12 @@ TASK_COLUMNS = [c.name for c in Task.__table__.columns]  # type: ignore[attr-def
 TRUTH_COLUMNS = [c.name for c in GroundTruth.__table__.columns]  # type: ignore[attr-defined]
 
 
+def _periods(values: np.ndarray) -> Any:
+    """Periods as nullable integers: missing (<NA>) where the simulator marks none (< 0)."""
+    out = pd.array(values, dtype="Int64")
+    out[values < 0] = pd.NA
+    return out
+
 
 def _away_apps(params: SimParams, beh: Behaviour, cat: np.ndarray, app: np.ndarray
                ) -> tuple[list[str], list[str]]:
@@ -162,8 +168,7 @@ def simulate_virtual_frames(
         "participant_id": pid,
         "arm": flat(targets.arm),
         "task_id": flat(task_ids),
-        "period": pd.array(np.where(flat(targets.period) < 0, None, flat(targets.period)),
-                           dtype="Int64"),
+        "period": _periods(flat(targets.period)),
         "protocol": protocol,
         "transport": "http",
         "stream": True,
@@ -219,6 +224,10 @@ def simulate_virtual_frames(
         "turn_id": ["trn_" + c for c in cycle_ids],
         "conversation_key": None,
         "client": "flowtrial-simulator",
+        "client_sdk": None,
+        "input_key": None,
+        "offers_tools": None,
+        "revised_from": None,
         # No proxy wrote these answers: no delivery granularity to record.
         "frame_ms": None,
     })[CYCLE_COLUMNS]
@@ -333,7 +342,7 @@ def _tasks(params: SimParams, beh: Behaviour, pop: Population, targets: Targets,
         "participant_id": np.repeat(np.array(ids, dtype=object), beh.n_tasks),
         "name": [f"task-{t + 1}" for _ in range(p) for t in range(beh.n_tasks)],
         "description": "simulated task",
-        "period": pd.array(np.where(per < 0, None, per), dtype="Int64"),
+        "period": _periods(per),
         "arm": targets.task_arm.reshape(-1),
         "forecast_fast_s": fast.reshape(-1),
         "forecast_slow_s": slow.reshape(-1),
@@ -342,6 +351,7 @@ def _tasks(params: SimParams, beh: Behaviour, pop: Population, targets: Targets,
         "status": "done",
         "time_s": None,
         "created_at": _to_datetimes(VIRTUAL_EPOCH_NS + raw_ns(start_real).reshape(-1)),
+        "link": None, "post_review_s": None, "outcome": "done",
     })[TASK_COLUMNS]
 
 

@@ -1,5 +1,6 @@
 """How the real agents are pointed at flowtrial: one source for the tests and the
-client recipes (docs/clients/).
+client recipes (docs/clients/); `opencode_config` is the recipe in docs/clients/opencode.md,
+`aider_metadata` the model metadata file in docs/clients/aider.md.
 
 `codex_config` is the Codex CLI `config.toml` (tests/agents/test_recipes.py checks that the
 recipe in docs/clients/codex.md is the same); `claude_env` the Claude Code environment.
@@ -186,3 +187,66 @@ def gemini_telemetry(base_url: str) -> dict[str, Any]:
         "otlpProtocol": "http",
         "logPrompts": False,
     }
+
+
+OPENCODE_PROVIDER_ID = "flowtrial"
+
+
+def opencode_config(base_url: str, key: str, model: str = MODEL) -> dict[str, Any]:
+    """opencode's config (`opencode.json`, or OPENCODE_CONFIG_CONTENT): a custom provider on
+    the OpenAI-compatible API at ``base_url`` (ending in `/v1`), nothing shared, no updates."""
+    return {
+        "model": f"{OPENCODE_PROVIDER_ID}/{model}",
+        "small_model": f"{OPENCODE_PROVIDER_ID}/{model}",
+        "autoupdate": False,
+        "share": "disabled",
+        "provider": {OPENCODE_PROVIDER_ID: {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": "flowtrial",
+            "options": {"baseURL": base_url, "apiKey": key},
+            "models": {model: {"name": model, "tool_call": True}},
+        }},
+    }
+
+
+def opencode_env(base_url: str, key: str) -> dict[str, str]:
+    """opencode's variables: the config above, and no traffic beyond the model calls (no
+    models.dev catalog, update check, LSP or plugin downloads, sharing, Claude Code files)."""
+    return {
+        "OPENCODE_CONFIG_CONTENT": json.dumps(opencode_config(base_url, key)),
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+        "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+        "OPENCODE_DISABLE_SHARE": "1",
+        "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+        "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
+    }
+
+
+def opencode_offline_home(config_home: Path) -> None:
+    """Mark opencode's config folder's plugin package as installed: opencode installs
+    `@opencode-ai/plugin` there from the npm registry at start unless its `node_modules`
+    exists and its lock file lists the package (its Npm.install skips a folder then)."""
+    folder = config_home / "opencode"
+    (folder / "node_modules").mkdir(parents=True, exist_ok=True)
+    (folder / "package.json").write_text("{}\n")
+    (folder / "package-lock.json").write_text(json.dumps({"lockfileVersion": 3, "packages": {
+        "": {"dependencies": {"@opencode-ai/plugin": "*"}}}}) + "\n")
+
+
+def aider_metadata(model: str = MODEL) -> dict[str, Any]:
+    """aider's `--model-metadata-file` for the simulated model: with the model's entry
+    there, aider does not download litellm's model list from GitHub."""
+    return {f"openai/{model}": {"max_input_tokens": 128000, "max_output_tokens": 8192,
+                                "input_cost_per_token": 0, "output_cost_per_token": 0,
+                                "litellm_provider": "openai", "mode": "chat"}}
+
+
+def aider_args(metadata_file: Path, model: str = MODEL) -> list[str]:
+    """aider's options for flowtrial (OPENAI_API_BASE / OPENAI_API_KEY in the environment):
+    no git, no update or release-notes check, no analytics, the model's metadata local."""
+    return ["--model", f"openai/{model}", "--model-metadata-file", str(metadata_file),
+            "--no-git", "--yes-always", "--no-check-update", "--analytics-disable",
+            "--no-show-model-warnings", "--no-show-release-notes", "--no-pretty",
+            "--edit-format", "whole"]

@@ -84,15 +84,18 @@ def _serve_mock() -> Iterator[AgentServer]:
         yield AgentServer(base_url, "ft_agenttest_not-a-real-key", log)
 
 
-def _study_db(folder: Path, tool_steps: int = 0) -> tuple[Path, Path, str]:
-    """PROXY_STUDY (with ``[upstream] tool_steps``) written to ``folder``, its database, and
-    an enrolled participant's key."""
+def _study_db(folder: Path, tool_steps: int = 0, script: tuple[str, ...] = ()
+              ) -> tuple[Path, Path, str]:
+    """PROXY_STUDY (with ``[upstream] tool_steps`` and the simulated model's ``script``)
+    written to ``folder``, its database, and an enrolled participant's key."""
+    import json
+
     from flowtrial.study.config import load_study
     from flowtrial.study.participants import enroll
     from flowtrial.study.storage import init_db
 
     text = PROXY_STUDY.replace("[upstream.mock]", f"[upstream]\ntool_steps = {tool_steps}\n"
-                                                  "[upstream.mock]")
+                               f"[upstream.mock]\nscript = {json.dumps(list(script))}")
     study = folder / "study.toml"
     study.write_text(text, encoding="utf-8")
     db = folder / "study.db"
@@ -138,12 +141,12 @@ def _serve_proxy() -> Iterator[AgentServer]:
 
 
 @contextmanager
-def flowtrial_proxy(folder: Path, tool_steps: int = 0
+def flowtrial_proxy(folder: Path, tool_steps: int = 0, script: tuple[str, ...] = ()
                     ) -> Iterator[tuple[str, str, Callable[[str], list[Any]]]]:
     """`flowtrial proxy` as users run it (a subprocess of the CLI) on PROXY_STUDY in
-    ``folder`` (the simulated model taking ``tool_steps``): yields (base URL, participant
-    key, SQL runner on its database)."""
-    study, db, key = _study_db(folder, tool_steps)
+    ``folder`` (the simulated model taking ``tool_steps`` and saying ``script``): yields
+    (base URL, participant key, SQL runner on its database)."""
+    study, db, key = _study_db(folder, tool_steps, script)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "flowtrial.cli", "proxy", "--study", str(study), "--db", str(db),

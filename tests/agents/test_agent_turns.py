@@ -103,7 +103,7 @@ def test_codex_exec_turn_is_one_human_turn(
     command = [codex_bin, "exec", "--skip-git-repo-check", "--ephemeral", "--color", "never",
                "--sandbox", "read-only", "-C", workdir, PROMPT]
     result = run_agent(command, env, workdir)
-    turn = _assert_one_agent_turn(result, query, "codex_exec")
+    turn = _assert_one_agent_turn(result, query, "codex")
     assert turn["protocol"] == "responses"
     assert outbound_trap.attempts == []
 

@@ -1,6 +1,6 @@
 """The client recipes (docs/clients/*.md, one page per client): every config snippet parses,
-and the Codex and Claude Code recipes are the configurations the real-agent tests run with
-(tests/agents/agent_configs.py)."""
+and the Codex, Claude Code, opencode and aider recipes are the configurations the real-agent
+tests run with (tests/agents/agent_configs.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,14 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from tests.agents.agent_configs import claude_env, codex_config, to_toml
+from tests.agents.agent_configs import (
+    aider_metadata,
+    claude_env,
+    codex_config,
+    opencode_config,
+    opencode_env,
+    to_toml,
+)
 
 CLIENTS = Path(__file__).resolve().parents[2] / "docs" / "clients"
 
@@ -115,3 +122,13 @@ def test_every_address_in_the_recipes_is_the_local_proxy() -> None:
     texts = [text for section in _sections().values() for _, text in section]
     urls = re.findall(r"(?:https?|wss?)://[^\s\"'`)]+", "\n".join(texts))
     assert urls and all(urlsplit(url).netloc == urlsplit(PROXY).netloc for url in urls), urls
+
+
+def test_opencode_and_aider_recipes_are_the_tested_configurations() -> None:
+    (config,) = _blocks("opencode", "json")
+    assert config == opencode_config(OPENAI_BASE, KEY)
+    (script,) = _blocks("opencode", "bash")
+    assert _exports(script) == {k: v for k, v in opencode_env(OPENAI_BASE, KEY).items()
+                                if k != "OPENCODE_CONFIG_CONTENT"}
+    (metadata,) = _blocks("Aider", "json")
+    assert metadata == aider_metadata()

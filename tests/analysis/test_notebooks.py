@@ -228,6 +228,34 @@ def test_flowtrial_notebooks_starts_jupyter_on_the_notebooks(tmp_path: Path) -> 
         proc.wait(timeout=60)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_flowtrial_notebooks_stops_jupyter_when_it_is_stopped(tmp_path: Path,
+                                                              signame: str) -> None:
+    """SIGTERM or Ctrl-C to `flowtrial notebooks` alone (not its process group) stops
+    JupyterLab: no server left behind, and its port is free again."""
+    pytest.importorskip("jupyterlab", reason="the [notebooks] extra installs JupyterLab")
+    from flowtrial.study.processes import port_in_use
+    from tests.pg_server import free_port
+
+    db = make_study(tmp_path / "study.db", "per_prompt")
+    port = free_port()
+    proc, url, _ = _start_notebooks(["--db", str(db), "--port", str(port)], tmp_path)
+    try:
+        assert f":{port}/" in url
+        _get_json(url.replace("/lab?", "/api/contents?"))  # serving
+        (server,) = _children(proc.pid)
+        proc.send_signal(getattr(signal, signame))
+        assert proc.wait(timeout=60) is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(server, 0)  # gone and reaped, not orphaned
+        assert not port_in_use("127.0.0.1", port)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+
+
 def test_flowtrial_notebooks_without_a_database_is_one_line(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "flowtrial", "notebooks", "--db",
                            str(tmp_path / "missing.db")], cwd=tmp_path, capture_output=True,

@@ -69,6 +69,17 @@ def test_results_json_has_every_section(per_prompt: tuple[dict, Path]) -> None:
     assert {r["wait_measure"] for r in on_disk["threshold_sensitivity"]} >= {
         "total_wait_s", "experienced_ttft_s", "idle_wait_at_3.71tps_s", "idle_wait_at_7.42tps_s"}
     assert on_disk["study"]["reading_tps"] == 5.3
+    # Provenance: the flowtrial version and the study configuration's hash, in the report too.
+    from flowtrial.study.storage import open_db
+
+    db = open_db(out.parent / "study.db")
+    assert on_disk["study"]["config_hash"] == db.config().config_hash()
+    db.dispose()
+    assert on_disk["study"]["flowtrial_version"]
+    html = (out / "report.html").read_text()
+    assert on_disk["study"]["config_hash"] in html
+    # The post-review secondary row: outcomes per arm, the effect skipped (per-prompt).
+    assert "skipped" in on_disk["task_post_review"] and 'id="post-review"' in html
     assert on_disk["checks"]["manipulation"]
     # per-prompt design: no arms, so no task-time effect, and it says why
     assert "skipped" in on_disk["task_effect"]

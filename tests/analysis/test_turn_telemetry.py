@@ -137,7 +137,8 @@ def agent_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[An
 
 
 def test_report_shows_turns_with_telemetry(agent_study: tuple[Path, list[Any]],
-                                           tmp_path: Path) -> None:
+                                           tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
     path, turns = agent_study
     database = open_db(path)
     try:
@@ -155,3 +156,13 @@ def test_report_shows_turns_with_telemetry(agent_study: tuple[Path, list[Any]],
     assert section["turns_total"] > 2
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "Agent turns with telemetry" in html and turns[0][0] in html
+    # `flowtrial analyze` says turns where it waited on turns, and from how many calls.
+    st = results["study"]
+    assert st["wait_unit"] == "turn" and st["n_model_calls"] == 3 * st["n_cycles"]
+    from flowtrial.analysis.report_commands import _print_summary
+
+    _print_summary(results, tmp_path / "rep")
+    printed = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert f"turns={st['n_cycles']} (of {st['n_model_calls']} model calls)" in printed
+    assert "cycles=" not in printed
+    assert f"{st['n_cycles']} turns" in " ".join(html.split())

@@ -29,6 +29,19 @@ def test_bad_port_exit_2(small_study: Path) -> None:
     assert res.exit_code == 2 and "--port" in res.output
 
 
+def test_a_port_in_use_is_one_line_before_any_url(small_study: Path) -> None:
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        res = CliRunner().invoke(cli(), ["--db", str(small_study), "--port", str(port)])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"--port {port}" in lines[0] and "http://" not in lines[0]
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1"])
 def test_server_command_is_headless_and_private(host: str) -> None:
     argv, env = streamlit_command("sqlite:////x/study.db", 8765, host)

@@ -80,5 +80,5 @@ def test_the_root_serves_the_builtin_set_and_the_default_is_the_same() -> None:
     names = [e.name for e in standard_extensions()]
     assert names == [e.name for e in builtin_extensions()]
     # The [test] extra installs [all], so the OTLP receiver (the [telemetry] extra) is there.
-    assert names == ["events", "continue", "participant_page", "admin", "openapi",
-                     "agent_telemetry"]
+    assert names == ["events", "continue", "participant_page", "participation", "admin",
+                     "openapi", "agent_telemetry"]

@@ -121,7 +121,7 @@ def test_conversation_key_ignores_later_messages() -> None:
 
 @pytest.mark.parametrize(("ua", "name"), [
     ("claude-cli/2.1.197 (external, sdk-cli)", "claude-cli"),
-    ("codex_exec/0.169.0 (Debian 12.0.0; x86_64) dumb", "codex_exec"),
+    ("codex_exec/0.169.0 (Debian 12.0.0; x86_64) dumb", "codex"),
     ("OpenAI/Python 1.99.0", "openai/python"),
     ("Anthropic/Python 0.60.0", "anthropic/python"),
     ("", None), (None, None),

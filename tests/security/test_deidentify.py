@@ -13,7 +13,13 @@ from typer.testing import CliRunner
 
 from flowtrial.cli import app as cli
 from flowtrial.instrumentation.continue_data import CONTINUE_PATH
-from flowtrial.study.export import CONTENT_COLUMNS, DROP_COLUMNS, SECRET_COLUMNS, export_tables
+from flowtrial.study.export import (
+    CONTENT_COLUMNS,
+    DROP_COLUMNS,
+    NOT_EXPORTED,
+    SECRET_COLUMNS,
+    export_tables,
+)
 from flowtrial.study.schema import TABLES, Event, GroundTruth, Persistence, QuestionnaireAnswer
 from flowtrial.study.storage import WriteBatch, utcnow, write_rows
 from flowtrial.study.tasks import add_task
@@ -107,6 +113,9 @@ def read(out: Path, fmt: str) -> dict[str, pd.DataFrame]:
     tables = {}
     for model in TABLES:
         name = model.__table__.name  # type: ignore[attr-defined]
+        if name in NOT_EXPORTED:  # the audit of withdrawals stays in the database
+            assert not (out / f"{name}.{fmt}").exists()
+            continue
         p = out / f"{name}.{fmt}"
         tables[name] = pd.read_csv(p) if fmt == "csv" else pd.read_parquet(p)
     return tables

@@ -43,6 +43,8 @@ _TOOL_BLOCKS = {"tool_use", "server_tool_use", "mcp_tool_use"}
 ERROR_TYPES = {
     "invalid_api_key": "authentication_error",  # 401
     "no_assignment": "permission_error",  # 403
+    "consent_required": "permission_error",  # 403: no consent yet (field studies)
+    "participant_withdrawn": "permission_error",  # 403
     "unknown_url": "not_found_error",  # 404
     "request_too_large": "request_too_large",  # 413
     "upstream_timeout": "timeout_error",  # 504
