@@ -144,4 +144,4 @@ def cap_payload(payload: dict[str, Any], caps: UploadCaps) -> dict[str, Any]:
     out = capper.walk(payload, "")
     if capper.cut:
         out[TRUNCATED_KEY] = capper.cut[:20]
-    return out  # type: ignore[no-any-return]
+    return out

@@ -82,7 +82,7 @@ _REJECTED_FIELD: dict[Signal, str] = {"logs": "rejected_log_records",
 def _answer(signal: Signal, result: OtlpResult) -> Response:
     msg = _RESPONSES[signal]()
     if result.rejected:  # OTLP's partial success: the exporter must not retry these
-        ps = msg.partial_success  # type: ignore[attr-defined]
+        ps = msg.partial_success
         setattr(ps, _REJECTED_FIELD[signal], result.rejected)
         ps.error_message = result.message
     return _message(msg, result.as_json)

@@ -188,7 +188,7 @@ class TurnTracker:
 
         def owner() -> str | None:
             with database.engine.connect() as conn:
-                return conn.execute(text(  # type: ignore[no-any-return]
+                return conn.execute(text(
                     "SELECT participant_id FROM cycles WHERE upstream_response_id = :r "
                     "LIMIT 1"), {"r": response_id}).scalar()
 
