@@ -17,10 +17,13 @@ import hmac
 import ipaddress
 import os
 import socket
-from collections.abc import Iterable, Mapping
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 
-__all__ = ["HOSTS_ENV", "PASSWORD_ENV", "allowed_hosts", "host_allowed", "is_loopback",
-           "password_ok"]
+__all__ = ["HOSTS_ENV", "PASSWORD_ENV", "LoginThrottle", "allowed_hosts", "host_allowed",
+           "is_loopback", "login_throttle", "password_ok"]
 
 PASSWORD_ENV = "FLOWTRIAL_DASHBOARD_PASSWORD"
 #: Comma-separated host names the Host header may name (set by ``flowtrial dashboard``).
@@ -86,3 +89,45 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> tuple[str | None,
     env = os.environ if env is None else env
     hosts = [h for h in env.get(HOSTS_ENV, "").split(",") if h.strip()]
     return env.get(PASSWORD_ENV) or None, hosts or list(LOOPBACK_NAMES)
+
+
+class LoginThrottle:
+    """Wrong passwords per client address, across all its sessions (one server process
+    serves them all): at most ``per_minute`` in any minute, then that address waits."""
+
+    def __init__(self, per_minute: int = 5, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.per_minute = per_minute
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._failures: dict[str, deque[float]] = {}
+
+    def wait_s(self, address: str) -> float:
+        """Seconds before ``address`` may try again (0: now)."""
+        with self._lock:
+            recent = self._recent(address)
+            if len(recent) < self.per_minute:
+                return 0.0
+            return max(0.0, recent[0] + 60.0 - self._clock())
+
+    def failed(self, address: str) -> None:
+        with self._lock:
+            self._recent(address).append(self._clock())
+
+    def _recent(self, address: str) -> deque[float]:
+        now = self._clock()
+        recent = self._failures.setdefault(address, deque())
+        while recent and recent[0] <= now - 60.0:
+            recent.popleft()
+        if len(self._failures) > 10_000:  # forget idle addresses (bounded memory)
+            for k in [k for k, v in self._failures.items() if not v][:5_000]:
+                del self._failures[k]
+        return recent
+
+
+_THROTTLE = LoginThrottle()
+
+
+def login_throttle() -> LoginThrottle:
+    """The dashboard server's throttle (shared by its sessions)."""
+    return _THROTTLE

@@ -28,12 +28,21 @@ def gate() -> None:
         st.stop()
     if not password or st.session_state.get("flowtrial_authenticated"):
         return
+    ip = st.context.ip_address  # None when Streamlit cannot tell: one shared budget then
+    address = ip if isinstance(ip, str) and ip else "unknown"
+    throttle = access.login_throttle()  # per client address, across sessions
     with st.form("flowtrial_login"):
         given = st.text_input("Dashboard password", type="password")
         if st.form_submit_button("Open the dashboard"):
+            wait = throttle.wait_s(address)
+            if wait > 0:
+                st.error(f"Too many wrong passwords from this address: try again in "
+                         f"{wait:.0f} s.")
+                st.stop()
             if access.password_ok(given, password):
                 st.session_state["flowtrial_authenticated"] = True
                 st.rerun()
+            throttle.failed(address)
             time.sleep(1.0)  # slows guessing down
             st.error("Wrong password.")
     st.stop()

@@ -56,10 +56,10 @@ from starlette.routing import BaseRoute, Route
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.participants import participant_by_key
 from flowtrial.study.schema import Event
-from flowtrial.study.storage import Database, RecordWriter, WriteBatch, utcnow, write_rows
+from flowtrial.study.storage import Database, RecordWriter, WriteBatch, utcnow
 
 from .fingerprints import fingerprint, similarity
-from .request_body import BodyTooLarge, read_body, unstorable_value
+from .request_body import BodyTooLarge, read_body
 
 __all__ = [
     "CONTINUE_PATH", "ContinueDecision", "KeyAuthenticator", "continue_routes",
@@ -287,8 +287,12 @@ def continue_routes(
     keys are checked here. Rows go to ``writer``, else to the proxy's writer when part of the
     proxy app (so the proxy keeps one writer), else straight to the database.
     """
+    from .proxy.ingest import Ingest, IngestBusy, ingest_of
+    from .proxy.ingest_jobs import continue_job
+
     own = KeyAuthenticator(database)
     limit = config.proxy.max_body_bytes
+    standalone = Ingest(database.url, writer, config.proxy, processes=False)
 
     def proxy_state(request: Request) -> Any:
         return getattr(request.app.state, "proxy", None)
@@ -306,44 +310,33 @@ def continue_routes(
         st = proxy_state(request)
         if st is not None and (standing := st.auth.refusal(participant.id)) is not None:
             return _error(403, standing.message, str(standing.code))
+        ingest = ingest_of(st) if st is not None and writer is None else standalone
         try:
             body = await read_body(request, limit)
+            res = await ingest.run(participant.id, continue_job, ingest.context,
+                                   participant.id, body, lookback_s)
+            if res.row is not None:
+                row = res.row
+                await ingest.store(participant.id, WriteBatch(Event, [row],
+                                                              ignore_conflicts=True), database)
         except BodyTooLarge:
             return _error(413, f"request body larger than the proxy's limit of {limit} bytes "
                                "(proxy.max_body_bytes)", "request_too_large")
-        try:
-            obj = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return _error(400, f"the request body is not valid JSON: {exc}", "invalid_json")
-        except RecursionError:
-            return _error(400, "the request body is JSON nested too deeply to read",
-                          "invalid_json")
-        bad = unstorable_value(obj)
-        if bad is not None:
-            where, what = bad
-            return _error(400 if "Unicode" in what else 422, f"{where}: {what}",
-                          "invalid_unicode" if "Unicode" in what else "invalid_number")
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            return _error(422, "expected Continue's data body {\"name\", \"data\", \"schema\", "
-                               "…}", "invalid_events")
-        row, dec = await asyncio.to_thread(ingest_continue_event, database, participant.id,
-                                           obj, lookback_s=lookback_s)
-        if row is None or dec is None:
-            return JSONResponse({"accepted": 0, "ignored": obj["name"]})
-        batch = WriteBatch(Event, [row], ignore_conflicts=True)
-        w = writer or getattr(proxy_state(request), "writer", None)
-        try:
-            if w is not None:
-                await asyncio.wrap_future(w.submit(batch))
-            else:
-                await asyncio.to_thread(write_rows, database, [batch])
+        except IngestBusy as exc:
+            resp = _error(exc.status, exc.message, exc.code)
+            resp.headers.update(exc.headers())
+            return resp
         except Exception as exc:  # noqa: BLE001 - reported to the client, nothing claimed
             return _error(503, f"the event could not be recorded ({type(exc).__name__})",
                           "recording_failed")
+        if res.status != 200:
+            return _error(res.status, res.message, res.code)
+        if res.row is None:
+            return JSONResponse({"accepted": 0, "ignored": res.ignored})
         # The insert ignores a re-sent payload's conflict; tell the client which it was.
         new = await asyncio.to_thread(_is_new, database, row)
         return JSONResponse({"accepted": int(new), "duplicates": int(not new),
-                             "kind": dec.kind, "cycle_id": row["cycle_id"],
+                             "kind": res.kind, "cycle_id": row["cycle_id"],
                              "link": json.loads(row["payload_json"])["link"]})
 
     return [Route(CONTINUE_PATH, endpoint, methods=["POST"], name="flowtrial_continue")]

@@ -37,21 +37,36 @@ def unstorable_value(value: Any, path: str = "") -> tuple[str, str] | None:
     a string (or key) with a lone UTF-16 surrogate (``"\\udfff"`` decodes to one; no encoding
     can write it), or a number that is not finite (``NaN``, ``Infinity``, ``1e999``: not JSON
     once written back). Iterative, so no nesting exhausts the stack."""
-    todo: list[tuple[Any, str]] = [(value, path)]
+    # Paths are built only for the value reported: a (parent, key) chain per pending item.
+    todo: list[tuple[Any, Any]] = [(value, None)]
     while todo:
-        v, where = todo.pop()
+        v, at = todo.pop()
         if isinstance(v, str):
             if _LONE_SURROGATE.search(v):
-                return where or "body", "invalid Unicode (a lone UTF-16 surrogate)"
+                return _path(at, path) or "body", "invalid Unicode (a lone UTF-16 surrogate)"
         elif isinstance(v, float):
             if not math.isfinite(v):
-                return where or "body", "a number that is not finite (NaN or Infinity)"
+                return (_path(at, path) or "body",
+                        "a number that is not finite (NaN or Infinity)")
         elif isinstance(v, dict):
             for k, x in v.items():
-                sub = f"{where}.{k}" if where else str(k)
                 if isinstance(k, str) and _LONE_SURROGATE.search(k):
-                    return (where or "body"), "a key with invalid Unicode (a lone surrogate)"
-                todo.append((x, sub))
+                    return (_path(at, path) or "body",
+                            "a key with invalid Unicode (a lone surrogate)")
+                if isinstance(x, str | float | dict | list):
+                    todo.append((x, (at, k)))
         elif isinstance(v, list):
-            todo.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
+            todo.extend((x, (at, i)) for i, x in enumerate(v)
+                        if isinstance(x, str | float | dict | list))
     return None
+
+
+def _path(at: Any, root: str) -> str:
+    parts: list[Any] = []
+    while at is not None:
+        at, key = at
+        parts.append(key)
+    out = root
+    for key in reversed(parts):
+        out = f"{out}[{key}]" if isinstance(key, int) else (f"{out}.{key}" if out else str(key))
+    return out

@@ -345,6 +345,32 @@ class ProxySection(_Strict):
     # Bytes of WebSocket messages waiting while a turn runs; beyond it the socket is closed
     # with 1008. One message over max_body_bytes (plus 64 KiB) is closed with 1009.
     ws_inbox_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    # WebSockets open at once per participant (a new one beyond it is refused with 429), and
+    # how long one may sit without a message before it is closed (1000).
+    max_websockets_per_participant: int = Field(default=16, ge=1)
+    ws_idle_timeout_s: float = Field(default=300.0, gt=0)
+    # Connections that have not yet sent a whole request head, in total and per client
+    # address: beyond either the *oldest* such connection is closed (408), so a flood of
+    # half-open connections cannot keep a well-behaved client out.
+    max_preauth_connections: int = Field(default=256, ge=1)
+    max_preauth_per_client: int = Field(default=64, ge=1)
+    # Uploads (event API, Continue, OTLP; instrumentation/proxy/ingest.py) are parsed in
+    # worker processes, not on the event loop that releases tokens: how many processes, how
+    # many uploads may wait or run at once (beyond: 503 + Retry-After), per participant (429).
+    ingest_workers: int = Field(default=1, ge=1, le=16)
+    ingest_queue: int = Field(default=8, ge=1)
+    ingest_per_participant: int = Field(default=3, ge=1)  # an agent exports 3 signals
+    # A compressed upload inflates to at most this many bytes (streamed against it: 413).
+    max_inflated_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    # OTLP: records (log records, spans, data points) stored from one post; the rest are
+    # rejected through OTLP's partial_success.
+    max_records_per_post: int = Field(default=2000, ge=1)
+    # A stored string value (attribute, payload field) longer than this is cut and flagged;
+    # a stored payload over max_payload_bytes keeps its first fields and is flagged.
+    max_value_bytes: int = Field(default=4096, ge=64)
+    max_payload_bytes: int = Field(default=64 * 1024, ge=1024)
+    # Uploaded bytes stored per participant per UTC day (events' payloads): beyond it 429.
+    max_stored_bytes_per_day: int = Field(default=64 * 1024 * 1024, gt=0)
     # Run the garbage collector's older generations between timed releases rather than
     # wherever they fall (instrumentation/proxy/quiet_gc.py); off = CPython's own schedule.
     quiet_gc: bool = True

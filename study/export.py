@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import pandas as pd
 
+from .keys import CONVERSATION_SECRET
 from .schema import TABLES
 from .storage import Database
 
@@ -114,6 +115,8 @@ def export_tables(
             continue
         df = pd.read_sql_table(table.name, database.engine)
         df = df.drop(columns=[c for c in SECRET_COLUMNS if c in df.columns])
+        if table.name == "meta":  # the conversation secret never leaves the database
+            df = df[df["key"] != CONVERSATION_SECRET]
         if deidentify:
             df = df.drop(columns=[c for c in CONTENT_COLUMNS | DROP_COLUMNS if c in df.columns])
             for c in (ID_COLUMNS | ID_COLUMNS_OF.get(table.name, set())) & set(df.columns):

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 PREFIX = "ft_"
 
@@ -51,3 +52,25 @@ def verify(key: str, salt: str, key_hash: str) -> bool:
     if parts is None:
         return False
     return hmac.compare_digest(hash_secret(parts[1], salt), key_hash)
+
+
+#: The ``meta`` row holding the study's conversation secret (never exported).
+CONVERSATION_SECRET = "conversation_secret"
+
+
+def conversation_secret(engine: Any) -> bytes:
+    """The study's secret for keyed conversation hashes (``cycles.conversation_key``): made
+    once, kept in the database's ``meta`` table (every proxy process of the study reads the
+    same one), left out of exports — so a key is useless to anyone guessing prompts."""
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        row = conn.execute(text("SELECT value FROM meta WHERE key = :k"),
+                           {"k": CONVERSATION_SECRET}).first()
+        if row is None:
+            conn.execute(text("INSERT INTO meta (key, value) VALUES (:k, :v) "
+                              "ON CONFLICT (key) DO NOTHING"),
+                         {"k": CONVERSATION_SECRET, "v": secrets.token_hex(32)})
+            row = conn.execute(text("SELECT value FROM meta WHERE key = :k"),
+                               {"k": CONVERSATION_SECRET}).first()
+    return bytes.fromhex(row[0])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -331,6 +332,11 @@ def _upsert(conn: Any, table: Any, rows: Sequence[dict[str, Any]]) -> None:
 class _Item:
     batches: list[WriteBatch]
     future: Future[None] = field(default_factory=Future)
+    bulk: bool = False
+
+    @property
+    def rows(self) -> int:
+        return sum(len(b.rows) for b in self.batches)
 
 
 _STOP = object()
@@ -367,14 +373,24 @@ class RecordWriter:
 
     ``on_start``: called first thing in the writer thread (its owner's tuning, e.g. the
     proxy's thread priority: :mod:`flowtrial.instrumentation.proxy.runtime_tuning`).
+
+    Two priorities: ``submit(..., bulk=True)`` (uploads: events, telemetry) waits while
+    anything else is queued and is committed in transactions of at most ``bulk_rows`` rows
+    (an item larger than that alone), so a cycle's row waits at most one such transaction
+    behind bulk ingest. ``bulk_pending_rows`` is what bulk callers have queued (their
+    admission control reads it).
     """
 
     def __init__(self, engine: Engine, max_batch: int = 2000, name: str = "flowtrial-writer",
-                 on_start: Callable[[], None] | None = None):
+                 on_start: Callable[[], None] | None = None, bulk_rows: int = 500):
         self.engine = engine
         self.max_batch = max_batch
+        self.bulk_rows = bulk_rows
         self.on_start = on_start
         self._queue: queue.Queue[Any] = queue.Queue()
+        self._bulk: deque[_Item] = deque()  # only the writer thread touches it
+        self._bulk_lock = threading.Lock()
+        self.bulk_pending_rows = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed = False
         self.commits = 0
@@ -382,12 +398,16 @@ class RecordWriter:
         self.last_error: BaseException | None = None
         self._thread.start()
 
-    def submit(self, *batches: WriteBatch) -> Future[None]:
-        """Queue rows; the returned future resolves when they are committed."""
-        item = _Item(list(batches))
+    def submit(self, *batches: WriteBatch, bulk: bool = False) -> Future[None]:
+        """Queue rows; the returned future resolves when they are committed. ``bulk``: after
+        everything else (class docstring)."""
+        item = _Item(list(batches), bulk=bulk)
         if self._closed:
             item.future.set_exception(StorageError("record writer is closed"))
             return item.future
+        if bulk:
+            with self._bulk_lock:
+                self.bulk_pending_rows += item.rows
         self._queue.put(item)
         return item.future
 
@@ -422,24 +442,49 @@ class RecordWriter:
     def _run(self) -> None:
         if self.on_start is not None:
             self.on_start()
+        stopping = False
         while True:
-            first = self._queue.get()
-            if first is _STOP:
-                return
-            items: list[_Item] = [first]
-            stop_after = False
-            while len(items) < self.max_batch:
+            items: list[_Item] = []
+            if not self._bulk and not stopping:
+                first = self._queue.get()  # nothing to do but wait
+                if first is _STOP:
+                    stopping = True
+                else:
+                    self._sort(first, items)
+            while not stopping and len(items) < self.max_batch:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is _STOP:
-                    stop_after = True
+                    stopping = True
                     break
-                items.append(nxt)
-            self._commit(items)
-            if stop_after:
+                self._sort(nxt, items)
+            if items:
+                self._commit(items)
+            elif self._bulk:
+                self._commit_bulk()
+            elif stopping:
                 return
+
+    def _sort(self, item: _Item, items: list[_Item]) -> None:
+        if item.bulk:
+            self._bulk.append(item)
+        else:
+            items.append(item)
+
+    def _commit_bulk(self) -> None:
+        """One transaction of bulk items, at most ``bulk_rows`` rows (or one larger item)."""
+        chunk = [self._bulk.popleft()]
+        rows = chunk[0].rows
+        while self._bulk and rows + self._bulk[0].rows <= self.bulk_rows:
+            chunk.append(self._bulk.popleft())
+            rows += chunk[-1].rows
+        try:
+            self._commit(chunk)
+        finally:
+            with self._bulk_lock:
+                self.bulk_pending_rows -= rows
 
     def close(self, timeout: float = 30.0) -> None:
         """Write everything queued, then stop the thread."""
@@ -451,7 +496,7 @@ class RecordWriter:
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize()
+        return self._queue.qsize() + len(self._bulk)
 
 
 def write_rows(database: Database, batches: Iterable[WriteBatch]) -> None:

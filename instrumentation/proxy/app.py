@@ -54,6 +54,7 @@ from .protocols.gemini import GEMINI
 from .relay import Exchange
 from .responses import (
     error,
+    foreign_response_message,
     json_response,
     proxy_state,
     refused,
@@ -159,6 +160,11 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
             st.errors += 1
             return error(400, "the request body must be a JSON object", code="invalid_json",
                           adapter=adapter)
+        if await st.turns.foreign_response(participant.id, obj.get("previous_response_id")):
+            st.errors += 1  # another participant's conversation is not to be continued
+            return error(404, foreign_response_message(obj["previous_response_id"]),
+                         code="previous_response_not_found", param="previous_response_id",
+                         adapter=adapter)
         info = adapter.read_request(obj)
         exchange = Exchange(st, adapter, participant, body, info, headers, t_request,
                             request.scope.get("query_string", b"").decode("latin-1"),
@@ -416,6 +422,8 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
                     log.warning("%d cycle(s) still open at shutdown", len(state.open_cycles))
                 for ext in reversed(exts):
                     await ext.shutdown(state)
+                if state.ingest is not None:  # uploads' processes (.ingest)
+                    await asyncio.to_thread(state.ingest.close)
                 await state.recorder.gate.close()  # rows held through an outage: a last try
                 await router.stop()
                 state.arms.close()

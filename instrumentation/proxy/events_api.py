@@ -5,12 +5,13 @@ Body ``{"events": [{"kind", "ts"?, "cycle_id"?, "duration_s"?, "payload"?}, …]
 defaults to the time the batch was received. A ``cycle_id`` must be one of the authenticated
 participant's cycles — recorded, or still in flight on this proxy — else the whole batch is
 refused with 422 and nothing is written. The answer ``{"accepted": n}`` comes once the rows
-are durable.
+are durable. Parsing, validation and the ownership look-up run in an ingest process
+(:mod:`.ingest`), never on the event loop; payload strings and sizes are capped
+(:mod:`flowtrial.instrumentation.upload_caps`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -25,15 +26,18 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from sqlalchemy import bindparam, text
+from sqlalchemy import Engine, bindparam, text
 
 from flowtrial.study.schema import Event
 from flowtrial.study.storage import WriteBatch, utcnow
 
 from ..request_body import unstorable_value
+from ..upload_caps import UploadCaps, cap_payload
+from .ingest import IngestBusy
 from .state import ProxyState
 
-__all__ = ["ClientEvent", "EventBatch", "EventsRejected", "accept_events", "parse_batch"]
+__all__ = ["ClientEvent", "EventBatch", "EventsRejected", "accept_events", "check_cycles",
+           "event_rows", "parse_batch"]
 
 MAX_EVENTS = 1000
 MAX_PAYLOAD_DEPTH = 32
@@ -69,6 +73,9 @@ class EventsRejected(Exception):
         self.message = message
         self.param = param
         self.code = code
+
+    def __reduce__(self) -> Any:  # crosses the ingest process boundary
+        return (EventsRejected, (self.status, self.message, self.param, self.code))
 
 
 class ClientEvent(BaseModel):
@@ -155,8 +162,23 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def parse_batch(body: bytes) -> EventBatch:
-    """Decode and validate a batch (400 for bad JSON, 422 for bad events)."""
+def _precap(data: Any, caps: UploadCaps | None) -> Any:
+    """Payloads capped before validation, so a huge one costs no more than the cap to check
+    (and a batch over :data:`MAX_EVENTS` is refused before anything is walked)."""
+    if caps is None or not isinstance(data, dict) or not isinstance(data.get("events"), list):
+        return data
+    if len(data["events"]) > MAX_EVENTS:
+        raise EventsRejected(422, f"events: at most {MAX_EVENTS} events per batch: send the "
+                                  "rest in another request", "events")
+    for e in data["events"]:
+        if isinstance(e, dict) and isinstance(e.get("payload"), dict):
+            e["payload"] = cap_payload(e["payload"], caps)
+    return data
+
+
+def parse_batch(body: bytes, caps: UploadCaps | None = None) -> EventBatch:
+    """Decode and validate a batch (400 for bad JSON, 422 for bad events); with ``caps``,
+    payloads are capped first (:func:`~..upload_caps.cap_payload`)."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -165,6 +187,7 @@ def parse_batch(body: bytes) -> EventBatch:
     except RecursionError:
         raise EventsRejected(400, "the request body is JSON nested too deeply to read: send "
                                   "flat event objects", None, "invalid_json") from None
+    data = _precap(data, caps)
     bad = unstorable_value(data)
     if bad is not None:
         where, what = bad
@@ -189,16 +212,16 @@ _OWNERS = text("SELECT id, participant_id FROM cycles WHERE id IN :ids").bindpar
 )
 
 
-async def _check_cycles(state: ProxyState, pid: str, batch: EventBatch) -> None:
+def check_cycles(engine: Engine, pid: str, batch: EventBatch, own_open: frozenset[str]
+                 ) -> None:
+    """Refuse the batch unless every ``cycle_id`` is one of ``pid``'s cycles: in flight on
+    this proxy (``own_open``) or recorded."""
     wanted = {e.cycle_id for e in batch.events if e.cycle_id}
-    owners = {c: state.open_cycles[c] for c in wanted if c in state.open_cycles}
+    owners = {c: pid for c in wanted & own_open}
     rest = sorted(wanted - owners.keys())
     if rest:
-        def lookup() -> dict[str, str]:
-            with state.arms.engine.connect() as conn:
-                return {r[0]: r[1] for r in conn.execute(_OWNERS, {"ids": rest})}
-
-        owners.update(await asyncio.to_thread(lookup))
+        with engine.connect() as conn:
+            owners.update({r[0]: r[1] for r in conn.execute(_OWNERS, {"ids": rest})})
     for i, e in enumerate(batch.events):
         if e.cycle_id and owners.get(e.cycle_id) != pid:
             raise EventsRejected(
@@ -208,14 +231,11 @@ async def _check_cycles(state: ProxyState, pid: str, batch: EventBatch) -> None:
                 f"events[{i}].cycle_id", "unknown_cycle")
 
 
-async def accept_events(state: ProxyState, pid: str, body: bytes, *,
-                        source: str = "client") -> int:
-    """Validate, check ownership, write durably; returns the number of events written."""
-    received_ns = time.time_ns()
-    batch = parse_batch(body)
-    await _check_cycles(state, pid, batch)
+def event_rows(pid: str, batch: EventBatch, received_ns: int, source: str = "client"
+               ) -> list[dict[str, Any]]:
+    """The batch's ``events`` rows (payloads capped by :func:`parse_batch`)."""
     now = utcnow()
-    rows = [
+    return [
         {
             "participant_id": pid,
             "cycle_id": e.cycle_id,
@@ -230,9 +250,25 @@ async def accept_events(state: ProxyState, pid: str, body: bytes, *,
         }
         for e in batch.events
     ]
+
+
+async def accept_events(state: ProxyState, pid: str, body: bytes, *,
+                        source: str = "client") -> int:
+    """Validate, check ownership and cap in an ingest process, then write durably (bulk);
+    returns the number of events written. Raises :class:`EventsRejected`, or
+    :class:`~.ingest.IngestBusy` when ingest is saturated."""
+    from .ingest import ingest_of
+    from .ingest_jobs import events_job
+
+    ingest = ingest_of(state)
+    own_open = frozenset(c for c, p in state.open_cycles.items() if p == pid)
+    rows = await ingest.run(pid, events_job, ingest.context, pid, body, own_open,
+                            time.time_ns(), source)
     if rows:
         try:
-            await asyncio.wrap_future(state.writer.submit(WriteBatch(Event, rows)))
+            await ingest.store(pid, WriteBatch(Event, rows))
+        except IngestBusy:
+            raise
         except Exception as exc:  # noqa: BLE001 - reported to the client, nothing claimed
             raise EventsRejected(503, f"the events could not be recorded ({type(exc).__name__})"
                                  ": check the proxy's database", None, "recording_failed"

@@ -30,6 +30,7 @@ from flowtrial.study.storage import Database
 
 from ..request_body import BodyTooLarge, read_body
 from .events_api import EventsRejected, accept_events
+from .ingest import IngestBusy
 from .openapi import admin_paths, continue_paths, document_paths, events_paths, openapi_routes
 from .responses import (
     error,
@@ -125,6 +126,12 @@ async def _events(request: Request) -> Response:
     except EventsRejected as exc:
         st.errors += 1
         return error(exc.status, exc.message, "invalid_request_error", exc.code, exc.param)
+    except IngestBusy as exc:
+        st.errors += 1
+        resp = error(exc.status, exc.message, "rate_limit_error" if exc.status == 429
+                     else "server_error", exc.code)
+        resp.headers.update(exc.headers())
+        return resp
     return json_response(200, {"accepted": n})
 
 

@@ -14,6 +14,11 @@ uvicorn's httptools protocol, with (settings in ``[proxy]``, docs/operators/limi
 - **idle keep-alive** (``idle_timeout_s``): uvicorn's keep-alive timeout.
 - **open connections** (``max_connections``, HTTP and WebSocket): a new connection beyond it is
   answered **503** and closed; refusals are logged (at most one line per 10 s) and counted.
+- **connections that have not sent a whole request head yet** (``max_preauth_connections`` in
+  total, ``max_preauth_per_client`` per client address): beyond either, the *oldest* such
+  connection is answered **408** and closed (:class:`PreauthRegistry`), so a flood of
+  half-open or keyless connections ages itself out instead of keeping others from
+  connecting (a new client sends its head within milliseconds).
 
 Rejections end with a lingering close (the answer, then EOF; what the client still sends is
 read and dropped for up to ``LINGER_S``) so the client reads the status instead of a reset.
@@ -27,6 +32,7 @@ import functools
 import logging
 import resource
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,7 +43,8 @@ from flowtrial.study.config import ProxySection
 from .protocols.base import openai_error
 from .protocols.messages import MessagesAdapter
 
-__all__ = ["FrontDoorStats", "GuardedHttpProtocol", "Limits", "guarded_protocol"]
+__all__ = ["FrontDoorStats", "GuardedHttpProtocol", "Limits", "PreauthRegistry",
+           "guarded_protocol"]
 
 log = logging.getLogger("flowtrial.proxy")
 
@@ -67,11 +74,14 @@ class Limits:
     body_timeout_s: float
     idle_timeout_s: float
     max_connections: int
+    max_preauth: int = 256
+    max_preauth_per_client: int = 64
 
     @classmethod
     def from_config(cls, proxy: ProxySection) -> Limits:
         return cls(proxy.max_header_bytes, proxy.header_timeout_s, proxy.body_timeout_s,
-                   proxy.idle_timeout_s, usable_connections(proxy.max_connections))
+                   proxy.idle_timeout_s, usable_connections(proxy.max_connections),
+                   proxy.max_preauth_connections, proxy.max_preauth_per_client)
 
 
 def usable_connections(wanted: int) -> int:
@@ -102,6 +112,7 @@ class FrontDoorStats:
     header_timeouts: int = 0
     body_timeouts: int = 0
     connections_refused: int = 0
+    preauth_evicted: int = 0
     max_connections: int = 0
     _last_log: float = field(default=0.0, repr=False)
     _unlogged: int = field(default=0, repr=False)
@@ -121,6 +132,41 @@ class FrontDoorStats:
             self._last_log, self._unlogged = now, 0
 
 
+class PreauthRegistry:
+    """Connections that have not yet sent a whole request head, oldest first, in total and
+    per client address; :meth:`add` returns the ones to evict (the oldest beyond a cap)."""
+
+    def __init__(self, total: int, per_client: int) -> None:
+        self.total, self.per_client = total, per_client
+        self._all: OrderedDict[int, GuardedHttpProtocol] = OrderedDict()
+        self._by_client: dict[str, OrderedDict[int, GuardedHttpProtocol]] = {}
+
+    def add(self, conn: GuardedHttpProtocol, client: str) -> list[GuardedHttpProtocol]:
+        self._all[id(conn)] = conn
+        mine = self._by_client.setdefault(client, OrderedDict())
+        mine[id(conn)] = conn
+        out: list[GuardedHttpProtocol] = []
+        if len(mine) > self.per_client:
+            out.append(next(iter(mine.values())))
+        if len(self._all) > self.total:
+            oldest = next(iter(self._all.values()))
+            if oldest not in out:
+                out.append(oldest)
+        return out
+
+    def remove(self, conn: GuardedHttpProtocol, client: str) -> None:
+        if self._all.pop(id(conn), None) is None:
+            return
+        mine = self._by_client.get(client)
+        if mine is not None:
+            mine.pop(id(conn), None)
+            if not mine:
+                del self._by_client[client]
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+
 def _error_response(status: int, message: str, code: str, anthropic: bool) -> bytes:
     body = (MessagesAdapter().error_body(message, "invalid_request_error", code) if anthropic
             else openai_error(message, "invalid_request_error", code))
@@ -134,10 +180,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None, *, limits: Limits,
-                 stats: FrontDoorStats) -> None:
+                 stats: FrontDoorStats, preauth: PreauthRegistry | None = None) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self._limits = limits
         self._stats = stats
+        self._preauth = preauth
+        self._address = ""
         self._head = bytearray()  # request line + headers, held until their blank line
         self._scanned = 0  # how much of _head has been searched for the blank line
         self._fed_tail = b""  # the last bytes handed to the parser (a blank line may straddle)
@@ -156,10 +204,25 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                          linger_s=REFUSED_LINGER_S)
             return
         self._arm(self._limits.header_timeout_s, self._head_timeout)
+        if self._preauth is not None:
+            self._address = str(self.client[0]) if self.client else ""
+            for old in self._preauth.add(self, self._address):
+                old._evict()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._preauth is not None:
+            self._preauth.remove(self, self._address)
         super().connection_lost(exc)
+
+    def _evict(self) -> None:
+        """Too many connections without a whole request head: this one is the oldest."""
+        if self._preauth is not None:
+            self._preauth.remove(self, self._address)
+        self._stats.preauth_evicted += 1
+        self._reject(408, "the request headers did not arrive before newer connections "
+                          "needed the slot (proxy.max_preauth_connections, "
+                          "proxy.max_preauth_per_client)", "request_timeout")
 
     def data_received(self, data: bytes) -> None:
         if self._rejected:
@@ -211,6 +274,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._disarm()
+        if self._preauth is not None:  # a whole head: the app authenticates it now
+            self._preauth.remove(self, self._address)
         super().on_headers_complete()
         if self._expects_body():
             self._arm(self._limits.body_timeout_s, self._body_timeout)
@@ -288,4 +353,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 def guarded_protocol(limits: Limits, stats: FrontDoorStats) -> Any:
     """The protocol factory to give uvicorn as ``http=``."""
     stats.max_connections = limits.max_connections
-    return functools.partial(GuardedHttpProtocol, limits=limits, stats=stats)
+    preauth = PreauthRegistry(limits.max_preauth, limits.max_preauth_per_client)
+    return functools.partial(GuardedHttpProtocol, limits=limits, stats=stats,
+                             preauth=preauth)

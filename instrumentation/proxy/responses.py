@@ -50,6 +50,12 @@ def too_large(limit: int, adapter: ProtocolAdapter | None = None) -> Response:
                       "(proxy.max_body_bytes)", code="request_too_large", adapter=adapter)
 
 
+def foreign_response_message(response_id: Any) -> str:
+    """A ``previous_response_id`` that is another participant's response (refused 404)."""
+    return (f"Previous response with id {str(response_id)[:100]!r} not found: continue "
+            "only your own responses (flowtrial refuses another participant's)")
+
+
 def proxy_state(request: Request) -> ProxyState:
     return request.app.state.proxy
 

@@ -9,11 +9,13 @@ import socket
 import time
 
 from flowtrial.study.config import StudyConfig
+from flowtrial.study.keys import conversation_secret
 from flowtrial.study.storage import Database, RecordWriter, create_db_engine
 
 from ..turns.tracker import TurnTracker, turn_rules
 from .arms import ArmResolver
 from .auth import Authenticator
+from .ingest import Ingest
 from .quiet_gc import QuietCollector
 from .recorder import Recorder
 from .routing import UpstreamRouter
@@ -64,12 +66,15 @@ class ProxyState:
         self.started_monotonic = time.monotonic()
         #: Classifies requests and keeps the turns table (docs/concepts/turns.md).
         self.turns = TurnTracker(self.mono_anchor_ns, self.wall_anchor_ns, database=database,
-                                 rules=turn_rules(config))
+                                 rules=turn_rules(config),
+                                 secret=conversation_secret(database.engine))
         self.requests = 0
         self.errors = 0
         self.open_cycles: dict[str, str] = {}  # cycle id -> participant id (in flight)
+        self.websockets: dict[str, int] = {}  # participant id -> open WebSockets
         self._idle: asyncio.Event | None = None
         self.collector: QuietCollector | None = None  # set by the app's lifespan
+        self.ingest: Ingest | None = None  # uploads' off-loop path, made on first use (.ingest)
 
     # -- open cycles (event API ownership checks, graceful shutdown) ----------------------
     def open_cycle(self, cycle_id: str, participant_id: str) -> None:

@@ -56,6 +56,7 @@ from .cycle import Cycle
 from .health import UNAVAILABLE_MESSAGE
 from .protocols.base import JsonFrames, dumps, openai_error
 from .protocols.responses import ResponsesSocketAdapter, ws_error
+from .responses import foreign_response_message
 from .runtime_tuning import give_way
 from .scrub import Scrubber
 from .sources import Direct, Prefetch
@@ -285,7 +286,35 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         else:
             await send({"type": "websocket.close", "code": 1008})
         return
+    open_now = state.websockets.get(participant.id, 0)
+    if open_now >= state.config.proxy.max_websockets_per_participant:
+        state.errors += 1
+        body = openai_error(f"this participant already has {open_now} WebSocket connections "
+                            "open (proxy.max_websockets_per_participant): close one, or use "
+                            "it for the next turn", "invalid_request_error",
+                            "too_many_websockets")
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await _deny(send, 429, body)
+        else:
+            await send({"type": "websocket.close", "code": 1008})
+        return
+    state.websockets[participant.id] = open_now + 1
+    try:
+        await _serve(state, participant, headers, receive, send, up, path_key)
+    finally:
+        left = state.websockets.get(participant.id, 1) - 1
+        if left > 0:
+            state.websockets[participant.id] = left
+        else:
+            state.websockets.pop(participant.id, None)
+
+
+async def _serve(state: ProxyState, participant: Any, headers: Headers, receive: Any,
+                 send: Any, up: Any, path_key: str | None) -> None:
+    """One accepted connection's turns, until it closes (or idles past
+    ``proxy.ws_idle_timeout_s`` between turns: closed 1000)."""
     await send({"type": "websocket.accept"})
+    idle_s = state.config.proxy.ws_idle_timeout_s
     forwarded = forwardable_request_headers(headers)
     if up is not None and up.credentials == "participant":  # pass-through: theirs goes up
         forwarded.update({h: v for h in CREDENTIAL_HEADERS if (v := headers.get(h))})
@@ -299,7 +328,18 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         # Reads concurrently with a running turn, so a disconnect cancels it at once.
         nonlocal queued
         while True:
-            msg = await receive()
+            between_turns = current is None or current.done()
+            try:
+                msg = await (asyncio.wait_for(receive(), idle_s) if between_turns
+                             else receive())
+            except TimeoutError:
+                if not inbox.empty():
+                    continue
+                conn.closed = True
+                inbox.put_nowait(None)
+                await send({"type": "websocket.close", "code": 1000,
+                            "reason": "idle (proxy.ws_idle_timeout_s)"})
+                return
             if msg["type"] == "websocket.disconnect":
                 conn.closed = True
                 if current is not None and not current.done() and turn is not None \
@@ -348,6 +388,13 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
                 state.recorder.gate.refused += 1
                 await conn.send(ws_error(UNAVAILABLE_MESSAGE, "server_error",
                                          "database_unavailable", 503))
+                continue
+            if await state.turns.foreign_response(participant.id,
+                                                  message.get("previous_response_id")):
+                state.errors += 1
+                await conn.send(ws_error(foreign_response_message(
+                    message["previous_response_id"]), code="previous_response_not_found",
+                    param="previous_response_id", status=404))
                 continue
             turn = SocketTurn(conn, message, t_request)
             current = asyncio.create_task(turn.run())

@@ -18,13 +18,16 @@ Kinds written (``events.kind``, ``source = "otel"``):
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .otlp import OtelRecord
 
 __all__ = [
+    "AGENT_CONTENT_KEYS",
     "CONTENT_KEYS",
+    "SAFE_STRING_CHARS",
     "Link",
     "MappedEvent",
     "agent_log_name",
@@ -44,13 +47,24 @@ __all__ = [
 Link = Literal["request", "before", "after", "none"]
 
 #: Attributes holding what the person or the model wrote: kept only with capture.content
-#: = "full" (prompt text, tool arguments and output, responses, system prompts).
-CONTENT_KEYS = frozenset({
-    "prompt", "response", "response_text", "output", "arguments", "function_args",
-    "tool_parameters", "tool_input", "system_prompt", "error", "error.message",
-    "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions",
-    "user.email", "tool",
-})
+#: = "full" (prompt text, tool arguments and output, responses, system prompts), per agent
+#: as their telemetry documents them, plus the OpenTelemetry GenAI conventions' names.
+AGENT_CONTENT_KEYS: dict[str, frozenset[str]] = {
+    "claude_code": frozenset({"prompt", "tool_parameters", "tool_input", "error",
+                              "user.email", "tool", "body", "content"}),
+    "codex": frozenset({"prompt", "arguments", "output", "response", "function_args",
+                        "tool_result", "result", "command", "error.message"}),
+    "gemini_cli": frozenset({"prompt", "function_args", "response_text", "output",
+                             "error", "error.message", "content", "system_prompt"}),
+    "gen_ai": frozenset({"gen_ai.input.messages", "gen_ai.output.messages",
+                         "gen_ai.system_instructions", "gen_ai.prompt", "gen_ai.completion",
+                         "gen_ai.tool.call.arguments", "gen_ai.tool.call.result"}),
+}
+CONTENT_KEYS = frozenset().union(*AGENT_CONTENT_KEYS.values())
+#: With content = "none", any other string attribute longer than this is stored as its
+#: fingerprint (``{"sha256": first 16 hex digits, "chars": length}``), never whole: an agent
+#: may put code or command output under a name no list knows.
+SAFE_STRING_CHARS = 256
 
 
 @dataclass
@@ -120,11 +134,30 @@ def tool_event(rec: OtelRecord, payload: dict[str, Any], digest: str | None = No
                        digest=digest or rec.digest)
 
 
+def _fingerprint(text: str) -> dict[str, Any]:
+    return {"sha256": hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16],
+            "chars": len(text)}
+
+
+def _safe(value: Any) -> Any:
+    """``value`` with every string longer than :data:`SAFE_STRING_CHARS` fingerprinted."""
+    if isinstance(value, str):
+        return _fingerprint(value) if len(value) > SAFE_STRING_CHARS else value
+    if isinstance(value, dict):
+        return {k: _safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_safe(v) for v in value]
+    return value
+
+
 def scrub(attributes: dict[str, Any], full: bool) -> dict[str, Any]:
-    """The attributes worth keeping: content only with ``full``."""
+    """The attributes worth keeping: content only with ``full``. Otherwise the content keys
+    (:data:`AGENT_CONTENT_KEYS`, and names ending in one of them) are dropped and long strings
+    fingerprinted (:data:`SAFE_STRING_CHARS`)."""
     if full:
         return dict(attributes)
-    return {k: v for k, v in attributes.items() if k not in CONTENT_KEYS}
+    return {k: _safe(v) for k, v in attributes.items()
+            if k not in CONTENT_KEYS and k.rsplit(".", 1)[-1] not in CONTENT_KEYS}
 
 
 def custom_event(rec: OtelRecord, full: bool, agent: str | None = None) -> MappedEvent:

@@ -12,7 +12,6 @@ import base64
 import binascii
 import hashlib
 import json
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -25,6 +24,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from ..upload_caps import InflateError, inflate
 
 __all__ = [
     "REQUEST_TYPES",
@@ -44,11 +45,19 @@ REQUEST_TYPES: dict[Signal, type[Message]] = {
 }
 _HEX_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id",
                           "parent_span_id"})
-MAX_INFLATED_BYTES = 64 * 1024 * 1024  # a gzip bomb stops here
+MAX_INFLATED_BYTES = 64 * 1024 * 1024  # a gzip bomb stops here (files; the proxy: its cap)
 
 
 class OtlpDecodeError(ValueError):
-    """A body that is not an OTLP export request of the expected signal."""
+    """A body that is not an OTLP export request of the expected signal; ``too_large``: one
+    that inflates beyond the cap (413 rather than 400)."""
+
+    def __init__(self, message: str, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
+
+    def __reduce__(self) -> Any:  # crosses the ingest process boundary
+        return (OtlpDecodeError, (str(self), self.too_large))
 
 
 @dataclass(frozen=True)
@@ -66,25 +75,6 @@ class OtelRecord:
     trace_id: str = ""
     span_id: str = ""
     digest: str = ""  # identifies the record whatever its encoding (deduplication)
-
-
-def _inflate(body: bytes, encoding: str | None) -> bytes:
-    enc = (encoding or "identity").strip().lower()
-    if enc in ("", "identity"):
-        return body
-    if enc not in ("gzip", "x-gzip", "deflate"):
-        raise OtlpDecodeError(f"unsupported Content-Encoding {encoding!r}: send gzip or none")
-    try:
-        wbits = 16 + zlib.MAX_WBITS if enc != "deflate" else zlib.MAX_WBITS
-        inflater = zlib.decompressobj(wbits)
-        out = inflater.decompress(body, MAX_INFLATED_BYTES)
-        if inflater.unconsumed_tail:
-            raise OtlpDecodeError(f"the inflated body exceeds {MAX_INFLATED_BYTES} bytes")
-        if not inflater.eof:  # a cut-off stream would decode into a partial request
-            raise OtlpDecodeError(f"the {enc} body is truncated")
-        return out
-    except zlib.error as exc:
-        raise OtlpDecodeError(f"the body is not valid {enc}: {exc}") from None
 
 
 def _hex_ids_to_base64(value: Any) -> Any:
@@ -113,19 +103,25 @@ def parse_json_request(signal: Signal, data: Any) -> Message:
     message = REQUEST_TYPES[signal]()
     try:
         json_format.ParseDict(_hex_ids_to_base64(data), message, ignore_unknown_fields=True)
-    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+    except (json_format.ParseError, ValueError, TypeError, OverflowError,
+            RecursionError) as exc:
         raise OtlpDecodeError(f"not an OTLP/JSON {signal} request: {exc}") from None
     return message
 
 
 def decode_request(signal: Signal, body: bytes, content_type: str | None,
-                   content_encoding: str | None = None) -> tuple[Message, bool]:
-    """The export request in ``body``; also whether it was JSON (the answer's encoding)."""
+                   content_encoding: str | None = None,
+                   max_inflated: int = MAX_INFLATED_BYTES) -> tuple[Message, bool]:
+    """The export request in ``body``; also whether it was JSON (the answer's encoding).
+    A compressed body inflates to at most ``max_inflated`` bytes."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
     if media not in ("application/x-protobuf", "application/protobuf", "application/json"):
         raise OtlpDecodeError(f"unsupported Content-Type {content_type!r}: send "
                               "application/x-protobuf or application/json (OTLP/HTTP)")
-    raw = _inflate(body, content_encoding)
+    try:
+        raw = inflate(body, content_encoding, max_inflated)
+    except InflateError as exc:
+        raise OtlpDecodeError(str(exc), exc.too_large) from None
     if media == "application/json":
         try:
             data = json.loads(raw)

@@ -6,7 +6,11 @@
 (``Authorization=Bearer ft_…``). Bodies: ``application/x-protobuf`` or ``application/json``,
 gzip or not. Answers as OTLP asks: 200 with an empty ``Export…ServiceResponse``; errors as
 a ``google.rpc.Status`` in the request's encoding (401 no key, 400 a body that is not an
-OTLP request — nothing of it written, 413 too large, 503 while rows cannot be written).
+OTLP request or carries a time outside 2000–2100 — nothing of it written, 413 too large or
+inflating beyond ``proxy.max_inflated_bytes``, 429 the participant's share of ingest or daily
+quota, 503 while ingest is saturated or rows cannot be written; 429/503 with
+``Retry-After``). Records beyond ``proxy.max_records_per_post`` are not stored and are
+reported through OTLP's ``partial_success``.
 """
 
 from __future__ import annotations
@@ -32,15 +36,19 @@ from starlette.routing import BaseRoute, Route
 
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.schema import Event
-from flowtrial.study.storage import Database, RecordWriter, WriteBatch, utcnow, write_rows
+from flowtrial.study.storage import Database, RecordWriter, WriteBatch
 
 from ..proxy.auth import Authenticator
+from ..proxy.ingest import Ingest, IngestBusy, ingest_of
+from ..proxy.ingest_jobs import OtlpResult, otlp_job
 from ..request_body import BodyTooLarge, read_body
-from .ingest import prepare_rows
-from .otlp import OtlpDecodeError, Signal, decode_request, records
-from .team import partial_success, refresh_turns, team_auth, team_rows
+from .otlp import OtlpDecodeError, Signal
+from .team import partial_success, refresh_turns, team_auth
 
 __all__ = ["OTLP_PREFIX", "telemetry_routes"]
+
+#: The upload share (and daily quota) a team study's batches count against.
+TEAM_SHARE = "team"
 
 OTLP_PREFIX = "/flowtrial/otlp"
 _RESPONSES: dict[Signal, type[Message]] = {
@@ -71,18 +79,36 @@ def _status(http: int, code: int, message: str, as_json: bool,
     return _message(status_pb2.Status(code=code, message=message), as_json, http, headers)
 
 
+_REJECTED_FIELD: dict[Signal, str] = {"logs": "rejected_log_records",
+                                      "traces": "rejected_spans",
+                                      "metrics": "rejected_data_points"}
+
+
+def _answer(signal: Signal, result: OtlpResult) -> Response:
+    msg = _RESPONSES[signal]()
+    if result.dropped:  # a team's records that named no one
+        msg = partial_success(msg, signal, result.dropped)
+    if result.rejected:  # OTLP's partial success: the exporter must not retry these
+        ps = msg.partial_success
+        setattr(ps, _REJECTED_FIELD[signal], result.rejected + result.dropped)
+        ps.error_message = "; ".join(filter(None, [ps.error_message, result.message]))
+    return _message(msg, result.as_json)
+
+
 def telemetry_routes(database: Database, config: StudyConfig, *,
                      authenticate: Authenticate | None = None,
                      writer: RecordWriter | None = None) -> list[BaseRoute]:
     """The three OTLP/HTTP routes under :data:`OTLP_PREFIX`.
 
-    Inside the proxy app they share its key cache, writer and database gate
-    (``app.state.proxy``); on their own they check keys and write here.
+    Inside the proxy app they share its key cache, ingest processes, writer and database
+    gate (``app.state.proxy``); on their own they check keys, parse in a thread and write
+    here. Parsing runs off the event loop (:mod:`flowtrial.instrumentation.proxy.ingest`).
     """
     own = Authenticator(database)
     full = config.capture.content == "full"
     observe = config.study.design == "observe"
     limit = config.proxy.max_body_bytes
+    standalone = Ingest(database.url, writer, config.proxy, processes=False)
 
     def proxy_state(request: Request) -> Any:
         return getattr(request.app.state, "proxy", None)
@@ -108,13 +134,25 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
                 return _status(401, code_pb2.UNAUTHENTICATED,
                                "missing or unknown flowtrial participant key: set the OTLP "
                                "headers to Authorization=Bearer ft_… (your own key)", as_json)
-            if st is not None and (standing := st.auth.refusal(participant.id)) is not None:
+            if (st is not None and participant is not None
+                    and (standing := st.auth.refusal(participant.id)) is not None):
                 return _status(403, code_pb2.PERMISSION_DENIED, standing.message, as_json)
+            ingest = ingest_of(st) if st is not None and writer is None else standalone
+            # A team's batches share one upload share and quota (its people are split later).
+            pid = participant.id if participant is not None else TEAM_SHARE
             try:
                 body = await read_body(request, limit)
-                message, as_json = decode_request(signal, body,
-                                                  request.headers.get("content-type"),
-                                                  request.headers.get("content-encoding"))
+                result = await ingest.run(
+                    pid, otlp_job, ingest.context, pid, signal, body,
+                    request.headers.get("content-type"),
+                    request.headers.get("content-encoding"), full, time.time_ns(), team)
+                if result.rows:
+                    await ingest.store(pid, WriteBatch(Event, result.rows,
+                                                       ignore_conflicts=True), database)
+                    if st is not None and participant is not None:
+                        st.turns.note_events(pid, result.rows)  # the typing-speed rule yields
+                    if team is not None:  # the people's turns, from the events just written
+                        await asyncio.to_thread(refresh_turns, database, result.rows)
             except BodyTooLarge:
                 return _status(413, code_pb2.RESOURCE_EXHAUSTED, f"request body larger than "
                                f"the proxy's limit of {limit} bytes (proxy.max_body_bytes)",
@@ -122,34 +160,17 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
             except OtlpDecodeError as exc:
                 if st is not None:
                     st.errors += 1
+                if exc.too_large:
+                    return _status(413, code_pb2.RESOURCE_EXHAUSTED, str(exc), as_json)
                 return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
-            rows: list[dict[str, Any]] = []
-            dropped = 0
-            if team is not None:  # the team token: split by person
-                rows, dropped = await asyncio.to_thread(team_rows, database, team,
-                                               records(signal, message), full, time.time_ns(),
-                                               utcnow())
-            elif participant is not None:
-                rows = await asyncio.to_thread(prepare_rows, database, participant.id,
-                                               records(signal, message), full,
-                                               time.time_ns(), utcnow())
-            if rows:
-                batch = WriteBatch(Event, rows, ignore_conflicts=True)
-                w = writer or getattr(st, "writer", None)
-                try:
-                    if w is not None:
-                        await asyncio.wrap_future(w.submit(batch))
-                    else:
-                        await asyncio.to_thread(write_rows, database, [batch])
-                    if st is not None:  # a typed prompt reported: the typing-speed rule yields
-                        st.turns.note_events(participant.id, rows)
-                except Exception as exc:  # noqa: BLE001 - the exporter retries; nothing claimed
-                    return _status(503, code_pb2.UNAVAILABLE, "the records could not be "
-                                   f"written ({type(exc).__name__}): retry", as_json,
-                                   {"retry-after": "5"})
-                if team is not None:  # the people's turns, from the events just written
-                    await asyncio.to_thread(refresh_turns, database, rows)
-            return _message(partial_success(_RESPONSES[signal](), signal, dropped), as_json)
+            except IngestBusy as exc:
+                code = code_pb2.RESOURCE_EXHAUSTED if exc.status == 429 else code_pb2.UNAVAILABLE
+                return _status(exc.status, code, exc.message, as_json, exc.headers())
+            except Exception as exc:  # noqa: BLE001 - the exporter retries; nothing claimed
+                return _status(503, code_pb2.UNAVAILABLE, "the records could not be "
+                               f"written ({type(exc).__name__}): retry", as_json,
+                               {"retry-after": "5"})
+            return _answer(signal, result)
 
         endpoint.__name__ = f"otlp_{signal}"
         return endpoint

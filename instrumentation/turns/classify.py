@@ -11,6 +11,8 @@ one by one (docs/concepts/turns.md).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -130,18 +132,23 @@ def classify(f: Features, ctx: Context, rules: tuple[Rule, ...] = RULES) -> tupl
 # ---------------------------------------------------------------------------- features
 
 
-def features(protocol: str, body: dict[str, Any]) -> Features:
+def features(protocol: str, body: dict[str, Any], secret: bytes | None = None) -> Features:
     """What the rules read of a request body of ``protocol``: its protocol module's view
     (:class:`~flowtrial.instrumentation.proxy.protocols.RequestInfo`), so a new protocol is
-    classified without a change here; tolerant of any shape (a bad field reads as absent)."""
-    return features_of(protocol, read_view(protocol, body))
+    classified without a change here; tolerant of any shape (a bad field reads as absent).
+    With ``secret`` (the study's: :func:`flowtrial.study.keys.conversation_secret`) the
+    conversation key is keyed (HMAC), so no one without it can test a guessed prompt."""
+    return features_of(protocol, read_view(protocol, body), secret)
 
 
-def features_of(protocol: str, view: RequestInfo) -> Features:
+def features_of(protocol: str, view: RequestInfo, secret: bytes | None = None) -> Features:
     """The rules' features of a request already read into its view."""
+    key = view.conversation_key
+    if key is not None and secret:
+        key = hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()[:16]
     return Features(
         protocol=protocol, ends=view.ends, ends_how=view.ends_how,
         offers_tools=view.offers_tools, model=view.model,
-        conversation_key=view.conversation_key, max_tokens=view.max_tokens,
+        conversation_key=key, max_tokens=view.max_tokens,
         structured=view.structured, previous_response_id=view.previous_response_id,
     )

@@ -90,12 +90,15 @@ class TurnTracker:
     """Per-process turn state: the assigner, each open turn's calls, response chains."""
 
     def __init__(self, mono_anchor_ns: int, wall_anchor_ns: int,
-                 rules: TurnRules | None = None, database: Any = None) -> None:
+                 rules: TurnRules | None = None, database: Any = None,
+                 secret: bytes | None = None) -> None:
         self.assigner = TurnAssigner(rules)
+        self.secret = secret  # keys conversation hashes (the study's, from its database)
         self.database = database  # where other processes' calls are read (None: memory only)
         self._offset = wall_anchor_ns - mono_anchor_ns
         self._calls: dict[str, dict[str, Call]] = {}  # turn id -> cycle id -> call
-        self._chains: dict[str, str | None] = {}  # Responses id -> conversation key
+        # Responses id -> (participant, conversation key): whose it is, what it continues
+        self._chains: dict[str, tuple[str, str | None]] = {}
         self._since_prune = 0
         self._lone: dict[str, list[_Lone]] = {}  # participant -> revisable requests
         self._lone_by_cycle: dict[str, _Lone] = {}
@@ -120,7 +123,7 @@ class TurnTracker:
         """Classify the request and file it into a turn (sets the record's fields). For a
         continuation, the turn it would join were it another process's, to pass to
         :meth:`reconcile` before the upstream call (None: nothing to check)."""
-        f = features(rec.protocol, dict(body))
+        f = features(rec.protocol, dict(body), self.secret)
         now = rec.t_request_ns + self._offset
         pid = rec.participant_id
         identity = client_identity(headers.get("user-agent"), headers)
@@ -128,7 +131,8 @@ class TurnTracker:
         new_input = input_key(rec.protocol, dict(body))
         conversation = f.conversation_key
         if f.previous_response_id is not None:  # a Responses chain keeps its conversation
-            conversation = self._chains.get(f.previous_response_id) or _hash(
+            chain = self._chains.get(f.previous_response_id)
+            conversation = (chain[1] if chain and chain[0] == pid else None) or _hash(
                 f.previous_response_id)
         request_key = f"{len(raw)}:{hash(raw):x}"  # in memory only: the fast built-in hash
         latest = self.assigner.latest(pid, now)
@@ -163,6 +167,33 @@ class TurnTracker:
         if kind != "continuation" or conversation is None or self.database is None:
             return None
         return OpenTurn("", conversation, f.model, f.offers_tools, client, now)
+
+    async def foreign_response(self, pid: str, response_id: Any) -> bool:
+        """Whether ``response_id`` (a request's ``previous_response_id``) is known to be
+        another participant's response: remembered here, else recorded in the database.
+        An id known to no one may be the participant's own still in flight (a WebSocket
+        turn chains at once): the upstream judges it."""
+        if not isinstance(response_id, str) or not response_id:
+            return False
+        chain = self._chains.get(response_id)
+        if chain is not None:
+            return chain[0] != pid
+        if self.database is None:
+            return False
+        import asyncio
+
+        from sqlalchemy import text
+
+        database = self.database
+
+        def owner() -> str | None:
+            with database.engine.connect() as conn:
+                return conn.execute(text(
+                    "SELECT participant_id FROM cycles WHERE upstream_response_id = :r "
+                    "LIMIT 1"), {"r": response_id}).scalar()
+
+        found = await asyncio.to_thread(owner)
+        return found is not None and found != pid
 
     async def reconcile(self, rec: _Rec, turn: OpenTurn) -> None:
         """Join the continuation to its conversation's turn as recorded by any process, and
@@ -205,7 +236,8 @@ class TurnTracker:
         if rec.upstream_response_id and rec.conversation_key is not None:
             if len(self._chains) >= _MAX_RESPONSE_IDS:
                 self._chains.pop(next(iter(self._chains)))
-            self._chains[rec.upstream_response_id] = rec.conversation_key
+            self._chains[rec.upstream_response_id] = (rec.participant_id,
+                                                      rec.conversation_key)
         call = _call(rec, self._offset)
         self.assigner.ended(rec.participant_id, rec.turn_id, rec.request_kind, call.final,
                             (call.t_end_ns or rec.t_request_ns) + self._offset,

@@ -143,3 +143,44 @@ def test_dashboard_stops_when_the_command_is_terminated(small_study: Path, tmp_p
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_wrong_passwords_limited_per_address_across_sessions(
+        small_study: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parallel sessions from one address share its budget of wrong passwords (5 a minute):
+    a new session after that is told to wait, even with the right password."""
+    from streamlit.testing.v1 import AppTest
+
+    from flowtrial.dashboards import access
+    from tests.dashboards.conftest import APP
+
+    monkeypatch.setenv("FLOWTRIAL_DASHBOARD_DB", str(small_study))
+    monkeypatch.setenv("FLOWTRIAL_DASHBOARD_PASSWORD", "correct horse")
+    throttle = access.login_throttle()
+    throttle._failures.clear()  # other tests' wrong passwords (same process, same address)
+    try:
+        for i in range(5):  # five sessions, one guess each
+            at = AppTest.from_file(str(APP), default_timeout=120).run()
+            at.text_input[0].input(f"guess {i}")
+            at.button[0].click().run()
+            assert any("Wrong password" in e.value for e in at.error)
+        at = AppTest.from_file(str(APP), default_timeout=120).run()
+        at.text_input[0].input("correct horse")
+        at.button[0].click().run()
+        errors = [e.value for e in at.error]
+        assert any("Too many wrong passwords" in e for e in errors), errors
+        assert not at.metric
+    finally:
+        throttle._failures.clear()
+
+
+def test_login_throttle_window() -> None:
+    from flowtrial.dashboards.access import LoginThrottle
+
+    now = [0.0]
+    t = LoginThrottle(per_minute=2, clock=lambda: now[0])
+    t.failed("a")
+    t.failed("a")
+    assert t.wait_s("a") == 60.0 and t.wait_s("b") == 0.0
+    now[0] = 61.0
+    assert t.wait_s("a") == 0.0

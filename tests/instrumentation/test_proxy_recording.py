@@ -37,12 +37,12 @@ def wait_for_rows(s, sql: str, n: int = 1, timeout: float = 5.0) -> list:
 class FailingCycleWriter(RecordWriter):
     """A writer whose cycle rows never become durable (a full disk, a broken database)."""
 
-    def submit(self, *batches: WriteBatch) -> Future[None]:
+    def submit(self, *batches: WriteBatch, bulk: bool = False) -> Future[None]:
         if any(b.table is Cycle for b in batches):
             fut: Future[None] = Future()
             fut.set_exception(StorageError("disk I/O error"))
             return fut
-        return super().submit(*batches)
+        return super().submit(*batches, bulk=bulk)
 
 
 def test_client_closing_mid_stream_records_abandoned(make_study) -> None:

@@ -200,3 +200,46 @@ def test_writer_runs_its_thread_start_hook_in_the_writer_thread(tmp_path: Path) 
         assert seen[0] != threading.get_native_id()
     finally:
         writer.close()
+
+
+def test_bulk_rows_wait_behind_the_token_paths(tmp_path: Path) -> None:
+    """Uploads (bulk) queued before a cycle's row are committed after it, in transactions of
+    at most ``bulk_rows`` rows; ``bulk_pending_rows`` counts what waits."""
+    import sqlite3
+
+    cfg = make_config()
+    db = init_db(tmp_path / "s.db", cfg)
+    enroll(db, cfg, "p01")
+    writer = RecordWriter(db.engine, bulk_rows=150)
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def note(name: str) -> Callable[[object], None]:
+        def cb(_: object) -> None:
+            with lock:
+                done.append(name)
+        return cb
+
+    blocker = sqlite3.connect(tmp_path / "s.db", timeout=10)
+    blocker.execute("BEGIN EXCLUSIVE")  # the writer's first commit waits on this
+    first = writer.submit(WriteBatch(Cycle, [cycle_row("p01", 0)]))
+    first.add_done_callback(note("cycle0"))
+    time_rows = [{"participant_id": "p01", "kind": "custom", "ts_ns": i, "source": "client",
+                  "received_at": datetime.now(UTC)} for i in range(100)]
+    bulk = [writer.submit(WriteBatch(Event, time_rows), bulk=True) for _ in range(4)]
+    for k, f in enumerate(bulk):
+        f.add_done_callback(note(f"bulk{k}"))
+    assert writer.bulk_pending_rows == 400
+    cycle = writer.submit(WriteBatch(Cycle, [cycle_row("p01", 1)]))
+    cycle.add_done_callback(note("cycle1"))
+    blocker.rollback()
+    blocker.close()
+    for f in [first, cycle, *bulk]:
+        f.result(timeout=30)
+    writer.close()
+    assert done[:2] == ["cycle0", "cycle1"], done  # the cycle queued last went first
+    assert sorted(done[2:]) == [f"bulk{k}" for k in range(4)]
+    assert writer.bulk_pending_rows == 0
+    # The cycles in one or two transactions (as the writer woke), then one per bulk item
+    # (150-row chunks hold one 100-row item each).
+    assert writer.commits in (1 + 4, 2 + 4)
