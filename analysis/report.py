@@ -206,7 +206,10 @@ def run_analysis(
     ``AnalysisInputError`` when there is nothing to analyse (no cycles and no tasks).
     """
     from flowtrial.study.storage import open_db
+    from flowtrial.study.validation import check_output_dir
 
+    if out_dir is not None:  # before the analysis: a bad --out must not cost its minutes
+        check_output_dir(Path(out_dir), "--out")
     say = _say(progress)
     database = open_db(db_path)
     try:

@@ -154,9 +154,11 @@ def export(
     """Export every table as CSV or Parquet (keys and their hashes are never exported)."""
     from .export import export_tables
     from .storage import open_db
+    from .validation import check_output_dir
 
     if fmt not in ("csv", "parquet"):
         raise FlowtrialError(f"--format {fmt!r} is not supported: use csv or parquet")
+    check_output_dir(out, "--out")
     database = open_db(db)
     counts = export_tables(database, out, fmt, deidentify)  # type: ignore[arg-type]
     t = Table(title=f"Exported to {out}")

@@ -233,5 +233,6 @@ def test_flowtrial_notebooks_without_a_database_is_one_line(tmp_path: Path) -> N
                            str(tmp_path / "missing.db")], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"error: {tmp_path / 'missing.db'}: no such database; pass a "
-                                   "study database made by flowtrial")
+    assert proc.stderr.strip() == (f"error: {tmp_path / 'missing.db'}: no such database: create "
+                                   "it with `flowtrial enroll --study …` or `flowtrial "
+                                   "simulate`")
