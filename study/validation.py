@@ -20,7 +20,7 @@ from .errors import FlowtrialError
 
 __all__ = [
     "EARLIEST", "LATEST", "InvalidInputError", "check_finite", "check_output_dir",
-    "check_output_file", "check_time_ns", "decode_json", "load_json", "time_ns",
+    "check_output_file", "check_time_ns", "decode_json", "load_json", "time_ns", "unstorable_value",
 ]
 
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
@@ -29,7 +29,6 @@ LATEST = datetime(2262, 1, 1, tzinfo=UTC)
 _NS = 1_000_000_000
 _LATEST_NS = round((LATEST - EARLIEST).total_seconds()) * _NS
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class InvalidInputError(FlowtrialError):
@@ -70,50 +69,45 @@ def check_finite(value: float, what: str) -> float:
     return value
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise InvalidInputError(f"the number {text[:40]} overflows (it is not finite)")
-    return value
-
-
-def _no_constant(name: str) -> float:
-    raise InvalidInputError(f"{name} is not a finite number (nor standard JSON)")
-
-
-_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
-
-
-def _lone_surrogate(value: Any) -> bool:
-    stack = [value]
-    while stack:
-        v = stack.pop()
+def unstorable_value(value: Any, path: str = "") -> tuple[str, str] | None:
+    """The first place in decoded JSON that cannot be stored as given, as (field path, what):
+    a string (or key) with a lone UTF-16 surrogate (``"\\udfff"`` decodes to one; no encoding
+    can write it), or a number that is not finite (``NaN``, ``Infinity``, ``1e999``: not JSON
+    once written back). Iterative, so no nesting exhausts the stack."""
+    todo: list[tuple[Any, str]] = [(value, path)]
+    while todo:
+        v, where = todo.pop()
         if isinstance(v, str):
             if _SURROGATE.search(v):
-                return True
+                return where or "body", "invalid Unicode (a lone UTF-16 surrogate)"
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                return where or "body", "a number that is not finite (NaN or Infinity)"
         elif isinstance(v, dict):
-            stack.extend(v.keys())
-            stack.extend(v.values())
+            for k, x in v.items():
+                sub = f"{where}.{k}" if where else str(k)
+                if isinstance(k, str) and _SURROGATE.search(k):
+                    return (where or "body"), "a key with invalid Unicode (a lone surrogate)"
+                todo.append((x, sub))
         elif isinstance(v, list):
-            stack.extend(v)
-    return False
+            todo.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
+    return None
 
 
 def decode_json(text: str, source: str, pos: int = 0) -> tuple[Any, int]:
     """The JSON value starting at ``pos`` in ``text`` and where it ends, refusing what the
-    database cannot hold: numbers that are not finite (``NaN``, ``Infinity``, ``1e999``),
-    nesting deeper than Python's recursion limit and lone UTF-16 surrogates. Syntax errors
-    are :class:`ValueError` as with :mod:`json` (the caller says what the file should be)."""
+    database cannot hold (:func:`unstorable_value`: numbers that are not finite — ``NaN``,
+    ``Infinity``, ``1e999`` — and lone UTF-16 surrogates) and nesting deeper than Python's
+    recursion limit. Syntax errors are :class:`ValueError` as with :mod:`json` (the caller
+    says what the file should be)."""
     try:
-        value, end = _DECODER.raw_decode(text, pos)
-    except InvalidInputError as exc:
-        raise InvalidInputError(f"{source}: {exc}: fix or remove it") from None
+        value, end = json.JSONDecoder().raw_decode(text, pos)
     except RecursionError:
         raise InvalidInputError(f"{source}: JSON nested too deeply to read: check that this "
                                 "is the file meant") from None
-    if _ESCAPED_SURROGATE.search(text, pos, end) and _lone_surrogate(value):
-        raise InvalidInputError(f"{source}: a string holds a lone UTF-16 surrogate (\\ud800–"
-                                "\\udfff without its pair), which is not text: fix the file")
+    bad = unstorable_value(value, "")
+    if bad is not None:
+        raise InvalidInputError(f"{source}: {bad[0]}: {bad[1]}: fix or remove it")
     return value, end
 
 

@@ -99,12 +99,16 @@ OTEL_FILES: dict[str, str] = {
 #: what the one line must say, per case
 AW_SAYS = {"aw_year_9999": "out of range", "aw_year_0001": "out of range",
            "aw_non_object_event": "not an event object", "aw_lone_surrogate": "surrogate",
-           "aw_deep_nesting": "nested too deeply", "aw_1e999": "not finite",
-           "aw_nan": "NaN is not a finite number", "aw_infinity": "Infinity is not a finite",
+           "aw_deep_nesting": "nested too deeply",
+           "aw_1e999": "duration: a number that is not finite",
+           "aw_nan": "duration: a number that is not finite",
+           "aw_infinity": "duration: a number that is not finite",
            "aw_duration_text": "not a number of seconds"}
 OTEL_SAYS = {"otel_uint64_overflow": "out of range", "otel_year_2300": "out of range",
-             "otel_deep_nesting": "nested too deeply", "otel_nan": "NaN is not a finite",
-             "otel_1e999": "not finite", "otel_lone_surrogate": "surrogate",
+             "otel_deep_nesting": "nested too deeply",
+             "otel_nan": "doubleValue: a number that is not finite",
+             "otel_1e999": "doubleValue: a number that is not finite",
+             "otel_lone_surrogate": "surrogate",
              "otel_non_object": "neither an OTLP JSON", "otel_sdk_hrtime_overflow": "out of range"}
 
 
