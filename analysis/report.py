@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from flowtrial.study.randomization import srm_not_applicable
+
 from . import AnalysisInputError
 from . import report_figures as figs
 from .agent_telemetry import agent_section, read_agent_events
@@ -89,7 +91,7 @@ def checks_section(
             return {"skipped": str(exc)}
 
     design = config.study.design
-    planned = {a.name: a.weight for a in config.arms}
+    planned = {a.name: a.weight for a in config.allocated_arms}
     assign = frames.extra.get("assignments")
     out: dict[str, Any] = {}
     if design == "parallel" and len(planned) > 1 and assign is not None:
@@ -106,8 +108,8 @@ def checks_section(
         out["srm"] = {**run(lambda: checks.srm_check(observed, dict.fromkeys(planned, 1.0))),
                       "unit": "participant-periods"}
     else:
-        out["srm"] = {"skipped": f"{design} design with {len(planned)} arm(s): no allocation "
-                                 "ratio to check"}
+        out["srm"] = {"skipped": srm_not_applicable(config)
+                      or "no assignments recorded: no allocation ratio to check"}
     if design == "crossover":
         out["carryover"] = run(lambda: checks.carryover_check(tasks))
     else:
@@ -291,7 +293,7 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
         "study": {
             "name": config.study.name, "design": config.study.design,
             "unit": config.study.unit, "time_scale": scale, "time_compressed": scale != 1,
-            "arms": [a.name for a in config.arms],
+            "arms": [a.name for a in config.allocated_arms],
             "n_participants": int(cycles["participant_id"].nunique()),
             "n_cycles": int(len(cycles)), "n_cycles_ok": int(len(ok)),
             "n_tasks": int(len(tasks)),

@@ -31,14 +31,19 @@ def init(
         "study.toml"
     ),
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    design: Annotated[str, typer.Option(
+        "--design", help="per_prompt (each prompt draws its latency; no arms), or parallel / "
+                         "crossover (two example arms).")] = "per_prompt",
 ) -> None:
     """Write a commented example study file to edit."""
+    from .config import ALLOWED_UNITS, example_study_text
+
+    if design not in ALLOWED_UNITS:
+        raise FlowtrialError(f"--design {design!r}: use per_prompt, parallel or crossover")
     if path.exists() and not force:
         raise FlowtrialError(
             f"{path} already exists: pass --force to overwrite it, or choose another path")
-    from .config import example_study_text
-
-    path.write_text(example_study_text(), encoding="utf-8")
+    path.write_text(example_study_text(design), encoding="utf-8")  # type: ignore[arg-type]
     console.print(escape(f"Wrote {path}. Edit it, check it with `flowtrial validate --study "
                          f"{path}`, then enroll participants with `flowtrial enroll`."),
                   highlight=False, soft_wrap=True)
@@ -138,6 +143,8 @@ def status(
             f"Sample-ratio check: χ²={st.srm.chi2:.2f} p={st.srm.p_value:.3g} {flag} "
             "(flagged below p=0.001)"
         )
+    elif st.srm_skipped:
+        console.print(f"Sample-ratio check: not applicable ({st.srm_skipped})")
 
 
 def export(

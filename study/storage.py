@@ -217,7 +217,7 @@ def init_db(db: str | Path, config: StudyConfig, config_toml: str | None = None)
                     created_at=utcnow(),
                 )
             )
-            for a in config.arms:
+            for a in config.allocated_arms:  # per-prompt: none (docs: the study file)
                 s.add(
                     Arm(
                         name=a.name,

@@ -36,7 +36,7 @@ CASES = {  # notebook -> the design of the study it runs on
 
 
 def make_study(path: Path, design: str) -> Path:
-    data = tomllib.loads(example_study_text())
+    data = tomllib.loads(example_study_text(design))  # type: ignore[arg-type]
     data["study"]["time_scale"] = 10
     if design != "per_prompt":
         data["study"]["design"] = design
