@@ -51,6 +51,7 @@ from .report_sections import (
     ground_truth,
     jsonable,
     order_arms,
+    per_person_curves,
     personal_section,
     secondary_outcomes,
     threshold_headline,
@@ -343,6 +344,7 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
         f"chance under no effect (Bonferroni level {0.05 / max(len(sens), 1):.2g}); they "
         "describe robustness and confirm nothing on their own.")
     results["secondary"] = secondary_outcomes(cycles, PRIMARY_WAIT, switch_col)
+    results["per_person_curves"] = per_person_curves(cycles, PRIMARY_WAIT)
     if truth is not None:
         waits = cycles.loc[cycles["status"] == "ok", PRIMARY_WAIT]
         results["ground_truth"] = {**truth, "comparison": compare_truth(truth, thr, waits)}
@@ -384,7 +386,8 @@ def _fit_thresholds(cycles: pd.DataFrame, jobs: list[tuple[str, str]], *, n_boot
     """``threshold_section`` for each (wait, switch) job, on worker processes
     (``flowtrial.analysis.workers``); every fit is seeded, so results do not depend on the
     workers."""
-    cols = sorted({"participant_id", "status", *(c for job in jobs for c in job)})
+    cols = sorted({"participant_id", "status", *(c for job in jobs for c in job),
+                   *({"switch_source"} & set(cycles.columns))})
     narrow = cycles[cols]
     return run_jobs(_fit_job, [(narrow, w, sw, n_boot, seed, median_tokens, reading_tps)
                                for w, sw in jobs], workers, while_waiting=while_fitting)
