@@ -43,7 +43,7 @@ DB_NAME = "flowtrial.db"
 #: the proxy's event loop more of the CPU share it gets, so fewer releases come late.
 #: (share late or more, time scale), first match; below all of them: DEMO_TIME_SCALE.
 PROBE_S = 2.0
-BUSY_TIME_SCALES = ((0.03, 30.0), (0.01, 50.0))
+BUSY_TIME_SCALES = ((0.02, 50.0),)
 
 
 def demo_sim_params() -> Any:

@@ -106,10 +106,8 @@ def test_the_demo_slows_down_on_a_busy_machine() -> None:
 
     assert adapted_time_scale(None) == (DEMO_TIME_SCALE, None)
     assert adapted_time_scale(0.002) == (DEMO_TIME_SCALE, None)
-    scale, why = adapted_time_scale(0.015)
-    assert scale < DEMO_TIME_SCALE and why is not None
     busier, why2 = adapted_time_scale(0.065)
-    assert busier < scale and why2 is not None
+    assert busier < DEMO_TIME_SCALE and why2 is not None
     assert "6.5 % of 10 ms sleeps woke > 5 ms late" in why2 and f"time_scale {busier:g}" in why2
     rate = timer_floor(0.3)
     assert rate is not None and 0.0 <= rate <= 1.0
