@@ -209,8 +209,15 @@ def test_per_prompt_template_and_demo_agree_on_arms(tmp_path: Path) -> None:
         srm_lines.append(st["srm_skipped"])
     assert srm_lines[0] == srm_lines[1]
     assert "no arms and no allocation ratio to check" in srm_lines[0]
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "t.db") as conn:
+        assert conn.execute("SELECT count(*) FROM arms").fetchone()[0] == 0  # none stored
+        # as an older flowtrial stored the template's unused arms: not exported either
+        conn.execute("INSERT INTO arms (name, delivery, weight, shaped, jitter) "
+                     "VALUES ('fast', 'stream', 1, 1, 0)")
     r = runner.invoke(app, ["export", "--db", str(tmp_path / "t.db"), "--out",
                             str(tmp_path / "export")])
     assert r.exit_code == 0, r.output
-    arms = tmp_path / "export" / "arms.csv"
-    assert not arms.exists() or len(arms.read_text().strip().splitlines()) <= 1
+    arms = pd.read_csv(tmp_path / "export" / "arms.csv")
+    assert len(arms) == 0 and "name" in arms.columns
