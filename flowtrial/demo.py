@@ -202,7 +202,8 @@ def adapted_time_scale(late_rate: float | None) -> tuple[float, str | None]:
             return scale, (
                 f"This machine is busy ({late_rate * 100:.1f} % of 10 ms sleeps woke > 5 ms "
                 f"late in a {PROBE_S:g} s probe): the demo runs at time_scale {scale:g} instead "
-                f"of {DEMO_TIME_SCALE:g}, so the proxy keeps up (it takes longer).")
+                f"of {DEMO_TIME_SCALE:g} (fewer requests a second leave the proxy more of the "
+                "CPU; it takes longer).")
     return DEMO_TIME_SCALE, None
 
 
