@@ -61,8 +61,9 @@ def effect(
 ) -> None:
     """Estimate the task-time effect (METR-style): OLS of log time on arm + log forecast.
 
-    Effect exp(β) − 1; 95 % CIs: CR2 participant-clustered with t(G−1) (default), and the
-    METR-parity rows (non-robust, HC3, clustered with a normal critical value); mixed model.
+    Effect exp(β) − 1; 95 % CIs: CR2 participant-clustered with a Satterthwaite
+    (Bell–McCaffrey) t critical value (default), and the METR-parity rows (non-robust, HC3,
+    clustered with METR's normal critical value); mixed model.
     """
     from . import AnalysisInputError
     from .effects import estimate_effect
@@ -92,7 +93,7 @@ def effect(
     for col in ("model", "effect", "95 % CI", "p"):
         table.add_column(col, justify="left" if col == "model" else "right")
     labels = {
-        "cluster_cr2": "OLS, CR2 clustered SE, t(G−1) (default)",
+        "cluster_cr2": "OLS, CR2 clustered SE, Satterthwaite t (default)",
         "nonrobust": "OLS, non-robust SE (METR parity)",
         "hc3": "OLS, HC3 SE (METR parity)",
         "cluster": "OLS, clustered SE, normal (METR parity)",

@@ -7,13 +7,18 @@ exp(β ± z·SE) − 1 from non-robust, HC3 and participant-clustered SEs, and a
 mixed model as a robustness row.
 
 The default interval (`cluster_cr2`, with participants as clusters) uses the bias-reduced
-CR2 (Bell–McCaffrey) cluster-robust variance with a t(G − 1) critical value, G = clusters:
-with the 10–30 participants of a typical study the plain sandwich with a normal critical
-value undercovers. The METR-parity rows (non-robust, HC3, `cluster`) keep the normal critical
-value z = Φ⁻¹(0.975), as METR's published `regression.py` does, so their numbers are
-reproduced exactly. `covariates` adds categorical terms (e.g. the crossover period).
+CR2 (Bell–McCaffrey) cluster-robust variance with a t critical value on Satterthwaite
+degrees of freedom (Bell and McCaffrey's, as R's clubSandwich computes them): with the 10–30
+participants of a typical study the plain sandwich with a normal critical value undercovers,
+and t(G − 1) still does when clusters are unequal or the treatment varies within few of
+them. The METR-parity rows (non-robust, HC3, `cluster`) keep the normal critical value
+z = Φ⁻¹(0.975) because that is METR's own: their published `regression.py` computes every
+interval as β ± norm.ppf(0.975)·SE, so their numbers are reproduced exactly.
+`covariates` adds categorical terms (e.g. the crossover period).
 
-Arm-mean imputation (METR's policy) is single imputation: imputed times count as observed,
+Arm-mean imputation (METR's policy) takes each arm's mean over the rows the regression
+keeps (a row dropped for a missing forecast or cluster does not shape it). It is single
+imputation: imputed times count as observed,
 so every SE and CI is too small when anything was imputed (`imputation_note` says so).
 """
 
@@ -52,6 +57,7 @@ class EffectResult:
     time_columns: list[str] = field(default_factory=list)
     participant_fe: bool = False
     covariates: list[str] = field(default_factory=list)
+    cr2_df: float | None = None  # Satterthwaite (Bell–McCaffrey) df of the CR2 t interval
 
     @property
     def imputation_note(self) -> str | None:
@@ -78,6 +84,7 @@ class EffectResult:
             "time_columns": list(self.time_columns),
             "participant_fe": self.participant_fe,
             "covariates": list(self.covariates),
+            "cr2_df": self.cr2_df,
             "default_se": DEFAULT_SE if self.ci.get(DEFAULT_SE) else None,
             "imputation_note": self.imputation_note,
         }
@@ -148,6 +155,7 @@ def _prepare(
     forecast: str | None,
     cluster: str | None,
     impute: str,
+    continuous: bool = False,
 ) -> tuple[_Prepared, list[str]]:
     if not isinstance(df, pd.DataFrame):
         raise AnalysisInputError("expected a pandas DataFrame of tasks/issues")
@@ -162,7 +170,7 @@ def _prepare(
     ]
     _require_columns(df, needed)
 
-    t = _treatment(df, treatment)
+    t = _numeric(df, treatment) if continuous else _treatment(df, treatment)
     comps = pd.DataFrame({c: _numeric(df, c) for c in time_cols}, index=df.index)
     negative = (comps < 0).any(axis=1)
     if negative.any():
@@ -192,12 +200,15 @@ def _prepare(
             miss = comps[c].isna() & keep
             if not miss.any():
                 continue
-            for arm in (0.0, 1.0):
-                obs = comps.loc[(t == arm) & comps[c].notna(), c]
+            # Arms are the treatment's values: 0/1, or each arm's speed for a trend.
+            for arm in np.unique(t[keep].dropna()):
+                # The mean comes from rows that enter the regression: a row dropped for a
+                # missing forecast or cluster must not shape the imputed values.
+                obs = comps.loc[keep & (t == arm) & comps[c].notna(), c]
                 arm_miss = miss & (t == arm)
                 if arm_miss.any() and obs.empty:
                     raise AnalysisInputError(
-                        f"cannot impute {c!r} by arm mean: arm {int(arm)} has no observed "
+                        f"cannot impute {c!r} by arm mean: arm {arm:g} has no observed "
                         "values; use --impute drop"
                     )
                 comps.loc[arm_miss, c] = obs.mean()
@@ -216,7 +227,8 @@ def _prepare(
     n = int(keep.sum())
     if n == 0 or len(np.unique(sub_t)) < 2:
         raise AnalysisInputError(
-            f"need rows in both arms of {treatment!r} (0 and 1) after dropping missing values; "
+            f"need rows in both arms of {treatment!r} (0 and 1, or two distinct values) after "
+            "dropping missing values; "
             f"got {n} usable row(s)"
         )
     groups = None
@@ -246,25 +258,40 @@ def _design(prep: _Prepared, participant_fe: bool) -> np.ndarray:
     return np.column_stack(cols)
 
 
-def _cr2_se(x: np.ndarray, resid: np.ndarray, groups: np.ndarray, j: int = 1) -> float:
-    """CR2 (Bell–McCaffrey 2002) cluster-robust SE of coefficient ``j``: each cluster's
-    residuals are rescaled by (I − H_gg)^(−1/2) before the sandwich (pseudo-inverse root
-    where a fixed effect makes I − H_gg singular)."""
+def _cr2(x: np.ndarray, resid: np.ndarray, groups: np.ndarray, j: int = 1
+         ) -> tuple[float, float]:
+    """CR2 (Bell–McCaffrey 2002) cluster-robust SE of coefficient ``j`` and its
+    Satterthwaite degrees of freedom.
+
+    Each cluster's residuals are rescaled by A_g = (I − H_gg)^(−1/2) before the sandwich
+    (pseudo-inverse root where a fixed effect makes I − H_gg singular). The degrees of
+    freedom are Bell and McCaffrey's (clubSandwich's "Satterthwaite" under its working
+    model Φ = I): with p_g = A_g X_g M e_j (M = (X'X)⁻¹) placed in cluster g's rows of a
+    column q_g, and U = (I − H)[q_1 … q_G], df = tr(U'U)² / tr((U'U)²). It equals G − 1
+    for a mean over equal clusters and falls below it when clusters or leverage are
+    unequal, where t(G − 1) undercovers.
+    """
     bread = np.linalg.pinv(x.T @ x)
-    meat = np.zeros_like(bread)
-    for g in np.unique(groups):
+    n = x.shape[0]
+    labels = np.unique(groups)
+    q = np.zeros((n, len(labels)))
+    for k, g in enumerate(labels):
         rows = groups == g
         xg = x[rows]
         m = np.eye(int(rows.sum())) - xg @ bread @ xg.T
         w, v = np.linalg.eigh(0.5 * (m + m.T))
         inv_root = np.where(w > 1e-10, 1.0 / np.sqrt(np.clip(w, 1e-10, None)), 0.0)
-        u = xg.T @ (v @ (inv_root * (v.T @ resid[rows])))
-        meat += np.outer(u, u)
-    cov = bread @ meat @ bread
-    return float(np.sqrt(max(cov[j, j], 0.0)))
+        a_g = v @ (inv_root[:, None] * v.T)
+        q[rows, k] = a_g @ (xg @ bread[:, j])
+    var = float(np.sum((q.T @ resid) ** 2))
+    u = q - x @ (bread @ (x.T @ q))  # (I − H) Q without forming the n × n hat matrix
+    gram = u.T @ u
+    denom = float(np.sum(gram * gram))
+    dof = float(np.trace(gram) ** 2 / denom) if denom > 0 else float(len(labels) - 1)
+    return float(np.sqrt(max(var, 0.0))), dof
 
 
-def _row_t(beta: float, se: float, df: int) -> tuple[list[float], float]:
+def _row_t(beta: float, se: float, df: float) -> tuple[list[float], float]:
     from scipy.stats import t as student_t
 
     q = float(student_t.ppf(0.975, df))
@@ -327,8 +354,12 @@ def estimate_effect(
     participant_fe: bool = False,
     mixed: bool = True,
     covariates: Sequence[str] | None = None,
+    continuous: bool = False,
 ) -> EffectResult:
     """Estimate the relative effect of `treatment` (1 vs 0) on task time.
+
+    With ``continuous`` the treatment is a number (e.g. log2 of an arm's expected wait) and
+    the effect is exp(β) − 1 per unit of it: the trend over arms.
 
     `time`: column(s) summed into the total time (a list, or "a+b"). `forecast`: the
     pre-randomization time estimate (log-covariate) or None. `cluster`: participant column for
@@ -338,10 +369,10 @@ def estimate_effect(
     """
     import statsmodels.api as sm
 
-    prep, time_cols = _prepare(df, time, treatment, forecast, cluster, impute)
+    prep, time_cols = _prepare(df, time, treatment, forecast, cluster, impute, continuous)
     if covariates:
         prep = _with_covariates(prep, df, time, treatment, forecast, cluster, impute,
-                                list(covariates))
+                                list(covariates), continuous)
     if participant_fe and cluster is None:
         raise AnalysisInputError(
             "participant fixed effects need --cluster (the participant column)"
@@ -370,11 +401,14 @@ def estimate_effect(
     se: dict[str, float | None] = {k_: None for k_ in SE_TYPES}
     p: dict[str, float | None] = {k_: None for k_ in SE_TYPES}
     for name, res in fits.items():
-        se[name] = float(np.asarray(res.bse)[1])
-        ci[name], p[name] = _row(beta, se[name])
+        se_k = float(np.asarray(res.bse)[1])
+        se[name] = se_k
+        ci[name], p[name] = _row(beta, se_k)
+    cr2_df = None
     if prep.groups is not None and n_clusters is not None:
-        se["cluster_cr2"] = _cr2_se(exog, np.asarray(fits["nonrobust"].resid), prep.groups)
-        ci["cluster_cr2"], p["cluster_cr2"] = _row_t(beta, se["cluster_cr2"], n_clusters - 1)
+        se_cr2, cr2_df = _cr2(exog, np.asarray(fits["nonrobust"].resid), prep.groups)
+        se["cluster_cr2"] = se_cr2
+        ci["cluster_cr2"], p["cluster_cr2"] = _row_t(beta, se_cr2, cr2_df)
 
     mixed_row = _mixed(prep) if (mixed and prep.groups is not None) else None
     return EffectResult(
@@ -391,32 +425,34 @@ def estimate_effect(
         time_columns=time_cols,
         participant_fe=participant_fe,
         covariates=list(covariates or []),
+        cr2_df=cr2_df,
     )
 
 
 def _with_covariates(prep: _Prepared, df: pd.DataFrame, time: str | Sequence[str],
                      treatment: str, forecast: str | None, cluster: str | None, impute: str,
-                     covariates: list[str]) -> _Prepared:
+                     covariates: list[str], continuous: bool = False) -> _Prepared:
     """Add dummies (first level dropped) of categorical ``covariates``; rows missing one are
     dropped like any other missing value."""
     _require_columns(df, covariates)
     ok = df[covariates].notna().all(axis=1)
     if not ok.all():
-        prep, _ = _prepare(df[ok], time, treatment, forecast, cluster, impute)
+        prep, _ = _prepare(df[ok], time, treatment, forecast, cluster, impute, continuous)
         prep.dropped += int((~ok).sum())
         df = df[ok]
-    keep = _kept_rows(df, time, treatment, forecast, cluster, impute)
+    keep = _kept_rows(df, time, treatment, forecast, cluster, impute, continuous)
     dummies = pd.get_dummies(df.loc[keep, covariates].astype(str), drop_first=True)
     prep.extra = dummies.to_numpy(float) if dummies.shape[1] else None
     return prep
 
 
 def _kept_rows(df: pd.DataFrame, time: str | Sequence[str], treatment: str,
-               forecast: str | None, cluster: str | None, impute: str) -> pd.Series:
+               forecast: str | None, cluster: str | None, impute: str,
+               continuous: bool = False) -> pd.Series:
     """The rows `_prepare` keeps (same rules), as a boolean mask on ``df``."""
     cols = _time_columns(df, time)
     comps = pd.DataFrame({c: _numeric(df, c) for c in cols}, index=df.index)
-    keep = _treatment(df, treatment).notna()
+    keep = (_numeric(df, treatment) if continuous else _treatment(df, treatment)).notna()
     if forecast:
         keep &= _numeric(df, forecast).notna()
     if cluster:

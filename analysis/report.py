@@ -48,6 +48,7 @@ from .report_sections import (
     WAIT_BANDS_S,
     WAIT_MEASURES,
     compare_truth,
+    expected_wait_s,
     ground_truth,
     jsonable,
     order_arms,
@@ -151,25 +152,39 @@ def task_effect_section(config: Any, tasks: pd.DataFrame, median_tokens: float) 
         return {"skipped": "tasks with a time in at least two arms are needed "
                            f"(found {len(arms)} arm(s) with timed tasks)"}
     fast, slow = arms[0], arms[-1]
-    note = None if len(arms) == 2 else (f"{len(arms)} arms: fastest ({fast}) against slowest "
-                                       f"({slow}); other arms left out")
-    t = t[t["arm"].isin([fast, slow])].assign(treatment=lambda d: (d["arm"] == fast).astype(int))
+    t = t.assign(arm=t["arm"].astype(str))
+    t = t[t["arm"].isin(arms)].assign(treatment=lambda d: (d["arm"] == fast).astype(int))
     has_fc = t["forecast_slow_s"].notna().any()
+    forecast = "forecast_slow_s" if has_fc else None
     # Crossover: periods differ (learning, fatigue) and arms are balanced over them only in
     # expectation, so the model has period fixed effects.
     period = (config.study.design == "crossover" and "period" in t.columns
               and t["period"].nunique() > 1)
+    covariates = ["period"] if period else []
+    by_arm = None
+    if len(arms) > 2:
+        # Every arm in one model: the headline (fastest vs slowest) keeps the middle arms'
+        # tasks, each under its own dummy, and every arm gets its row against the slowest.
+        from .arm_effects import arm_effects
+
+        waits = {a.name: expected_wait_s(a, median_tokens) for a in config.arms}
+        by_arm = arm_effects(t, arms, waits, forecast=forecast, covariates=covariates)
+        t = t.assign(other_arm=t["arm"].where(~t["arm"].isin([fast, slow]), ""))
+        covariates = ["other_arm", *covariates]
+    note = None if by_arm is None else (
+        f"{len(arms)} arms: the headline is the fastest ({fast}) against the slowest ({slow}) "
+        "with the other arms in the same model; every arm's row and the trend over speed "
+        "follow")
     try:
         res = estimate_effect(
-            t, time="task_time_s", treatment="treatment",
-            forecast="forecast_slow_s" if has_fc else None, cluster="participant_id",
-            impute="drop", covariates=["period"] if period else None,
+            t, time="task_time_s", treatment="treatment", forecast=forecast,
+            cluster="participant_id", impute="drop", covariates=covariates or None,
         )
     except AnalysisInputError as exc:
         return {"skipped": str(exc), "treatment_arm": fast, "control_arm": slow}
     d = res.to_dict()
-    d.update({"treatment_arm": fast, "control_arm": slow, "note": note,
-              "forecast": "forecast_slow_s" if has_fc else None,
+    d.update({"treatment_arm": fast, "control_arm": slow, "note": note, "by_arm": by_arm,
+              "forecast": forecast,
               "interpretation": "relative change in task time with the fast arm: "
                                 "exp(β) − 1 (negative = faster)"})
     return d

@@ -107,6 +107,12 @@ def _print_summary(r: dict[str, Any], out: Path) -> None:
         console.print(f"Task time, {e['treatment_arm']} vs {e['control_arm']}: "
                       f"{_pct(e['estimate'])} (CR2 clustered 95 % CI "
                       f"{_pct(ci[0])} … {_pct(ci[1])})")
+        trend = (e.get("by_arm") or {}).get("trend") or {}
+        if trend.get("per_doubling") is not None:
+            lo, hi = trend["ci"]
+            console.print(f"  trend over {len(e['by_arm']['rows']) + 1} arms: "
+                          f"{_pct(trend['per_doubling'])} per doubling of the wait "
+                          f"(95 % CI {_pct(lo)} … {_pct(hi)})")
     elif e.get("skipped"):
         console.print(f"Task-time effect: not estimated ({e['skipped']})")
     g = (r.get("ground_truth") or {}).get("comparison")

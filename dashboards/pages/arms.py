@@ -113,7 +113,7 @@ def task_section() -> None:
     st.metric(f"Task-time effect of {eff['treatment_arm']} vs {eff['control_arm']}",
               ui.pct(eff["estimate"]),
               help="exp(β) − 1 from analysis.effects.estimate_effect (log task time, "
-                   "CR2 participant-clustered SEs, t(G − 1)); negative = faster")
+                   "CR2 participant-clustered SEs, Satterthwaite t); negative = faster")
     st.caption((f"95 % CI {ui.pct(ci[0])} to {ui.pct(ci[1])}" if ci else "95 % CI not estimated")
                + f", n = {eff['n']} tasks" + (f"; {eff['note']}" if eff.get("note") else ""))
     ui.download(pd.DataFrame([{k: v for k, v in eff.items() if not isinstance(v, dict)}]),

@@ -221,9 +221,12 @@ def test_cr2_default_interval_is_small_cluster_correct() -> None:
     ref = smf.ols("np.log(initial_implementation_time + post_review_implementation_time)"
                   " ~ ai_treatment + np.log(predicted_time_no_ai)", single).fit(cov_type="HC2")
     assert r1.se["cluster_cr2"] == pytest.approx(ref.bse["ai_treatment"], rel=1e-8)
-    q = student_t.ppf(0.975, len(df) - 1)
+    # Its t has Satterthwaite degrees of freedom: fewer than n − 1 (unequal leverage).
+    assert r1.cr2_df is not None and 2 < r1.cr2_df < len(df) - 1
+    q = student_t.ppf(0.975, r1.cr2_df)
     assert r1.ci["cluster_cr2"][1] == pytest.approx(np.expm1(r1.beta + q * r1.se["cluster_cr2"]))
-    # With 8 clusters the CR2/t(7) interval is wider than the METR-parity sandwich/normal one.
+    assert r1.to_dict()["cr2_df"] == r1.cr2_df
+    # With 8 clusters the CR2/t interval is wider than the METR-parity sandwich/normal one.
     wide = res.ci["cluster_cr2"][1] - res.ci["cluster_cr2"][0]
     assert wide > res.ci["cluster"][1] - res.ci["cluster"][0]
 
@@ -243,3 +246,79 @@ def test_period_covariate_and_imputation_note() -> None:
     assert with_p.to_dict()["imputation_note"] == with_p.imputation_note
     with pytest.raises(AnalysisInputError, match="not found"):
         estimate_effect(df, TIME, "ai_treatment", None, "dev_id", covariates=["nope"])
+
+
+def _bm_df_by_hand(x: np.ndarray, groups: np.ndarray, j: int) -> float:
+    """Bell–McCaffrey df written out with the full n × n matrices (the textbook form)."""
+    n = len(x)
+    m = np.linalg.inv(x.T @ x)
+    h = x @ m @ x.T
+    cols = []
+    for g in np.unique(groups):
+        rows = np.flatnonzero(groups == g)
+        w, v = np.linalg.eigh(np.eye(len(rows)) - h[np.ix_(rows, rows)])
+        a = v @ np.diag(w ** -0.5) @ v.T
+        q = np.zeros(n)
+        q[rows] = a @ x[rows] @ m[:, j]
+        cols.append(q)
+    u = (np.eye(n) - h) @ np.column_stack(cols)
+    gram = u.T @ u
+    return float(np.trace(gram) ** 2 / np.sum(gram * gram))
+
+
+def test_cr2_satterthwaite_df_known_values_and_textbook_form() -> None:
+    from flowtrial.analysis.effects import _cr2
+
+    rng = np.random.default_rng(3)
+    groups = np.repeat(np.arange(8), 5)
+    ones = np.ones((40, 1))
+    # A mean over equal clusters: exactly G − 1.
+    assert _cr2(ones, rng.normal(size=40), groups, 0)[1] == pytest.approx(7.0)
+    # A cluster-level treatment, 4 clusters each side: 2·(4 − 1), as Welch's test.
+    x = np.column_stack([np.ones(40), (groups < 4).astype(float)])
+    assert _cr2(x, rng.normal(size=40), groups, 1)[1] == pytest.approx(6.0)
+    # Any design: the same as the n × n textbook form.
+    df = make_metr_like(seed=2, n_devs=9, per_dev=7).dropna()
+    codes = pd.factorize(df["dev_id"])[0]
+    xm = np.column_stack([np.ones(len(df)), df["ai_treatment"], np.log(df["predicted_time_no_ai"])])
+    assert _cr2(xm, rng.normal(size=len(df)), codes, 1)[1] == pytest.approx(
+        _bm_df_by_hand(xm, codes, 1), rel=1e-9)
+
+
+def test_cr2_satterthwaite_covers_where_t_g_minus_1_does_not() -> None:
+    """Two big clusters with noisy treated tasks and ten tiny ones: t(G − 1) undercovers,
+    the Satterthwaite t holds its level (400 replicates, bounded: ~1 s)."""
+    from scipy.stats import t as student_t
+
+    from flowtrial.analysis.effects import _cr2
+
+    rng = np.random.default_rng(0)
+    sizes = np.array([40, 30] + [2] * 10)
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    n, reps = int(sizes.sum()), 400
+    hit_bm = hit_g = 0
+    for _ in range(reps):
+        tr = (rng.random(n) < 0.5).astype(float)
+        x = np.column_stack([np.ones(n), tr])
+        y = 0.8 * rng.normal(size=len(sizes))[groups] + rng.normal(size=n) * (
+            1 + 2 * tr * (groups < 2))
+        b = np.linalg.lstsq(x, y, rcond=None)[0]
+        se, dof = _cr2(x, y - x @ b, groups, 1)
+        hit_bm += abs(b[1]) < student_t.ppf(0.975, dof) * se
+        hit_g += abs(b[1]) < student_t.ppf(0.975, len(sizes) - 1) * se
+    assert hit_bm / reps >= 0.92 and hit_g / reps <= 0.90
+
+
+def test_arm_mean_imputation_uses_kept_rows_only() -> None:
+    df = make_metr_like(seed=8, n_devs=10, per_dev=12)
+    # Rows without a forecast are dropped by the regression: give them extreme post-review
+    # times, which must not move the imputed means.
+    lost = df.sample(frac=0.2, random_state=1).index
+    df.loc[lost, "predicted_time_no_ai"] = np.nan
+    df.loc[lost, "post_review_implementation_time"] = 1e5
+    full = estimate_effect(df, TIME, "ai_treatment", "predicted_time_no_ai", "dev_id",
+                           impute="arm_mean", mixed=False)
+    kept = estimate_effect(df.drop(index=lost), TIME, "ai_treatment", "predicted_time_no_ai",
+                           "dev_id", impute="arm_mean", mixed=False)
+    assert full.imputed > 0 and full.beta == pytest.approx(kept.beta, rel=1e-12)
+    assert full.n == kept.n and full.dropped == kept.dropped + len(lost)
