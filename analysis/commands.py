@@ -266,10 +266,12 @@ def notebooks(
             raise _fail("no study database: pass --db FILE, or run `flowtrial demo` here first "
                         f"(looked for flowtrial-demo/flowtrial.db in {Path.cwd()} and above)")
         db = str(found)
-    elif "://" not in db:
-        if not Path(db).is_file():
-            raise _fail(f"{db}: no such database; pass a study database made by flowtrial")
-        db = str(Path(db).resolve())  # Jupyter runs in the notebooks' folder
+    else:
+        from flowtrial.study.storage import open_db
+
+        open_db(db).dispose()  # a missing or foreign database: one line, before Jupyter starts
+        if "://" not in db:
+            db = str(Path(db).resolve())  # Jupyter runs in the notebooks' folder
     typer.echo(f"Notebooks in {folder}, reading {db}. Ctrl-C stops Jupyter.")
     env = {**os.environ, ENV_VAR: db}
     command = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={folder}",

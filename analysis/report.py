@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from flowtrial.study.provenance import provenance
+from flowtrial.study.randomization import srm_not_applicable
 
 from . import AnalysisInputError, task_outcomes
 from . import report_figures as figs
@@ -52,6 +53,7 @@ from .report_sections import (
     ground_truth,
     jsonable,
     order_arms,
+    per_person_curves,
     personal_section,
     secondary_outcomes,
     threshold_headline,
@@ -93,7 +95,7 @@ def checks_section(
             return {"skipped": str(exc)}
 
     design = config.study.design
-    planned = {a.name: a.weight for a in config.arms}
+    planned = {a.name: a.weight for a in config.allocated_arms}
     assign = frames.extra.get("assignments")
     out: dict[str, Any] = {}
     if design == "parallel" and len(planned) > 1 and assign is not None:
@@ -110,8 +112,8 @@ def checks_section(
         out["srm"] = {**run(lambda: checks.srm_check(observed, dict.fromkeys(planned, 1.0))),
                       "unit": "participant-periods"}
     else:
-        out["srm"] = {"skipped": f"{design} design with {len(planned)} arm(s): no allocation "
-                                 "ratio to check"}
+        out["srm"] = {"skipped": srm_not_applicable(config)
+                      or "no assignments recorded: no allocation ratio to check"}
     if design == "crossover":
         out["carryover"] = run(lambda: checks.carryover_check(tasks))
     else:
@@ -224,7 +226,10 @@ def run_analysis(
     ``AnalysisInputError`` when there is nothing to analyse (no cycles and no tasks).
     """
     from flowtrial.study.storage import open_db
+    from flowtrial.study.validation import check_output_dir
 
+    if out_dir is not None:  # before the analysis: a bad --out must not cost its minutes
+        check_output_dir(Path(out_dir), "--out")
     say = _say(progress)
     database = open_db(db_path)
     try:
@@ -306,7 +311,7 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
         "study": {
             "name": config.study.name, "design": config.study.design,
             "unit": config.study.unit, "time_scale": scale, "time_compressed": scale != 1,
-            "arms": [a.name for a in config.arms],
+            "arms": [a.name for a in config.allocated_arms],
             "n_participants": int(cycles["participant_id"].nunique()),
             "n_cycles": int(len(cycles)), "n_cycles_ok": int(len(ok)),
             "n_tasks": int(len(tasks)),
@@ -370,6 +375,7 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
         f"chance under no effect (Bonferroni level {0.05 / max(len(sens), 1):.2g}); they "
         "describe robustness and confirm nothing on their own.")
     results["secondary"] = secondary_outcomes(cycles, PRIMARY_WAIT, switch_col)
+    results["per_person_curves"] = per_person_curves(cycles, PRIMARY_WAIT)
     if truth is not None:
         waits = cycles.loc[cycles["status"] == "ok", PRIMARY_WAIT]
         results["ground_truth"] = {**truth, "comparison": compare_truth(truth, thr, waits)}
@@ -411,7 +417,8 @@ def _fit_thresholds(cycles: pd.DataFrame, jobs: list[tuple[str, str]], *, n_boot
     """``threshold_section`` for each (wait, switch) job, on worker processes
     (``flowtrial.analysis.workers``); every fit is seeded, so results do not depend on the
     workers."""
-    cols = sorted({"participant_id", "status", *(c for job in jobs for c in job)})
+    cols = sorted({"participant_id", "status", *(c for job in jobs for c in job),
+                   *({"switch_source"} & set(cycles.columns))})
     narrow = cycles[cols]
     return run_jobs(_fit_job, [(narrow, w, sw, n_boot, seed, median_tokens, reading_tps)
                                for w, sw in jobs], workers, while_waiting=while_fitting)

@@ -174,6 +174,7 @@ def power(
 
     from flowtrial.study.config import load_study
     from flowtrial.study.errors import FlowtrialError
+    from flowtrial.study.validation import check_output_file
 
     from .power import power_grid
 
@@ -192,6 +193,7 @@ def power(
         raise _fail(f"--n-boot {n_boot}: use at least 10")
     try:
         config = load_study(study)
+        check_output_file(out, "--out")
     except FlowtrialError as exc:
         raise _fail(str(exc).splitlines()[0]) from None
 

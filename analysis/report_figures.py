@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .report_sections import analysable, binned_rate
+from .report_sections import MIN_WAITS_PER_CURVE, analysable, binned_rate, switch_analysable
 
 MAX_POINTS = 4000  # scatter plots are thinned to this many points
 MAX_PARTICIPANTS = 30  # small multiples
@@ -47,8 +47,8 @@ def switch_vs_wait(cycles: pd.DataFrame, wait_col: str, switch_col: str, result:
                    reported: tuple[float, float, float] | None = None) -> str | None:
     """P(switch) vs wait: binned points with Wilson CIs, the pooled hinge and smooth fits with
     the hinge's bootstrap band, the reported threshold (median personal ψ, CI) only when the
-    report reports one, and the true ψ when known."""
-    df = analysable(cycles, wait_col)
+    report reports one, and the true ψ when known; none without focus capture."""
+    df = switch_analysable(cycles, wait_col)
     if len(df) < 5:
         return None
     plt = _plt()
@@ -150,11 +150,13 @@ def manipulation(cycles: pd.DataFrame, seed: int = 0) -> str | None:
 def participants(cycles: pd.DataFrame, wait_col: str, switch_col: str,
                  true_psi: dict[str, float] | None = None, psi_hat: float | None = None
                  ) -> str | None:
-    """Small multiples: each participant's binned switch rate against the wait."""
-    df = analysable(cycles, wait_col)
-    if df.empty:
+    """Small multiples: each participant's binned switch rate against the wait, for those
+    with enough measured waits to draw a curve (:data:`MIN_WAITS_PER_CURVE`)."""
+    df = switch_analysable(cycles, wait_col)
+    counts = df["participant_id"].value_counts()
+    pids = sorted(counts[counts >= MIN_WAITS_PER_CURVE].index)[:MAX_PARTICIPANTS]
+    if not pids:
         return None
-    pids = sorted(df["participant_id"].unique())[:MAX_PARTICIPANTS]
     n = len(pids)
     ncol = min(6, n)
     nrow = math.ceil(n / ncol)

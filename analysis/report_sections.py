@@ -79,6 +79,54 @@ def analysable(cycles: pd.DataFrame, wait_col: str) -> pd.DataFrame:
     return cycles[ok]
 
 
+#: Waits a person needs for a curve of their own: two bins of 20 (``binned_rate``); with
+#: fewer, a "curve" is one dot.
+MIN_WAITS_PER_CURVE = 40
+
+
+def per_person_curves(cycles: pd.DataFrame, wait_col: str) -> dict[str, int]:
+    """How many people have a curve of their own (:data:`MIN_WAITS_PER_CURVE` measured
+    waits) and how many have too few waits for one."""
+    counts = switch_analysable(cycles, wait_col)["participant_id"].value_counts()
+    enough = int((counts >= MIN_WAITS_PER_CURVE).sum())
+    return {"min_waits": MIN_WAITS_PER_CURVE, "drawn": enough,
+            "too_few": int(len(counts)) - enough}
+
+
+#: Why a measure shows "—" rather than 0: the data to measure it is absent.
+NOT_MEASURED = {
+    "switches": ("no focus capture: no focus events recorded (no ActivityWatch import, no "
+                 "client focus events), so context switches were not measured"),
+    "decisions": ("no decisions recorded: no Continue data, event-API or agent-telemetry "
+                  "decisions and no persistence check"),
+}
+
+
+def focus_captured(cycles: pd.DataFrame) -> bool:
+    """Was there a focus timeline to measure switches on — any cycle of the study with a
+    ``switch_source`` other than ``none`` (docs/concepts/capture.md)? Judged on the whole
+    study: a person or arm without a single switch is measured as zero switches, a study
+    without any focus events is not measured at all."""
+    if "switch_source" not in cycles.columns:
+        return True
+    src = cycles["switch_source"]
+    return bool((src.notna() & (src.astype(str) != "none")).any())
+
+
+def switch_analysable(cycles: pd.DataFrame, wait_col: str) -> pd.DataFrame:
+    """:func:`analysable` cycles, none when switches were not measured (the threshold's
+    data)."""
+    df = analysable(cycles, wait_col)
+    return df if focus_captured(cycles) else df.iloc[0:0]
+
+
+def _not_measured_reason(cycles: pd.DataFrame, wait_col: str) -> str | None:
+    """The reason no switch analysis is possible although there are waits, else None."""
+    if len(analysable(cycles, wait_col)) and not focus_captured(cycles):
+        return "not measured: " + NOT_MEASURED["switches"]
+    return None
+
+
 def binned_rate(df: pd.DataFrame, wait_col: str, flag_col: str, n_bins: int = 10
                 ) -> pd.DataFrame:
     """P(flag) in log-spaced quantile bins of the wait, with Wilson 95 % CIs."""
@@ -132,7 +180,7 @@ def threshold_section(
     from . import AnalysisInputError
     from .threshold import fit_threshold
 
-    df = analysable(cycles, wait_col)
+    df = switch_analysable(cycles, wait_col)
     base: dict[str, Any] = {
         "wait_measure": wait_col,
         "wait_measure_label": WAIT_MEASURES.get(wait_col, wait_col),
@@ -148,7 +196,10 @@ def threshold_section(
                           "switched": df[switch_col].to_numpy(dtype=bool).astype(int)})
     n = max(10, int(n_boot))
     tokens = median_tokens if median_tokens is not None and median_tokens > 1 else None
+    unmeasured = _not_measured_reason(cycles, wait_col)
     try:
+        if unmeasured:
+            raise AnalysisInputError(unmeasured)
         res = fit_threshold(frame, n_boot=n, n_null=n, seed=seed, median_response_tokens=tokens,
                             reading_tps=reading_tps)
     except AnalysisInputError as exc:
@@ -187,7 +238,7 @@ def personal_section(
     from . import AnalysisInputError
     from .personal_threshold import estimate_detection_share, fit_personal_threshold
 
-    df = analysable(cycles, wait_col)
+    df = switch_analysable(cycles, wait_col)
     detection = 1.0
     if all_switch_col and all_switch_col in df.columns:
         detection = estimate_detection_share(df[switch_col].astype(bool),
@@ -197,7 +248,10 @@ def personal_section(
                           "switched": df[switch_col].to_numpy(dtype=bool).astype(int)})
     base: dict[str, Any] = {"detection_share": detection,
                             "detection_share_source": all_switch_col or "assumed 1"}
+    unmeasured = _not_measured_reason(cycles, wait_col)
     try:
+        if unmeasured:
+            raise AnalysisInputError(unmeasured)
         res = fit_personal_threshold(frame, detection_share=detection, workers=workers,
                                      progress=progress)
     except AnalysisInputError as exc:
@@ -278,10 +332,14 @@ def _num(x: Any) -> str:
 MIN_OBSERVED_S_PER_RATE = 600.0
 
 
-def _rates(g: pd.DataFrame, switch_col: str, persist_cols: list[str]) -> dict[str, Any]:
+def _rates(g: pd.DataFrame, switch_col: str, persist_cols: list[str], captured: bool = True
+           ) -> dict[str, Any]:
+    """Secondary outcomes of the cycles ``g``; switch measures are None (shown "—") when the
+    study has no focus capture (``captured``), never 0."""
     decided = g["decision"] != "none"
     n_dec = int(decided.sum())
-    sw = g[switch_col].to_numpy(dtype=bool)
+    measured = np.full(len(g), captured)
+    sw = g[switch_col].to_numpy(dtype=bool) & measured
     ct = g["cycle_time_s"].to_numpy(float)
     per_part = g.assign(ct=ct).groupby("participant_id")["ct"].agg(["mean", "sum"]).dropna()
     # An hourly rate from a few seconds of work says nothing (4 scripted cycles gave
@@ -291,8 +349,10 @@ def _rates(g: pd.DataFrame, switch_col: str, persist_cols: list[str]) -> dict[st
     row: dict[str, Any] = {
         "n_cycles": int(len(g)),
         "n_participants": int(g["participant_id"].nunique()),
-        "switch_rate": float(sw.mean()) if len(g) else None,
-        "resumption_lag_s_mean": float(g["resumption_lag_s"].mean()) if len(g) else None,
+        "switches_measured": captured,
+        "switch_rate": float(sw[measured].mean()) if measured.any() else None,
+        "resumption_lag_s_mean": (float(g["resumption_lag_s"][measured].mean())
+                                  if measured.any() else None),
         "resumption_lag_s_median_switched": (
             float(np.median(g["resumption_lag_s"].to_numpy(float)[sw])) if sw.any() else None),
         "cycles_per_hour": float(cph.mean()) if len(cph) else None,
@@ -315,7 +375,8 @@ def secondary_outcomes(cycles: pd.DataFrame, wait_col: str, switch_col: str) -> 
     and by band of the wait measure."""
     ok = cycles[(cycles["status"].astype(str) == "ok").to_numpy()]
     persist_cols = [c for c in ok.columns if c.startswith("persisted_")]
-    by_arm = [{"arm": arm, **_rates(g, switch_col, persist_cols)}
+    captured = focus_captured(cycles)
+    by_arm = [{"arm": arm, **_rates(g, switch_col, persist_cols, captured)}
               for arm, g in ok.groupby("arm", sort=True)]
     w = ok[wait_col].to_numpy(float)
     band = np.searchsorted(WAIT_BANDS_S, np.nan_to_num(w, nan=-1), side="right") - 1
@@ -327,14 +388,20 @@ def secondary_outcomes(cycles: pd.DataFrame, wait_col: str, switch_col: str) -> 
         lo, hi = WAIT_BANDS_S[b], WAIT_BANDS_S[b + 1]
         label = f"{lo:g}–{hi:g} s" if math.isfinite(hi) else f"≥ {lo:g} s"
         row = {"band": label, "lo_s": lo, "hi_s": hi if math.isfinite(hi) else None,
-               **_rates(g, switch_col, persist_cols)}
+               **_rates(g, switch_col, persist_cols, captured)}
         k = int(g[switch_col].to_numpy(dtype=bool).sum())
-        ci = wilson(k, len(g))
-        row["switch_rate_ci"] = [float(ci[0]), float(ci[1])]
+        ci = wilson(k, len(g)) if captured else (None, None)
+        row["switch_rate_ci"] = [None if v is None else float(v) for v in ci]
         by_band.append(row)
+    not_measured = {}
+    if len(ok) and not captured:
+        not_measured["switch rate, resumption lag"] = NOT_MEASURED["switches"]
+    if len(ok) and not (ok["decision"] != "none").any():
+        not_measured["acceptance, partial, review time"] = NOT_MEASURED["decisions"]
     return {"wait_measure": wait_col, "switch_measure": switch_col, "by_arm": by_arm,
             "by_wait_band": by_band, "persistence_intervals": persist_cols,
-            "overall": _rates(ok, switch_col, persist_cols) if len(ok) else None}
+            "overall": _rates(ok, switch_col, persist_cols, captured) if len(ok) else None,
+            "not_measured": not_measured}
 
 
 # ---------------------------------------------------------------------- ground truth

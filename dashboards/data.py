@@ -103,10 +103,10 @@ def study_info(url: str, fresh: tuple[int, ...]) -> StudyInfo:
     return StudyInfo(
         name=config.study.name, design=config.study.design, unit=str(config.study.unit),
         time_scale=float(config.study.time_scale),
-        arms=tuple(a.name for a in config.arms),
+        arms=tuple(a.name for a in config.allocated_arms),
         arm_targets={a.name: {"ttft_ms": a.ttft_ms, "tokens_per_second": a.tokens_per_second,
                               "delivery": a.delivery, "shaped": a.shaped}
-                     for a in config.arms},
+                     for a in config.allocated_arms},
         switch_min_away_s=float(config.capture.switch_min_away_s),
         idle_limit_s=float(config.study.idle_limit_s),
         status=study_status(db).to_dict(),

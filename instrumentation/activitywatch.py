@@ -54,6 +54,7 @@ from flowtrial.study.errors import FlowtrialError
 from flowtrial.study.participants import require_participant
 from flowtrial.study.schema import Event
 from flowtrial.study.storage import Database, WriteBatch, utcnow, write_rows
+from flowtrial.study.validation import check_finite, check_time_ns, load_json, time_ns
 
 __all__ = [
     "AFK", "EDITOR", "WEB", "WINDOW", "ActivityWatchError", "AwBucket", "BucketReport",
@@ -69,7 +70,6 @@ EDITOR = "app.editor.activity"
 WEB = "web.tab.current"
 SOURCE = "activitywatch"
 NS = 1_000_000_000
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # A tab event this long after its recorded end still counts as the active tab (watchers
 # send heartbeats every few seconds; a focused browser may skip some).
 _TAB_SLACK_NS = 30 * NS
@@ -129,12 +129,6 @@ class ImportReport:
 # --------------------------------------------------------------------------- time
 
 
-def _ns(dt: datetime) -> int:
-    """Exact UTC epoch ns of an aware datetime (no float rounding)."""
-    d = dt - _EPOCH
-    return (d.days * 86_400 + d.seconds) * NS + d.microseconds * 1000
-
-
 def parse_when(value: str | datetime | date | None, what: str = "time") -> datetime | None:
     """An ISO-8601 time (or date) as an aware UTC datetime; a time without offset is UTC."""
     if value is None or value == "":
@@ -155,27 +149,33 @@ def parse_when(value: str | datetime | date | None, what: str = "time") -> datet
     return dt.astimezone(UTC)
 
 
-def _event(raw: Mapping[str, Any]) -> AwEvent | None:
+def _event(raw: Any, where: str) -> AwEvent:
+    """One event, refusing (by name) what cannot be stored: a non-object, a time that is
+    not ISO-8601 or out of range, a duration that is not a finite number."""
+    if not isinstance(raw, Mapping):
+        raise ActivityWatchError(f"{where}: not an event object ({type(raw).__name__}): "
+                                 "fix or remove it")
     ts = raw.get("timestamp")
     try:
         dt = ts if isinstance(ts, datetime) else datetime.fromisoformat(str(ts))
     except ValueError:
-        return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
+        raise ActivityWatchError(f"{where}: timestamp {str(ts)[:40]!r} is not an ISO-8601 "
+                                 "time: fix or remove the event") from None
     dur = raw.get("duration", 0.0)
     if isinstance(dur, timedelta):
         dur = dur.total_seconds()
-    try:
-        dur_s = max(0.0, float(dur or 0.0))
-    except (TypeError, ValueError):
-        dur_s = 0.0
+    if isinstance(dur, bool) or not isinstance(dur, int | float | None):
+        raise ActivityWatchError(f"{where}: duration {str(dur)[:40]!r} is not a number of "
+                                 "seconds: fix or remove the event")
+    dur_s = max(0.0, check_finite(float(dur or 0.0), f"{where}: duration"))
+    ts_ns = time_ns(dt, f"{where}: timestamp")
+    check_time_ns(ts_ns + round(dur_s * NS), f"{where}: end (timestamp + duration)")
     data = raw.get("data")
-    return AwEvent(_ns(dt), dur_s, dict(data) if isinstance(data, Mapping) else {})
+    return AwEvent(ts_ns, dur_s, dict(data) if isinstance(data, Mapping) else {})
 
 
-def _bucket(bid: str, meta: Mapping[str, Any], events: Iterable[Mapping[str, Any]]) -> AwBucket:
-    evs = [e for e in (_event(r) for r in events) if e is not None]
+def _bucket(bid: str, meta: Mapping[str, Any], events: Iterable[Any], source: str) -> AwBucket:
+    evs = [_event(r, f"{source}: bucket {bid}, event {i}") for i, r in enumerate(events)]
     evs.sort(key=lambda e: e.ts_ns)
     return AwBucket(id=str(meta.get("id") or bid), type=str(meta.get("type") or ""),
                     client=meta.get("client"), hostname=meta.get("hostname"), events=evs)
@@ -191,7 +191,13 @@ def load_export(path: str | Path) -> list[AwBucket]:
     if not p.exists():
         raise ActivityWatchError(f"{p}: no such export file")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = load_json(p.read_text(encoding="utf-8"), str(p))
+    except IsADirectoryError:
+        raise ActivityWatchError(f"{p}: a folder, not an export file: give the file written "
+                                 "by GET /api/0/export") from None
+    except OSError as exc:
+        raise ActivityWatchError(f"{p}: cannot read it ({exc.strerror}): check its "
+                                 "permissions") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ActivityWatchError(f"{p}: not a JSON file ({exc})") from None
     return buckets_from_json(data, str(p))
@@ -215,7 +221,7 @@ def buckets_from_json(data: object, source: str = "upload") -> list[AwBucket]:
     for bid, b in buckets.items():
         if isinstance(b, dict):
             evs = b.get("events")
-            out.append(_bucket(bid, b, evs if isinstance(evs, list) else []))
+            out.append(_bucket(bid, b, evs if isinstance(evs, list) else [], source))
     return out
 
 
@@ -256,7 +262,7 @@ def load_server(url: str, since: datetime | None = None, until: datetime | None 
             events = client.get_events(bid, limit=-1, start=start, end=until)
             out.append(_bucket(bid, meta, (
                 {"timestamp": e.timestamp, "duration": e.duration, "data": e.data}
-                for e in events)))
+                for e in events), url))
         return out
     except requests.exceptions.ConnectionError:
         raise ActivityWatchError(
@@ -364,8 +370,8 @@ def convert_buckets(
     until: datetime | None = None,
 ) -> tuple[list[dict[str, Any]], list[BucketReport]]:
     """Events rows (without ``received_at``) and a report line per bucket (module docstring)."""
-    lo = _ns(since) if since else None
-    hi = _ns(until) if until else None
+    lo = time_ns(since, "--since") if since else None
+    hi = time_ns(until, "--until") if until else None
 
     def in_range(ev: AwEvent) -> bool:
         return (lo is None or ev.ts_ns >= lo) and (hi is None or ev.ts_ns < hi)

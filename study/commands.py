@@ -31,21 +31,32 @@ def init(
         "study.toml"
     ),
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    design: Annotated[str, typer.Option(
+        "--design", help="per_prompt (each prompt draws its latency; no arms), or parallel / "
+                         "crossover (two example arms).")] = "per_prompt",
     template: Annotated[str, typer.Option(
-        "--template", help="per-prompt (a flow-threshold study) or speed-vs-capability (a fast "
-                           "model, the same model slowed to a slow model's measured latency, "
-                           "and the slow model).")] = "per-prompt",
+        "--template", help="flow-threshold (the example above, per --design) or "
+                           "speed-vs-capability (a fast model, the same model slowed to a "
+                           "slow model's measured latency, and the slow model: a "
+                           "crossover).")] = "flow-threshold",
 ) -> None:
     """Write a commented example study file to edit."""
     from .config import example_study_text, speed_vs_capability_text
 
-    texts = {"per-prompt": example_study_text, "speed-vs-capability": speed_vs_capability_text}
-    if template not in texts:
-        raise FlowtrialError(f"unknown --template {template!r}: use one of {', '.join(texts)}")
+    if template not in ("flow-threshold", "speed-vs-capability"):
+        raise FlowtrialError(f"unknown --template {template!r}: use flow-threshold or "
+                             "speed-vs-capability")
+    if design not in ("per_prompt", "parallel", "crossover"):
+        raise FlowtrialError(f"--design {design!r}: use per_prompt, parallel or crossover")
+    if template == "speed-vs-capability" and design != "per_prompt":
+        raise FlowtrialError("--template speed-vs-capability writes a crossover study: leave "
+                             "out --design (edit [study] design in the file to change it)")
     if path.exists() and not force:
         raise FlowtrialError(
             f"{path} already exists: pass --force to overwrite it, or choose another path")
-    path.write_text(texts[template](), encoding="utf-8")
+    text = (speed_vs_capability_text() if template == "speed-vs-capability"
+            else example_study_text(design))  # type: ignore[arg-type]
+    path.write_text(text, encoding="utf-8")
     console.print(escape(f"Wrote {path}. Edit it, check it with `flowtrial validate --study "
                          f"{path}`, then enroll participants with `flowtrial enroll`."),
                   highlight=False, soft_wrap=True)
@@ -151,6 +162,8 @@ def status(
             f"Sample-ratio check: χ²={st.srm.chi2:.2f} p={st.srm.p_value:.3g} {flag} "
             "(flagged below p=0.001)"
         )
+    elif st.srm_skipped:
+        console.print(f"Sample-ratio check: not applicable ({st.srm_skipped})")
 
 
 def export(
@@ -167,9 +180,11 @@ def export(
     """Export every table as CSV or Parquet (keys and their hashes are never exported)."""
     from .export import export_tables
     from .storage import open_db
+    from .validation import check_output_dir
 
     if fmt not in ("csv", "parquet"):
         raise FlowtrialError(f"--format {fmt!r} is not supported: use csv or parquet")
+    check_output_dir(out, "--out")
     database = open_db(db)
     counts = export_tables(database, out, fmt, deidentify)  # type: ignore[arg-type]
     t = Table(title=f"Exported to {out}")

@@ -493,6 +493,14 @@ class StudyConfig(_Strict):
     def arm_names(self) -> list[str]:
         return [a.name for a in self.arms]
 
+    @property
+    def allocated_arms(self) -> list[ArmConfig]:
+        """The arms participants (or periods) are allocated to: none in a per-prompt study,
+        where every prompt draws its own latency from ``[per_prompt]`` (its cycles carry the
+        label ``per_prompt``, not an arm). Stored, exported, counted and checked for sample
+        ratio are these, never ``[[arms]]`` a per-prompt study leaves unused."""
+        return [] if self.study.design == "per_prompt" else list(self.arms)
+
     def arm(self, name: str) -> ArmConfig:
         for a in self.arms:
             if a.name == name:
@@ -685,9 +693,24 @@ def describe_study(config: StudyConfig) -> list[str]:
     return lines
 
 
-def example_study_text() -> str:
-    """The commented example study file that `flowtrial init` writes."""
-    return (Path(__file__).parent / "example_study.toml").read_text(encoding="utf-8")
+def example_study_text(design: Design = "per_prompt") -> str:
+    """The commented example study file that `flowtrial init` writes: per-prompt (no arms;
+    the arms for the other designs are a commented block), or switched to ``design`` the way
+    its comment tells a user to: design and unit set, the two example arms uncommented."""
+    text = (Path(__file__).parent / "example_study.toml").read_text(encoding="utf-8")
+    if design == "per_prompt":
+        return text
+    lines = text.splitlines(keepends=True)
+    start = lines.index("# [[arms]]\n")
+    end = lines.index("[capture]\n")
+    lines[start:end] = [ln[2:] if ln.startswith("# ") else ln.lstrip("#")
+                        for ln in lines[start:end]]
+    text = "".join(lines)
+    text = re.sub(r'^design = "per_prompt" *', lambda _m: f'design = "{design}"'.ljust(31),
+                  text, count=1, flags=re.M)
+    unit = ALLOWED_UNITS[design][0]
+    return re.sub(r'^unit = "prompt" *', lambda _m: f'unit = "{unit}"'.ljust(31), text,
+                  count=1, flags=re.M)
 
 
 def speed_vs_capability_text() -> str:

@@ -109,11 +109,14 @@ def export_tables(
     out_dir.mkdir(parents=True, exist_ok=True)
     key = salt if salt is not None else secrets.token_bytes(32)
     counts: dict[str, int] = {}
+    allocated = {a.name for a in database.config().allocated_arms}
     for model in TABLES:
         table = model.__table__  # type: ignore[attr-defined]
         if table.name in NOT_EXPORTED:
             continue
         df = pd.read_sql_table(table.name, database.engine)
+        if table.name == "arms":  # a database made before per-prompt studies stored none
+            df = df[df["name"].isin(allocated)]
         df = df.drop(columns=[c for c in SECRET_COLUMNS if c in df.columns])
         if table.name == "meta":  # the conversation secret never leaves the database
             df = df[df["key"] != CONVERSATION_SECRET]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import ArmConfig, PerPromptSection, Range
+from .config import ArmConfig, PerPromptSection, Range, StudyConfig
 
 SRM_ALPHA = 0.001
 
@@ -166,3 +166,15 @@ def srm_check(
         alpha,
         unplanned,
     )
+
+
+def srm_not_applicable(config: StudyConfig) -> str | None:
+    """Why the sample-ratio check does not apply to this study (the one wording the report,
+    ``flowtrial status`` and the dashboard use), or None when it does."""
+    arms = config.allocated_arms
+    if config.study.design == "per_prompt":
+        return ("per-prompt design: every prompt draws its own latency, so there are no arms "
+                "and no allocation ratio to check")
+    if len(arms) < 2:
+        return f"{config.study.design} design with one arm: no allocation ratio to check"
+    return None

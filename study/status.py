@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 from sqlmodel import col
 
 from .participants import PER_PROMPT_ARM
-from .randomization import SRMResult, srm_check
+from .randomization import SRMResult, srm_check, srm_not_applicable
 from .schema import Assignment, Cycle, Event, Participant, Task
 from .storage import Database
 
@@ -30,6 +30,7 @@ class StudyStatus:
     withdrawn: int = 0
     awaiting_consent: int = 0
     refused_requests: int = 0
+    srm_skipped: str | None = None  # why the check does not apply
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -46,6 +47,7 @@ class StudyStatus:
             "withdrawn": self.withdrawn,
             "awaiting_consent": self.awaiting_consent,
             "refused_requests": self.refused_requests,
+            "srm_skipped": self.srm_skipped,
         }
 
 
@@ -82,19 +84,21 @@ def study_status(database: Database) -> StudyStatus:
         refused_requests=int(refused),
     )
     per_prompt = config.study.design == "per_prompt"
-    arm_names = [PER_PROMPT_ARM] if per_prompt else config.arm_names
-    st.assignments = {} if per_prompt else {a: 0 for a in config.arm_names}
+    allocated = [a.name for a in config.allocated_arms]
+    arm_names = [PER_PROMPT_ARM] if per_prompt else allocated
+    st.assignments = dict.fromkeys(allocated, 0)
     for arm, n in assign_rows:
         st.assignments[arm] = int(n)
     for arm in arm_names:
         st.cycles.setdefault(arm, {})
     for arm, status, n in cycle_rows:
         st.cycles.setdefault(arm, {})[status] = int(n)
-    planned = {a.name: a.weight for a in config.arms}
-    if config.study.design == "parallel" and len(planned) > 1:
+    planned = {a.name: a.weight for a in config.allocated_arms}
+    st.srm_skipped = srm_not_applicable(config)
+    if st.srm_skipped is None and config.study.design == "parallel":
         st.srm = srm_check(st.assignments, planned)
-    elif config.study.design == "crossover" and len(planned) > 1:
+    elif st.srm_skipped is None:
         # Crossover: every period's arm should be used equally often across cycles.
         observed = {a: sum(st.cycles.get(a, {}).values()) for a in planned}
-        st.srm = srm_check(observed, {a: 1.0 for a in planned})
+        st.srm = srm_check(observed, dict.fromkeys(planned, 1.0))
     return st

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Engine, Insert, create_engine, event, inspect, make_url, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.pool import NullPool
 from sqlmodel import Session, SQLModel
 
@@ -98,7 +98,7 @@ def create_db_engine(db: str | Path, *, pooled: bool = False) -> Engine:
 def _read_version(engine: Engine) -> int | None:
     try:
         return _read_version_raw(engine)
-    except OperationalError as exc:
+    except DBAPIError as exc:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         raise StorageError(
             f"{engine.url.render_as_string(hide_password=True)}: cannot "
@@ -145,16 +145,39 @@ class Database:
         self.engine.dispose()
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_sqlite_path(path: Path, must_exist: bool) -> None:
+    """Refuse, in one line, a path that cannot be a study database: missing (when it must
+    exist), in a folder that does not exist, a folder, unreadable, or another kind of file."""
+    if path.is_dir():
+        raise StorageError(f"{path}: a folder, not a database: give the study database's "
+                           "file path (e.g. study.db)")
+    if not path.exists():
+        if must_exist:
+            raise StorageError(f"{path}: no such database: create it with `flowtrial enroll "
+                               "--study …` or `flowtrial simulate`")
+        if not path.parent.is_dir():
+            raise StorageError(f"{path.parent}: no such folder for the new database: create "
+                               f"it first (mkdir -p {path.parent}) or correct the path")
+        return
+    try:
+        with path.open("rb") as f:
+            header = f.read(len(_SQLITE_HEADER))
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot read it ({exc.strerror}): check its permissions"
+                           ) from None
+    if header and header != _SQLITE_HEADER:
+        raise StorageError(f"{path}: not a database (not a SQLite file): give the study "
+                           "database's path, e.g. the --db given to `flowtrial enroll`")
+
+
 def open_db(db: str | Path, *, must_exist: bool = True) -> Database:
     """Open a study database, checking that its schema version is the one we speak."""
     url = database_url(db)
-    if must_exist and url.startswith("sqlite:///"):
-        path = Path(url.removeprefix("sqlite:///"))
-        if not path.exists():
-            raise StorageError(
-                f"{path}: no such database: create it with `flowtrial enroll --study …` "
-                "or `flowtrial simulate`"
-            )
+    if url.startswith("sqlite:///"):
+        _check_sqlite_path(Path(url.removeprefix("sqlite:///")), must_exist)
     engine = create_db_engine(url)
     version = _read_version(engine)
     if version is None and must_exist:
@@ -175,8 +198,6 @@ def init_db(db: str | Path, config: StudyConfig, config_toml: str | None = None)
     Reopening checks that the database belongs to the same study and that nothing that
     fixes the randomization (seed, design, arms, per-prompt ranges) has changed.
     """
-    if "://" not in str(db):
-        Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
     database = open_db(db, must_exist=False)
     if _read_version(database.engine) is None:
         with database.engine.begin() as conn:
@@ -201,7 +222,7 @@ def init_db(db: str | Path, config: StudyConfig, config_toml: str | None = None)
                     created_at=utcnow(),
                 )
             )
-            for a in config.arms:
+            for a in config.allocated_arms:  # per-prompt: none (docs: the study file)
                 s.add(
                     Arm(
                         name=a.name,
@@ -511,8 +532,11 @@ def migrate_database(db: str) -> tuple[int, int]:
     (version before, version after). Opening a database does this too; the command lets
     an operator do it once, before starting several proxies."""
     url = database_url(db)
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
-        raise StorageError(f"{db}: no such database: nothing to migrate")
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        if not path.exists():
+            raise StorageError(f"{db}: no such database: nothing to migrate")
+        _check_sqlite_path(path, must_exist=True)
     engine = create_db_engine(url)
     try:
         before = _read_version(engine)

@@ -59,7 +59,7 @@ if srm:
         st.success(msg + " — no mismatch.")
 else:
     st.caption("Sample-ratio check: not applicable "
-               f"({info.design} design with {len(info.arms)} arm(s)).")
+               f"({status.get('srm_skipped') or 'no allocation ratio to check'}).")
 
 if not ui.no_cycles(ctx, "The manipulation check"):
     # The report's own check on the filtered cycles (same verdict, same keys as

@@ -14,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from flowtrial.dashboards import data, ui
+from flowtrial.dashboards.real_time import axis_format, in_real_time, utc_label
 
 #: Drawn inside the wait bar of their turn, on its lane, as thinner bars.
 INSIDE_TURN = ("model call", "tool")
@@ -156,8 +157,15 @@ if not ui.no_cycles(ctx, "The timeline"):
                 "switch_category", "time_away_s", "resumption_lag_s", "decision",
                 "review_time_s", "agent_s"]
         seg = seg.reindex(columns=cols)
+        # Real time: a compressed study's raw clock stretched by time_scale (the bars are
+        # then the real durations the metrics above report), 24-hour UTC labels.
+        seg = in_real_time(seg, ctx.scale)
+        x_format = "%H:%M"
+        if len(seg):
+            x_format = axis_format(seg["start"].min(), seg[["start", "end"]].max().max())
+            seg["start (UTC)"] = utc_label(seg["start"], "%Y" in x_format)
         tips = [alt.Tooltip("phase:N"), alt.Tooltip("cycle_id:N"), alt.Tooltip("arm:N"),
-                alt.Tooltip("start:T", format="%H:%M:%S"),
+                alt.Tooltip("start (UTC):N"),
                 alt.Tooltip("experienced_ttft_s:Q", format=".2f", title="TTFT (s)"),
                 alt.Tooltip("total_wait_s:Q", format=".2f", title="total wait (s)"),
                 alt.Tooltip("idle_wait_s:Q", format=".2f", title="idle wait (s)"),
@@ -174,13 +182,15 @@ if not ui.no_cycles(ctx, "The timeline"):
         lane = alt.Y("lane:N", title=None, sort=order)
         color = alt.Color("phase:N", scale=alt.Scale(domain=list(PHASE_COLORS),
                                                      range=list(PHASE_COLORS.values())))
-        enc = {"x": alt.X("start:T", title="time (UTC)"), "x2": "end:T", "y": lane,
-               "color": color, "tooltip": tips}
+        real = f", real time ({ctx.scale:g}× the recorded clock)" if ctx.scale != 1 else ""
+        enc = {"x": alt.X("start:T", title=f"time (UTC, 24 h{real})",
+                          scale=alt.Scale(type="utc"), axis=alt.Axis(format=x_format)),
+               "x2": "end:T", "y": lane, "color": color, "tooltip": tips}
         # The turn's bar spans its wait; its model calls and tool gaps sit inside it.
         bars = (alt.Chart(seg[~seg["inside"]]).mark_bar(height=18).encode(**enc)
                 + alt.Chart(seg[seg["inside"]]).mark_bar(height=8).encode(**enc))
         prompts = alt.Chart(seg[seg["phase"] == "wait"]).mark_tick(
-            color="black", thickness=2, size=22).encode(x="start:T", y=lane, tooltip=tips)
+            color="black", thickness=2, size=22).encode(x=enc["x"], y=lane, tooltip=tips)
         ch = (bars + prompts).properties(height=200).interactive(bind_y=False)
         st.caption("Each prompt is a black tick; bars show the wait until the last token"
                    + (" (an agent turn's whole wait, with its model calls and the tool runs "

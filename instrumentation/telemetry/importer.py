@@ -12,7 +12,6 @@ twice — or a file whose records also arrived live at the proxy — adds nothin
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from sqlalchemy import bindparam, text
 from flowtrial.study.errors import FlowtrialError
 from flowtrial.study.schema import Event, Participant
 from flowtrial.study.storage import Database, WriteBatch, utcnow, write_rows
+from flowtrial.study.validation import check_time_ns, decode_json
 
 from .ingest import HORIZON_S, prepare_rows, relink
 from .otlp import OtelRecord, OtlpDecodeError, Signal, parse_json_request, records
@@ -58,9 +58,15 @@ def _documents(path: Path) -> Iterator[tuple[int, Any]]:
     pretty-printed objects one after another (Gemini CLI's outfile)."""
     try:
         content = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise OtelImportError(f"{path}: cannot read it ({exc})") from None
-    decoder = json.JSONDecoder()
+    except IsADirectoryError:
+        raise OtelImportError(f"{path}: a folder, not a file: give the OTLP JSON file"
+                              ) from None
+    except OSError as exc:
+        raise OtelImportError(f"{path}: cannot read it ({exc.strerror}): check the path and "
+                              "its permissions") from None
+    except UnicodeDecodeError as exc:
+        raise OtelImportError(f"{path}: not UTF-8 text ({exc.reason}): give the OTLP JSON "
+                              "file") from None
     pos, end = 0, len(content)
     while True:
         while pos < end and content[pos].isspace():
@@ -69,7 +75,7 @@ def _documents(path: Path) -> Iterator[tuple[int, Any]]:
             return
         line = content.count("\n", 0, pos) + 1
         try:
-            doc, pos = decoder.raw_decode(content, pos)
+            doc, pos = decode_json(content, f"{path}:{line}", pos)
         except ValueError as exc:
             raise OtelImportError(f"{path}:{line}: not JSON ({exc}): the file must hold OTLP "
                                   "JSON export requests (one per line) or Gemini CLI's "
@@ -95,7 +101,17 @@ def read_otlp_json(path: str | Path) -> list[OtelRecord]:
             out += records(signals[0], parse_json_request(signals[0], doc))
         except OtlpDecodeError as exc:
             raise OtelImportError(f"{path}:{n}: {exc}") from None
+    for rec in out:
+        _check_record(rec, str(path))
     return out
+
+
+def _check_record(rec: OtelRecord, source: str) -> None:
+    """Refuse a record whose times the database cannot hold (0 means "no time": now)."""
+    what = f"{source}: {rec.signal} record {rec.name[:60]!r}"
+    check_time_ns(rec.time_ns, f"{what}: time")
+    if rec.end_ns is not None:
+        check_time_ns(rec.end_ns, f"{what}: end time")
 
 
 _EXISTING = text("SELECT dedupe_key FROM events WHERE dedupe_key IN :keys").bindparams(

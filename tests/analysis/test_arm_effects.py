@@ -68,7 +68,7 @@ def test_three_arm_crossover_report_shows_every_arm(tmp_path) -> None:  # noqa: 
     from flowtrial.study.simulator import SimParams, simulate_virtual
     from flowtrial.study.storage import init_db
 
-    data = tomllib.loads(example_study_text())
+    data = tomllib.loads(example_study_text("crossover"))
     data["study"].update(design="crossover", unit="task", name="three-arms", time_scale=10.0)
     data["arms"].insert(1, {"name": "middle", "ttft_ms": 2000, "tokens_per_second": 150})
     cfg = parse_study(data)

@@ -36,7 +36,7 @@ CASES = {  # notebook -> the design of the study it runs on
 
 
 def make_study(path: Path, design: str) -> Path:
-    data = tomllib.loads(example_study_text())
+    data = tomllib.loads(example_study_text(design))  # type: ignore[arg-type]
     data["study"]["time_scale"] = 10
     if design != "per_prompt":
         data["study"]["design"] = design
@@ -261,5 +261,6 @@ def test_flowtrial_notebooks_without_a_database_is_one_line(tmp_path: Path) -> N
                            str(tmp_path / "missing.db")], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"error: {tmp_path / 'missing.db'}: no such database; pass a "
-                                   "study database made by flowtrial")
+    assert proc.stderr.strip() == (f"error: {tmp_path / 'missing.db'}: no such database: create "
+                                   "it with `flowtrial enroll --study …` or `flowtrial "
+                                   "simulate`")

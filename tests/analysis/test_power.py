@@ -24,7 +24,7 @@ from flowtrial.study.config import example_study_text, parse_study
 
 
 def config_for(design: str = "per_prompt"):  # noqa: ANN201
-    data = tomllib.loads(example_study_text())
+    data = tomllib.loads(example_study_text(design))  # type: ignore[arg-type]
     if design != "per_prompt":
         data["study"]["design"] = design
         data["study"]["unit"] = "participant" if design == "parallel" else "task"

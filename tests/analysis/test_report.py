@@ -21,7 +21,7 @@ THRESHOLD_KEYS = {"psi_s", "ci_s", "p_exists", "tokens_per_second_at_median_leng
 
 
 def config_for(design: str = "per_prompt", time_scale: float = 10.0):  # noqa: ANN201
-    data = tomllib.loads(example_study_text())
+    data = tomllib.loads(example_study_text(design))  # type: ignore[arg-type]
     data["study"]["time_scale"] = time_scale
     data["study"]["name"] = f"report-test-{design}"
     if design != "per_prompt":

@@ -97,9 +97,13 @@ def test_tiny_and_empty_studies_degrade_to_sentences(which: str,
     assert n == (0 if which == "empty" else 4)
     for bad in BROKEN:
         assert bad not in text, (bad, which)
-    assert "No flow threshold reported: need >= 20 cycles" in text
     assert "Personal thresholds (headline): not estimated." in text
-    assert "Not fitted: no variant of the wait or switch definition has enough cycles" in text
+    if which == "empty":
+        assert "No flow threshold reported: need >= 20 cycles" in text
+        assert "Not fitted: no variant of the wait or switch definition has enough cycles" in text
+    else:  # its one simulated person never left the editor: no focus events at all
+        assert "No flow threshold reported: not measured: no focus capture" in text
+        assert "Not fitted: not measured: no focus capture" in text
     assert "too little data for an estimate to compare with it" in text
     assert "<th>ψ* (s)</th>" not in html  # no table of dashes
     if which == "empty":
@@ -116,3 +120,54 @@ def test_tables_fit_the_page(tiny: tuple[dict, str]) -> None:
     assert re.search(r"table \{[^}]*max-width: 100%", rules)
     assert re.search(r"th, td \{[^}]*overflow-wrap: anywhere", rules)
     assert "overflow-x" not in rules  # nothing scrolls sideways, results.json wraps too
+
+
+@pytest.fixture(scope="module")
+def uncaptured(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    """A study whose cycles were recorded with no focus capture and no decisions at all (every
+    focus, AFK and decision event removed)."""
+    import sqlite3
+
+    db = _study(tmp_path_factory.mktemp("uncaptured") / "study.db", participants=4,
+                prompts=30)
+    with sqlite3.connect(db) as conn:
+        n = conn.execute("DELETE FROM events WHERE kind IN ('focus_out', 'focus_in', "
+                         "'afk_start', 'afk_end', 'accept', 'reject', 'partial_accept')"
+                         ).rowcount
+        assert n > 0
+    out = db.parent / "report"
+    results = run_analysis(db, out, n_boot=10, seed=0, workers=1, figures=True)
+    return results, (out / "report.html").read_text(encoding="utf-8")
+
+
+def test_unmeasured_is_never_zero(uncaptured: tuple[dict, str]) -> None:
+    results, html = uncaptured
+    s = results["secondary"]
+    (arm,) = s["by_arm"]
+    assert arm["n_cycles"] == 120 and arm["switches_measured"] is False
+    assert arm["switch_rate"] is None and arm["acceptance_rate"] is None
+    assert all(b["switch_rate"] is None for b in s["by_wait_band"])
+    assert set(s["not_measured"]) == {"switch rate, resumption lag",
+                                      "acceptance, partial, review time"}
+    text = _text(html)
+    row = re.search(r"<tr><td>per_prompt</td>(.*?)</tr>", html, re.S)
+    assert row is not None and "0.0 %" not in row.group(1)
+    assert "Not measured (—), switch rate, resumption lag: no focus capture" in text
+    assert "Not measured (—), acceptance, partial, review time: no decisions recorded" in text
+    # the threshold is not "absent": it was not measured, and says so
+    thr = results["threshold"]
+    assert thr["found"] is False and "not measured: no focus capture" in thr["pooled_reason"]
+    assert "No flow threshold reported: not measured: no focus capture" in thr["headline"]
+    assert "switch_vs_wait" not in results["figures"]
+
+
+def test_per_person_curves_only_with_enough_waits(uncaptured: tuple[dict, str],
+                                                  tmp_path: Path) -> None:
+    # 4 people × 30 waits: with focus capture, nobody has the 40 waits a curve needs
+    db = _study(tmp_path / "study.db", participants=4, prompts=30)
+    results = run_analysis(db, tmp_path / "report", n_boot=10, seed=0, workers=1)
+    curves = results["per_person_curves"]
+    assert curves == {"min_waits": 40, "drawn": 0, "too_few": 4}
+    assert "participants" not in results["figures"]
+    text = _text((tmp_path / "report" / "report.html").read_text(encoding="utf-8"))
+    assert "No per-participant curves: no participant has the 40 measured waits" in text

@@ -17,8 +17,7 @@ PAGES = ["pages/overview.py", "pages/timeline.py", "pages/arms.py", "pages/thres
 
 
 def parallel_text() -> str:
-    return example_study_text().replace('design = "per_prompt"', 'design = "parallel"').replace(
-        'unit = "prompt"', 'unit = "participant"')
+    return example_study_text("parallel")
 
 
 @pytest.fixture(scope="session")

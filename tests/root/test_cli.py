@@ -47,14 +47,15 @@ def test_enroll_prints_key_once_and_stores_hash(tmp_path: Path, parallel_file: P
         assert k.encode() not in dump
 
 
-def test_enroll_duplicate_and_bad_study(tmp_path: Path, study_file: Path) -> None:
+def test_enroll_duplicate_and_bad_study(tmp_path: Path, study_file: Path,
+                                        parallel_file: Path) -> None:
     db = tmp_path / "s.db"
     args = ["enroll", "--study", str(study_file), "--db", str(db), "--participant", "p01"]
     assert runner.invoke(app, args).exit_code == 0
     r = runner.invoke(app, args)
     assert r.exit_code == 2 and "already enrolled" in r.output
     bad = tmp_path / "bad.toml"
-    text = study_file.read_text()
+    text = parallel_file.read_text()
     bad.write_text(text.replace("tokens_per_second = 50", "tokens_per_second = 0"))
     r = runner.invoke(app, ["enroll", "--study", str(bad), "--db", str(tmp_path / "b.db"),
                             "--participant", "p01"])
@@ -123,9 +124,8 @@ def test_the_init_template_promises_validate_and_validate_keeps_it(tmp_path: Pat
     assert f"{study}: valid." in r.output
     assert "design per_prompt, unit prompt" in r.output
     assert "per prompt: TTFT 200–30000 ms (log)" in r.output
-    # The template keeps [[arms]] for switching designs; a per-prompt study says they are unused.
-    assert "warning:" in r.output and "arms: not used by design 'per_prompt' (fast, slow)" in (
-        r.output) and "[per_prompt]" in r.output
+    # The per-prompt template has no arms (switching design is a comment), so no warning.
+    assert "warning:" not in r.output and "arm " not in r.output
     assert not list(tmp_path.glob("*.db"))  # validate touches no database
 
 
@@ -185,3 +185,39 @@ def test_enroll_in_a_crossover_names_the_arms_by_period(tmp_path: Path,
     line = r.output.splitlines()[0]
     assert line in ("Enrolled p01: arms by period fast → slow.",
                     "Enrolled p01: arms by period slow → fast."), r.output
+
+
+def test_per_prompt_template_and_demo_agree_on_arms(tmp_path: Path) -> None:
+    """A per-prompt study has no arms: the template warns of none, stores and exports none,
+    and its sample-ratio line is the demo's."""
+    from flowtrial.demo import demo_study_text
+
+    template = tmp_path / "study.toml"
+    assert runner.invoke(app, ["init", str(template)]).exit_code == 0
+    demo = tmp_path / "demo.toml"
+    demo.write_text(demo_study_text(1, 75.0))
+    srm_lines = []
+    for name, study in (("t", template), ("d", demo)):
+        db = tmp_path / f"{name}.db"
+        r = runner.invoke(app, ["enroll", "--study", str(study), "--db", str(db),
+                                "--participant", "p01"])
+        assert r.exit_code == 0 and "warning" not in r.output, r.output
+        r = runner.invoke(app, ["status", "--db", str(db), "--json"])
+        assert r.exit_code == 0, r.output
+        st = json.loads(r.output)
+        assert st["srm"] is None and st["assignments"] == {}
+        srm_lines.append(st["srm_skipped"])
+    assert srm_lines[0] == srm_lines[1]
+    assert "no arms and no allocation ratio to check" in srm_lines[0]
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "t.db") as conn:
+        assert conn.execute("SELECT count(*) FROM arms").fetchone()[0] == 0  # none stored
+        # as an older flowtrial stored the template's unused arms: not exported either
+        conn.execute("INSERT INTO arms (name, delivery, weight, shaped, jitter) "
+                     "VALUES ('fast', 'stream', 1, 1, 0)")
+    r = runner.invoke(app, ["export", "--db", str(tmp_path / "t.db"), "--out",
+                            str(tmp_path / "export")])
+    assert r.exit_code == 0, r.output
+    arms = pd.read_csv(tmp_path / "export" / "arms.csv")
+    assert len(arms) == 0 and "name" in arms.columns

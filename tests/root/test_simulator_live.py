@@ -145,7 +145,7 @@ def test_live_person_acts_on_the_recorded_wait(live_run: dict) -> None:
 
 def test_live_crossover_follows_the_started_task(tmp_path) -> None:
     """The proxy picks the crossover arm from the task the simulator started."""
-    data = tomllib.loads(example_study_text())
+    data = tomllib.loads(example_study_text("crossover"))
     data["study"].update(name="live-crossover", design="crossover", unit="task",
                          time_scale=200)
     data["upstream"]["mock"] = {"tokens_per_second": 1e6, "ttft_ms": 0}

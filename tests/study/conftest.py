@@ -9,7 +9,7 @@ from flowtrial.study.config import StudyConfig, example_study_text, parse_study
 
 
 def make_config(**study: object) -> StudyConfig:
-    data = tomllib.loads(example_study_text())
+    data = tomllib.loads(example_study_text(study.get("design", "per_prompt")))  # type: ignore[arg-type]
     data["study"].update(study)
     return parse_study(data)
 
@@ -23,9 +23,7 @@ def study_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def parallel_file(tmp_path: Path) -> Path:
-    text = example_study_text().replace('design = "per_prompt"', 'design = "parallel"').replace(
-        'unit = "prompt"', 'unit = "participant"'
-    )
+    text = example_study_text("parallel")
     p = tmp_path / "parallel.toml"
     p.write_text(text)
     return p

@@ -10,8 +10,19 @@ import pytest
 from flowtrial.study.config import ConfigError, example_study_text, load_study, parse_study
 
 
+def switched_arms() -> list[dict]:
+    """The example's commented ``[[arms]]`` tables, uncommented as its comment says to do
+    when switching to a parallel or crossover design."""
+    lines = example_study_text().splitlines()
+    start = lines.index("# [[arms]]")
+    end = lines.index("[capture]")
+    block = [ln[2:] if ln.startswith("# ") else ln.lstrip("#") for ln in lines[start:end]]
+    return tomllib.loads("\n".join(block))["arms"]
+
+
 def base() -> dict:
-    return tomllib.loads(example_study_text())
+    """The example with its two arms uncommented (the error tests name arm keys)."""
+    return tomllib.loads(example_study_text()) | {"arms": switched_arms()}
 
 
 def problems(data: dict) -> list[str]:
@@ -21,14 +32,24 @@ def problems(data: dict) -> list[str]:
 
 
 def test_example_is_valid() -> None:
-    cfg = parse_study(base())
+    cfg = parse_study(tomllib.loads(example_study_text()))
     assert cfg.study.design == "per_prompt"
     assert cfg.study.unit == "prompt"
     assert cfg.per_prompt is not None and cfg.per_prompt.ttft_ms is not None
     assert cfg.per_prompt.ttft_ms.scale == "log"
     assert cfg.capture.content == "fingerprint"
     assert cfg.capture.switch_min_away_s == 10
-    assert [a.name for a in cfg.arms] == ["fast", "slow"]
+    assert cfg.arms == [] and cfg.allocated_arms == []  # a per-prompt study has no arms
+
+
+def test_switching_the_example_to_parallel_as_its_comment_says() -> None:
+    d = tomllib.loads(example_study_text())
+    d["study"].update(design="parallel", unit="participant")
+    d.pop("per_prompt")
+    d["arms"] = switched_arms()
+    cfg = parse_study(d)
+    assert [a.name for a in cfg.allocated_arms] == ["fast", "slow"]
+    assert cfg.arm("slow").ttft_ms == 8000
 
 
 def test_negative_rate_names_the_key() -> None:

@@ -194,7 +194,7 @@ def test_time_scale_is_undone_by_the_recorded_scale(tmp_path: Path) -> None:
 
 
 def test_parallel_and_crossover_designs() -> None:
-    text = example_study_text()
+    text = example_study_text("parallel")
     par = parse_study({**tomllib.loads(text), "study": {"name": "p", "design": "parallel",
                                                          "seed": 4}})
     fr = simulate_virtual_frames(par, SimParams(), 8, 2, 5, seed=1)
