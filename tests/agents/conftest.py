@@ -1,6 +1,6 @@
 """Fixtures for running the real coding agents (Codex CLI, Claude Code) against flowtrial.
 
-The agents come from tests/agents/package.json (`npm ci --prefix tests/agents`). Each run
+The agents come from tests/agents/package.json (`npm install --prefix tests/agents`). Each run
 gets a HOME of its own under tmp_path, a key that is not a real one, and proxy variables
 pointing at an `OutboundTrap`, so nothing can leave the machine and any attempt shows up.
 """

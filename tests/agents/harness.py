@@ -188,10 +188,10 @@ def agent_binary(name: str) -> Path:
     """An installed agent; skips when node is absent, fails when the packages are missing."""
     if shutil.which("node") is None:
         pytest.skip("node is not installed: the real-agent tests need Node.js and "
-                    "`npm ci --prefix tests/agents`")
+                    "`npm install --prefix tests/agents`")
     path = BIN_DIR / name
     if not path.exists():
-        pytest.fail(f"{path} is missing: run `npm ci --prefix tests/agents` to install the "
+        pytest.fail(f"{path} is missing: run `npm install --prefix tests/agents` to install the "
                     "pinned Codex CLI, Claude Code and Gemini CLI", pytrace=False)
     return path
 
