@@ -154,4 +154,4 @@ def sync(proxy: str, key: str, aw_url: str | None = None) -> dict[str, Any]:
     body = json.dumps(filter_export(buckets, policy)).encode()
     receipt = _request(base + str(policy.get("upload_path") or UPLOAD_PATH), key, body)
     receipt["aw_server"] = source
-    return receipt  # type: ignore[no-any-return]
+    return receipt

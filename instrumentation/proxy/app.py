@@ -31,7 +31,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.storage import Database, RecordWriter
@@ -433,8 +433,9 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
                 await tuning.stop()  # after the drain: those streams are shaped too
 
     fast = {a: _protocol_endpoint(a) for a in PROTOCOLS}
-    routes = [Route(path, endpoint, methods=["POST"]) for a, endpoint in fast.items()
-              for path in (a.routes or (a.path,))]
+    routes: list[BaseRoute] = [Route(path, endpoint, methods=["POST"])
+                               for a, endpoint in fast.items()
+                               for path in (a.routes or (a.path,))]
     routes += [
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/v1/messages/count_tokens", _count_tokens(MessagesAdapter), methods=["POST"]),

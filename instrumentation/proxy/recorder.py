@@ -172,7 +172,7 @@ class CycleRecord:
 
 #: The ``cycles`` columns a CycleRecord field of the same name fills as it is.
 _COPIED = tuple(c.name for c in Cycle.__table__.columns  # type: ignore[attr-defined]
-                if c.name in CycleRecord.__slots__ and c.name not in (  # type: ignore[attr-defined]
+                if c.name in CycleRecord.__slots__ and c.name not in (
                     "prompt_text",))
 
 #: Lone UTF-16 surrogates (JSON's "\udfff" decodes to one; no encoding can store it) and NUL

@@ -82,14 +82,14 @@ def serve_otlp_grpc(database: Database, config: StudyConfig, host: str, port: in
                          options=[("grpc.max_receive_message_length",
                                    config.proxy.max_body_bytes)])
 
-    class Logs(logs_service_pb2_grpc.LogsServiceServicer):  # type: ignore[misc]
+    class Logs(logs_service_pb2_grpc.LogsServiceServicer):
         Export = _Export(database, config, "logs", logs_service_pb2.ExportLogsServiceResponse)
 
-    class Traces(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+    class Traces(trace_service_pb2_grpc.TraceServiceServicer):
         Export = _Export(database, config, "traces",
                          trace_service_pb2.ExportTraceServiceResponse)
 
-    class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):  # type: ignore[misc]
+    class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
         Export = _Export(database, config, "metrics",
                          metrics_service_pb2.ExportMetricsServiceResponse)
 

@@ -158,7 +158,7 @@ def attempt_plan(config: StudyConfig, params: SimParams, targets: Targets, n_tas
     rng = np.random.default_rng(np.random.SeedSequence([seed, _ATTEMPT_STREAM]))
     success = (rng.random((p, k)) < q).reshape(p, n_tasks, prompts_per_task)
     good = np.cumsum(success, axis=2)
-    used = (good - success) < params.steps_per_task  # still short of its good answers
+    used = np.less(good - success, params.steps_per_task)  # still short of its good answers
     return AttemptPlan(
         used=used.reshape(p, k),
         success=(success & used).reshape(p, k),
