@@ -338,7 +338,8 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
         if "model" in frames.cycles.columns:  # the model served: the arm's, else the client's
             c = frames.cycles
             served = pd.DataFrame({"arm": c["arm"], "model": c["served_model"].fillna(c["model"])
-                                   if "served_model" in c.columns else c["model"]})
+                                   if "served_model" in c.columns else c["model"],
+                                   "turn_id": c.get("turn_id"), "tool_calls": c.get("tool_calls")})
         results["speed_capability"] = speed_capability_section(
             config, tasks, cycles, served,
             truth=((truth or {}).get("params") or {}).get("speed_capability"))

@@ -47,7 +47,7 @@ def speed_capability_section(config: Any, tasks: pd.DataFrame, cycles: pd.DataFr
         "arms": [{"arm": a.name, "model": a.model, "latency": a.latency,
                   "matched_to": a.matched_to} for a in config.arms],
         "contrasts": _with_truth(contrast_estimates(config, tasks), truth),
-        "outcomes": outcomes_by_arm(tasks, cycles),
+        "outcomes": _with_calls(outcomes_by_arm(tasks, cycles), served),
         "matched_latency": matched_latency_check(config, cycles),
         "served_models": _served(served, models),
     }
@@ -126,6 +126,23 @@ def outcomes_by_arm(tasks: pd.DataFrame, cycles: pd.DataFrame) -> list[dict[str,
             "median_ttft_s": _median(_values(c, "experienced_ttft_s")),
             "median_tps": _median(_values(c, "achieved_tps")),
         })
+    return rows
+
+
+def _with_calls(rows: list[dict[str, Any]], calls: pd.DataFrame | None
+                ) -> list[dict[str, Any]]:
+    """Model calls and tool steps per turn, per arm, from the raw cycles (each cycle is one
+    model call; ``turn_id`` groups an agent's calls into the person's turn)."""
+    for row in rows:
+        row["calls_per_turn"] = row["tool_steps_per_turn"] = None
+        if calls is None or "turn_id" not in calls.columns or calls["turn_id"].isna().all():
+            continue
+        mine = calls[calls["arm"].astype(str) == row["arm"]].dropna(subset=["turn_id"])
+        turns = mine["turn_id"].nunique()
+        if turns:
+            row["calls_per_turn"] = len(mine) / turns
+            row["tool_steps_per_turn"] = float(pd.to_numeric(
+                mine["tool_calls"], errors="coerce").fillna(0).sum()) / turns
     return rows
 
 

@@ -44,6 +44,9 @@ def test_report_separates_speed_and_capability(study: Path) -> None:
     out = {o["arm"]: o for o in sc["outcomes"]}
     assert out["spark"]["attempts_per_task"] > out["codex"]["attempts_per_task"]
     assert out["spark"]["acceptance_rate"] < out["codex"]["acceptance_rate"]
+    # Chat attempts: one model call and no tool step per turn.
+    assert all(o["calls_per_turn"] == 1 and o["tool_steps_per_turn"] == 0
+               for o in out.values())
     # The matched arm delivered codex's latency; every arm served its own model.
     (m,) = sc["matched_latency"]
     assert m["ok"] and abs(m["ttft_ratio"] - 1) < 0.05
