@@ -161,8 +161,8 @@ def threshold(
     import numpy as np
 
     from . import AnalysisInputError
-    from .report_sections import personal_verdict
     from .threshold import fit_threshold
+    from .threshold_verdict import personal_verdict
 
     df = _read_csv(file)
     missing = [c for c in (wait, switched, participant) if c not in df.columns]

@@ -17,7 +17,7 @@ import pandas as pd
 
 from flowtrial.study.timeline import DEFAULT_READING_TPS, tokens_per_second_for_idle_wait
 
-from .threshold import smooth_vs_hinge_text
+from .threshold_verdict import personal_verdict
 
 WAIT_MEASURES = {
     "idle_wait_s": "idle wait (TTFT + delivery lag behind reading)",
@@ -237,38 +237,6 @@ def threshold_headline(threshold: dict[str, Any], wait_label: str) -> str:
 def _sig(x: float) -> str:
     """Three significant digits, as the report's numbers."""
     return f"{float(x):.3g}"
-
-
-def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: np.ndarray,
-                     *, alpha: float = 0.05, max_ci_decades: float = 1.0
-                     ) -> tuple[bool, str | None]:
-    """Is a personal threshold reported? Switching must depend on the wait (the pooled
-    existence test), rise above the breakpoint (b > 0), the random-breakpoint hinge must beat
-    the random-intercept smooth logistic on AIC and BIC, and the CI of e^c must span at most
-    ``max_ci_decades`` and stay inside the observed waits. Returns (found, reason)."""
-    p = pooled.get("p_exists")
-    ci = personal["ci_s"]
-    aic, bic = personal["aic"], personal["bic"]
-    if p is None or p >= alpha:
-        return False, ("No threshold: no evidence that switching depends on the wait "
-                       f"(p_exists = {_num(p)} >= {alpha:g})")
-    if personal["slope_b"] <= 0:
-        return False, "No threshold: switching does not rise above the breakpoint (slope <= 0)"
-    if not (aic["hinge"] < aic["smooth"] and bic["hinge"] < bic["smooth"]):
-        return False, "No threshold: " + smooth_vs_hinge_text(
-            aic, bic, "random intercepts in both")
-    if math.log10(ci[1] / ci[0]) > max_ci_decades:
-        return False, (f"No threshold: the 95 % CI of the median personal threshold "
-                       f"({ci[0]:.3g}–{ci[1]:.3g} s) spans more than {max_ci_decades:g} decade")
-    lo, hi = float(np.min(waits_s)), float(np.max(waits_s))
-    if ci[0] <= lo * (1 + 1e-6) or ci[1] >= hi * (1 - 1e-6):
-        return False, (f"No threshold: the 95 % CI of the median personal threshold "
-                       f"({ci[0]:.3g}–{ci[1]:.3g} s) reaches the edge of the observed waits")
-    return True, None
-
-
-def _num(x: Any) -> str:
-    return "—" if x is None else f"{float(x):.3g}"
 
 
 # ------------------------------------------------------------------------ secondary

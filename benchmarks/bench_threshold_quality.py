@@ -29,9 +29,15 @@ p(τ = 0) < 0.05, the pooled ψ̂'s coverage of ψ* (its pseudo-true value, from
 *counted* switch probability) and of the median ψ, the existence test's rejection rate and
 the verdict rate ("found"), and the wall time of one full 100 × 200 analysis.
 
+With ``--families`` it instead runs the truth families of `threshold_families.py` (smooth
+with person slopes, memoryless hazard, slope heterogeneity, bimodal thresholds, unbalanced
+participants; issue 27) through the CLI's analysis path and prints, per family and size, the
+rate of threshold claims with its Clopper-Pearson CI, ψ̂ bias, CI and τ coverage and the
+time per analysis.
+
 Usage: python benchmarks/bench_threshold_quality.py [--sizes 30x80,100x200] [--seeds 20]
        [--cells hinge,hinge_tau0,intercepts,narrow,smooth,flat] [--workers 2]
-       [--agent-steps 5]
+       [--agent-steps 5] [--families [flat,hazard,...]]
 """
 
 from __future__ import annotations
@@ -190,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--agent-steps", type=int, default=1,
                     help="K > 1: also run every cell as an agent study of K calls per turn")
+    ap.add_argument("--families", nargs="?", const="all", default=None,
+                    help="run the truth families (all, or a comma list) instead of the cells")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--timing-only", action="store_true", help="only the 100 × 200 timing")
     ap.add_argument("--jsonl", type=Path, help="also append every study's figures here")
@@ -202,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     console = Console(width=200)
+    if args.families:
+        return run_families(args, console)
     if args.timing_only:
         wall, cpu = timing(args.psi, args.workers)
         console.print(f"one full 100 × 200 analysis, {args.workers} worker(s): {wall:.1f} s "
@@ -302,6 +312,34 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"one full 100 × 200 analysis (pooled ψ* 200+200 refits + personal "
                       f"threshold with node check), {args.workers} worker(s): {wall:.1f} s "
                       f"wall (target <= 120 s), {cpu:.1f} s CPU")
+    return 0
+
+
+def run_families(args: argparse.Namespace, console: Any) -> int:
+    """The ``--families`` mode: simulate, analyse (two workers), print the family table."""
+    from threshold_families import FAMILIES, family_study, family_table
+
+    names = list(FAMILIES) if args.families == "all" else args.families.split(",")
+    sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",") if s]
+    cfg = {"n_boot": args.n_boot}
+    results: list[dict[str, Any]] = []
+    if args.from_jsonl:
+        for f in args.from_jsonl:
+            results += [json.loads(line) for line in f.read_text().splitlines() if line]
+    else:
+        jobs = [(f, p, k, args.first_seed + i, cfg) for p, k in sizes for f in names
+                for i in range(args.seeds)]
+        jobs.sort(key=lambda j: -j[1] * j[2])
+        t0 = time.perf_counter()
+        with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+            for res in pool.map(family_study, jobs):
+                results.append(res)
+                if args.jsonl:
+                    with args.jsonl.open("a") as fh:
+                        fh.write(json.dumps(res) + "\n")
+        console.print(f"{len(results)} studies in {time.perf_counter() - t0:.0f} s with "
+                      f"{args.workers} worker(s)")
+    family_table(results, console)
     return 0
 
 
