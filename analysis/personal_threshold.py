@@ -93,7 +93,7 @@ def _data(df: pd.DataFrame) -> CycleData:
     return CycleData.from_arrays(np.log(w), y, pid)
 
 
-def _start(data: CycleData) -> np.ndarray:
+def pooled_start(data: CycleData) -> np.ndarray:
     """Starting values from the pooled hinge (profile over a coarse grid of c)."""
     from .threshold import _newton
 
@@ -144,7 +144,7 @@ def fit_personal_threshold(
             f"detection share {detection_share!r} must be in (0, 1]; 1 = every switch counted")
     data = _data(df)
     model = RandomBreakpointModel(data, nodes, detection=detection_share)
-    start = _start(data)
+    start = pooled_start(data)
     best = maximize(model, start)
     se = wald_se(model, best.theta)
     crit = float(chi2.ppf(level, 1))

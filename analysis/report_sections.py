@@ -185,7 +185,8 @@ def personal_section(
     most inclusive rule), or taken as 1 without it. ``pooled`` is the ψ* section (its
     existence test is the test of "switching depends on the wait")."""
     from . import AnalysisInputError
-    from .personal_threshold import estimate_detection_share, fit_personal_threshold
+    from .personal_threshold import estimate_detection_share
+    from .threshold_verdict import fit_personal_and_test
 
     df = analysable(cycles, wait_col)
     detection = 1.0
@@ -198,13 +199,15 @@ def personal_section(
     base: dict[str, Any] = {"detection_share": detection,
                             "detection_share_source": all_switch_col or "assumed 1"}
     try:
-        res = fit_personal_threshold(frame, detection_share=detection, workers=workers,
-                                     progress=progress)
+        res, test = fit_personal_and_test(frame, detection_share=detection, workers=workers,
+                                          progress=progress)
     except AnalysisInputError as exc:
         return {**base, "median_psi_s": None, "ci_s": None, "found": False,
                 "reason": f"Threshold not estimated (personal model): {exc}"}
-    out = {**base, **res.to_dict(), "psi_p10_p90_s": res.psi_quantiles_s()}
-    found, reason = personal_verdict(out, pooled, frame["wait_s"].to_numpy(float), alpha=alpha,
+    out = {**base, **res.to_dict(), "psi_p10_p90_s": res.psi_quantiles_s(),
+           "alternatives": test.to_dict()}
+    found, reason = personal_verdict(out, pooled, frame["wait_s"].to_numpy(float),
+                                     test=out["alternatives"], alpha=alpha,
                                      max_ci_decades=max_ci_decades)
     out["found"], out["reason"] = found, reason
     if median_tokens is not None and median_tokens > 1:

@@ -14,28 +14,42 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .personal_threshold import ProgressFn, fit_personal_threshold
-from .threshold import fit_threshold, smooth_vs_hinge_text
+from .personal_threshold import (
+    PersonalThresholdResult,
+    ProgressFn,
+    _data,
+    fit_personal_threshold,
+)
+from .threshold import fit_threshold
+from .threshold_test import ThresholdTest, threshold_test
+
+#: Null replicates of the threshold test: with 19, p <= 0.05 needs the data's statistic to
+#: beat every replicate (an exact Monte Carlo test at 5 %).
+DEFAULT_TEST_REPLICATES = 19
 
 
 def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: np.ndarray,
-                     *, alpha: float = 0.05, max_ci_decades: float = 1.0
-                     ) -> tuple[bool, str | None]:
-    """Is a personal threshold reported? Switching must depend on the wait (the pooled
-    existence test), rise above the breakpoint (b > 0), the random-breakpoint hinge must beat
-    the random-intercept smooth logistic on AIC and BIC, and the CI of e^c must span at most
-    ``max_ci_decades`` and stay inside the observed waits. Returns (found, reason)."""
+                     *, test: dict[str, Any] | None = None, alpha: float = 0.05,
+                     max_ci_decades: float = 1.0) -> tuple[bool, str | None]:
+    """Is a personal threshold reported? In order: switching must depend on the wait (the
+    pooled existence test), rise above the breakpoint (b > 0), the random-breakpoint hinge
+    must beat the best no-threshold alternative, p <= ``alpha`` (``test``: the parametric
+    bootstrap of `threshold_test`, an exact Monte Carlo test; without it, no threshold is claimed), and the CI of e^c
+    must span at most ``max_ci_decades`` and stay inside the observed waits.
+    Returns (found, reason)."""
     p = pooled.get("p_exists")
     ci = personal["ci_s"]
-    aic, bic = personal["aic"], personal["bic"]
     if p is None or p >= alpha:
         return False, ("No threshold: no evidence that switching depends on the wait "
                        f"(p_exists = {_num(p)} >= {alpha:g})")
     if personal["slope_b"] <= 0:
         return False, "No threshold: switching does not rise above the breakpoint (slope <= 0)"
-    if not (aic["hinge"] < aic["smooth"] and bic["hinge"] < bic["smooth"]):
-        return False, "No threshold: " + smooth_vs_hinge_text(
-            aic, bic, "random intercepts in both")
+    if test is None:
+        return False, "No threshold: the test against no-threshold explanations was not run"
+    if test["p_value"] > alpha:
+        return False, (f"No threshold: {test['summary']}; a threshold fits no better than "
+                       f"this {test['label']} (p = {_num(test['p_value'])} > {alpha:g}, "
+                       f"parametric bootstrap, {test['n_boot']} replicates)")
     if math.log10(ci[1] / ci[0]) > max_ci_decades:
         return False, (f"No threshold: the 95 % CI of the median personal threshold "
                        f"({ci[0]:.3g}–{ci[1]:.3g} s) spans more than {max_ci_decades:g} decade")
@@ -50,20 +64,39 @@ def _num(x: Any) -> str:
     return "—" if x is None else f"{float(x):.3g}"
 
 
+def fit_personal_and_test(frame: pd.DataFrame, *, detection_share: float = 1.0,
+                          workers: int | None = None, progress: ProgressFn | None = None,
+                          node_check: bool = True, n_test: int = DEFAULT_TEST_REPLICATES,
+                          seed: int = 0) -> tuple[PersonalThresholdResult, ThresholdTest]:
+    """The personal threshold and the test of the hinge against the no-threshold
+    alternatives (`threshold_test`), on the same cycles."""
+    personal = fit_personal_threshold(frame, detection_share=detection_share, workers=workers,
+                                      progress=progress, node_check=node_check)
+    theta = np.array([personal.intercept_a, personal.sigma_u, personal.slope_b,
+                      math.log(personal.median_psi_s), personal.tau])
+    test = threshold_test(_data(frame), detection_share, theta, n_boot=n_test, seed=seed,
+                          workers=workers, progress=progress)
+    return personal, test
+
+
 def analyse_threshold(frame: pd.DataFrame, *, detection_share: float = 1.0, n_boot: int = 200,
                       n_null: int = 200, seed: int = 0, workers: int | None = None,
                       progress: ProgressFn | None = None, node_check: bool = True,
-                      alpha: float = 0.05) -> dict[str, Any]:
+                      n_test: int = DEFAULT_TEST_REPLICATES, alpha: float = 0.05
+                      ) -> dict[str, Any]:
     """The whole threshold analysis of cycles (`participant_id`, `wait_s`, `switched`):
-    ``{"found", "reason", "personal", "pooled"}`` as `flowtrial threshold --json` prints."""
+    ``{"found", "reason", "personal", "alternatives", "pooled"}`` as `flowtrial threshold
+    --json` prints."""
     pooled = fit_threshold(frame, n_boot=n_boot, n_null=n_null, seed=seed)
-    personal = fit_personal_threshold(frame, detection_share=detection_share, workers=workers,
-                                      progress=progress, node_check=node_check)
-    pooled_d, pers = pooled.to_dict(), personal.to_dict()
+    personal, test = fit_personal_and_test(frame, detection_share=detection_share,
+                                           workers=workers, progress=progress,
+                                           node_check=node_check, n_test=n_test, seed=seed)
+    pooled_d, pers, test_d = pooled.to_dict(), personal.to_dict(), test.to_dict()
     waits = frame["wait_s"].to_numpy(float)
     found, reason = personal_verdict(pers, pooled_d, waits[np.isfinite(waits) & (waits > 0)],
-                                     alpha=alpha)
-    return {"found": found, "reason": reason, "personal": pers, "pooled": pooled_d}
+                                     test=test_d, alpha=alpha)
+    return {"found": found, "reason": reason, "personal": pers, "alternatives": test_d,
+            "pooled": pooled_d}
 
 
-__all__ = ["analyse_threshold", "personal_verdict"]
+__all__ = ["analyse_threshold", "fit_personal_and_test", "personal_verdict"]
