@@ -93,6 +93,19 @@ def _data(df: pd.DataFrame) -> CycleData:
     return CycleData.from_arrays(np.log(w), y, pid)
 
 
+def starts(data: CycleData) -> list[np.ndarray]:
+    """Starting values of the main fit: the pooled-grid start and breakpoints at the lower and
+    upper quartile of the log waits (the likelihood in c has several local maxima; other
+    starts found better optima than the pooled one in issue 27)."""
+    s0 = pooled_start(data)
+    out = [s0]
+    for q in (0.25, 0.75):
+        s = s0.copy()
+        s[2], s[3], s[4] = max(s0[2], 0.5), float(np.quantile(data.x, q)), 0.3
+        out.append(s)
+    return out
+
+
 def pooled_start(data: CycleData) -> np.ndarray:
     """Starting values from the pooled hinge (profile over a coarse grid of c)."""
     from .threshold import _newton
@@ -144,10 +157,13 @@ def fit_personal_threshold(
             f"detection share {detection_share!r} must be in (0, 1]; 1 = every switch counted")
     data = _data(df)
     model = RandomBreakpointModel(data, nodes, detection=detection_share)
-    start = pooled_start(data)
-    best = maximize(model, start)
+    best = max((maximize(model, s) for s in starts(data)), key=lambda f: f.loglik)
     se = wald_se(model, best.theta)
     crit = float(chi2.ppf(level, 1))
+    # τ's lower end uses the boundary mixture ½χ²₀ + ½χ²₁ (its quantile at `level` is the
+    # χ²₁ quantile at 2·level − 1), as the τ = 0 test does: the interval excludes 0 exactly
+    # when that test rejects at 1 − level.
+    crit_tau_lo = float(chi2.ppf(2 * level - 1, 1))
     z = math.sqrt(crit)
 
     def guess(k: int, side: int) -> float:
@@ -157,7 +173,7 @@ def fit_personal_threshold(
     jobs: list[tuple[Any, ...]] = [
         ("end", data, detection_share, nodes, best, (3, -1, guess(3, -1), crit, None)),
         ("end", data, detection_share, nodes, best, (3, 1, guess(3, 1), crit, None)),
-        ("end", data, detection_share, nodes, best, (4, -1, guess(4, -1), crit, 0.0)),
+        ("end", data, detection_share, nodes, best, (4, -1, guess(4, -1), crit_tau_lo, 0.0)),
         ("end", data, detection_share, nodes, best, (4, 1, guess(4, 1), crit, None)),
         ("tau0", data, detection_share, nodes, best, None),
         ("smooth", data, detection_share, nodes, best, None),
@@ -170,6 +186,8 @@ def fit_personal_threshold(
     tau_lr = max(0.0, 2 * (best.loglik - tau0.loglik))
     # Boundary LR test (Self & Liang 1987): ½χ²₀ + ½χ²₁ under τ = 0.
     p_tau = 1.0 if tau_lr <= 0 else 0.5 * float(chi2.sf(tau_lr, 1))
+    if p_tau >= 1 - level:
+        t_lo = 0.0  # the test and the interval agree even where the two fits differ slightly
     ll = {"hinge": best.loglik, "hinge_tau0": tau0.loglik, "smooth": smooth.loglik,
           "flat": flat.loglik}
     n = int(data.x.size)

@@ -344,9 +344,11 @@ def profile_endpoint(model: RandomBreakpointModel, best: Fit, k: int, side: int,
                      ) -> tuple[float, int]:
     """One end of the profile-likelihood interval of parameter ``k``: the value where the
     signed root r = ±sqrt(2(ℓ̂ − ℓ_p)) reaches ±sqrt(crit). Secant steps on r (nearly linear
-    in the parameter) from ``guess``; returns (endpoint, fits used). When the profile never
-    reaches the critical value inside the parameter's bounds (or ``lower_bound``), returns
-    that bound."""
+    in the parameter) from ``guess``; returns (endpoint, fits used). The endpoint is always an
+    evaluated point: one within 0.02 of the target root, else the evaluated point nearest the
+    estimate whose root reaches the target (conservative: the interval can only widen). When
+    the profile never reaches the critical value inside the parameter's bounds (or
+    ``lower_bound``), returns that bound."""
     target = math.sqrt(crit)
     est = float(best.theta[k])
     pts = [(est, 0.0)]
@@ -357,7 +359,7 @@ def profile_endpoint(model: RandomBreakpointModel, best: Fit, k: int, side: int,
     if lower_bound is not None:
         lo = lower_bound if lo is None else max(lo, lower_bound)
     edge = lo if side < 0 else hi
-    for _ in range(max_steps):
+    for step in range(max_steps + 1):
         if edge is not None and (val - edge) * side >= 0:
             val = edge
         f = maximize(model, start, fixed={k: val})
@@ -368,6 +370,8 @@ def profile_endpoint(model: RandomBreakpointModel, best: Fit, k: int, side: int,
         if val == edge and r < target:
             return val, fits
         pts.append((val, r))
+        if step == max_steps:
+            break
         start = f.theta
         (v0, r0), (v1, r1) = pts[-2], pts[-1]
         if r1 <= r0 + 1e-9:  # flat profile: step further out
@@ -379,4 +383,7 @@ def profile_endpoint(model: RandomBreakpointModel, best: Fit, k: int, side: int,
         val = float(np.clip(val, v1 - 3 * span, v1 + 3 * span))
         if (val - est) * side <= 0:
             val = est + side * 0.5 * abs(v1 - est)
-    return val, fits
+    beyond = [v for v, r in pts[1:] if r >= target]
+    if beyond:
+        return min(beyond, key=lambda v: abs(v - est)), fits
+    return (edge if edge is not None else max(pts, key=lambda p: p[1])[0]), fits

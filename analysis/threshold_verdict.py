@@ -26,6 +26,9 @@ from .threshold_test import ThresholdTest, threshold_test
 #: Null replicates of the threshold test: with 19, p <= 0.05 needs the data's statistic to
 #: beat every replicate (an exact Monte Carlo test at 5 %).
 DEFAULT_TEST_REPLICATES = 19
+#: Largest relative change of the median threshold under the finer quadrature check that
+#: still lets a threshold be reported.
+MAX_NODE_CHANGE = 0.05
 
 
 def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: np.ndarray,
@@ -34,8 +37,10 @@ def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: 
     """Is a personal threshold reported? In order: switching must depend on the wait (the
     pooled existence test), rise above the breakpoint (b > 0), the random-breakpoint hinge
     must beat the best no-threshold alternative, p <= ``alpha`` (``test``: the parametric
-    bootstrap of `threshold_test`, an exact Monte Carlo test; without it, no threshold is claimed), and the CI of e^c
-    must span at most ``max_ci_decades`` and stay inside the observed waits.
+    bootstrap of `threshold_test`, an exact Monte Carlo test; without it, no threshold is
+    claimed), and the CI of e^c must span at most ``max_ci_decades`` and stay inside the
+    observed waits, and the finer quadrature check (when run) must move it by at most
+    `MAX_NODE_CHANGE`.
     Returns (found, reason)."""
     p = pooled.get("p_exists")
     ci = personal["ci_s"]
@@ -53,6 +58,13 @@ def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: 
     if math.log10(ci[1] / ci[0]) > max_ci_decades:
         return False, (f"No threshold: the 95 % CI of the median personal threshold "
                        f"({ci[0]:.3g}–{ci[1]:.3g} s) spans more than {max_ci_decades:g} decade")
+    check = personal.get("node_check") or {}
+    moved = abs(check.get("rel_change_median_psi", 0.0))
+    if moved > MAX_NODE_CHANGE:
+        return False, (f"No threshold: the quadrature check ({check['nodes'][0]}×"
+                       f"{check['nodes'][1]} nodes) moved the median personal threshold by "
+                       f"{100 * moved:.1f} % (more than {100 * MAX_NODE_CHANGE:g} %), so the "
+                       "estimate is not numerically reliable")
     lo, hi = float(np.min(waits_s)), float(np.max(waits_s))
     if ci[0] <= lo * (1 + 1e-6) or ci[1] >= hi * (1 - 1e-6):
         return False, (f"No threshold: the 95 % CI of the median personal threshold "
