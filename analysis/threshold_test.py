@@ -144,17 +144,22 @@ def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | 
         summary=describe_alternative(best, fits[best].theta, data), null_stats=null)
 
 
+def _pct(x: float) -> str:
+    """A percentage with two significant digits, never in e-notation."""
+    return f"{x:.0f}" if abs(x) >= 10 else f"{x:.2g}"
+
+
 def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
     """The no-threshold finding in words, with its size at the typical person."""
     a, _, b, _, _ = (float(t) for t in theta)
     if kind == "hazard":
         lam = math.exp(b)
         return (f"switching rises steadily with the wait: each extra second of waiting adds "
-                f"about {100 * lam:.2g} % chance of switching (a constant hazard, the typical "
-                f"person; background {100 * float(expit(a)):.2g} %)")
+                f"about {_pct(100 * lam)} % chance of switching (a constant hazard, the typical "
+                f"person; background {_pct(100 * float(expit(a)))} %)")
     odds = 2.0 ** b
     return (f"switching rises steadily with the wait: the odds of switching grow about "
-            f"{100 * (odds - 1):.2g} % with every doubling of the wait (logistic in log wait, "
+            f"{_pct(100 * (odds - 1))} % with every doubling of the wait (logistic in log wait, "
             "the typical person)")
 
 
