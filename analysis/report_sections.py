@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from flowtrial.study.timeline import DEFAULT_READING_TPS, tokens_per_second_for_idle_wait
+from flowtrial.study.timeline import DEFAULT_READING_TPS
 
+from .threshold_speed import exceedance_table
 from .threshold_verdict import personal_verdict
 
 WAIT_MEASURES = {
@@ -210,12 +211,11 @@ def personal_section(
                                      test=out["alternatives"], alpha=alpha,
                                      max_ci_decades=max_ci_decades)
     out["found"], out["reason"] = found, reason
-    if median_tokens is not None and median_tokens > 1:
-        out["tokens_per_second_at_median_length"] = tokens_per_second_for_idle_wait(
-            res.median_psi_s, median_tokens, reading_tps)
-        lo, hi = (tokens_per_second_for_idle_wait(v, median_tokens, reading_tps)
-                  for v in reversed(res.ci_s))
-        out["tokens_per_second_ci"] = [lo, hi]
+    tokens = (pd.to_numeric(df["tokens_completion"], errors="coerce").to_numpy(float)
+              if "tokens_completion" in df.columns else np.array([]))
+    unit = (cycles.attrs.get("wait_unit") or {}).get("unit", "cycle")
+    out["speed_table"] = exceedance_table(res.median_psi_s, res.ci_s, tokens,
+                                          reading_tps=reading_tps, wait_unit=unit)
     return out
 
 
