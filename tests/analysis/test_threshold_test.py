@@ -128,5 +128,27 @@ def test_verdict_rules() -> None:
     assert not found and "6.6 %" in str(reason)
     wide = {**PERSONAL, "ci_s": [1.0, 30.0]}
     assert "decade" in str(personal_verdict(wide, POOLED, WAITS, test=TEST)[1])
-    edge = {**PERSONAL, "ci_s": [0.2, 3.0]}
+    edge = {**PERSONAL, "ci_s": [0.2, 1.5]}
     assert "edge" in str(personal_verdict(edge, POOLED, WAITS, test=TEST)[1])
+
+
+def test_speed_table_shares_and_ranges() -> None:
+    from flowtrial.analysis.threshold_speed import exceedance_table, share_exceeding
+
+    tokens = np.array([100.0, 300.0, 900.0])
+    # 50 tok/s, TTFT 0.5 s, reading 5: lags are 0 (100/50 < 100/5): no answer idles > 6 s.
+    assert share_exceeding(6.0, tokens, 50.0, 0.5, 5.0) == 0.0
+    # TTFT above ψ: every answer waits longer.
+    assert share_exceeding(1.0, tokens, 3000.0, 2.0, 5.0) == 1.0
+    # 2 tok/s against reading 5: lag = N·(1/2 − 1/5) = 0.3·N: 30, 90, 270 s > 6 s.
+    assert share_exceeding(6.0, tokens, 2.0, 0.5, 5.0) == 1.0
+    assert share_exceeding(40.0, tokens, 2.0, 0.5, 5.0) == pytest.approx(2 / 3)
+    table = exceedance_table(6.0, [4.0, 9.0], tokens, reading_tps=5.0, speeds=[2.0, 3.0],
+                             ttfts=[0.5])
+    for row in table["rows"]:
+        lo, hi = row["share_range"]
+        assert lo <= row["share"] <= hi
+    assert table["n_answers"] == 3 and table["reason"] is None
+    turns = exceedance_table(6.0, [4.0, 9.0], tokens, wait_unit="turn")
+    assert turns["rows"] is None and "agent turns" in turns["reason"]
+    assert exceedance_table(6.0, [4.0, 9.0], []).get("reason") == "no answer lengths recorded"
