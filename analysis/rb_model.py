@@ -172,6 +172,10 @@ class RandomBreakpointModel:
         if kind == "hinge_tau0":
             kind = self.kind = "hinge"
         self.z, lwz = gh_nodes(nz)
+        if kind == "hinge_two_groups":
+            # Two equal groups at c ± τ instead of log-normal thresholds (the shape check).
+            kind = self.kind = "hinge"
+            self.z, lwz = np.array([-1.0, 1.0]), np.log([0.5, 0.5])
         self.v, lwv = gh_nodes(nv)
         self.log_w = (lwz[:, None] + lwv[None, :]).ravel()  # (Q,) with Q = nz·nv
         n = data.x.size

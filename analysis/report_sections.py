@@ -205,7 +205,9 @@ def personal_section(
     except AnalysisInputError as exc:
         return {**base, "median_psi_s": None, "ci_s": None, "found": False,
                 "reason": f"Threshold not estimated (personal model): {exc}"}
-    out = {**base, **res.to_dict(), "psi_p10_p90_s": res.psi_quantiles_s(),
+    # Percentiles assume log-normal thresholds: withheld when the shape check says otherwise.
+    out = {**base, **res.to_dict(),
+           "psi_p10_p90_s": res.psi_quantiles_s() if res.shape["lognormal_like"] else None,
            "alternatives": test.to_dict()}
     found, reason = personal_verdict(out, pooled, frame["wait_s"].to_numpy(float),
                                      test=out["alternatives"], alpha=alpha,

@@ -152,3 +152,18 @@ def test_speed_table_shares_and_ranges() -> None:
     turns = exceedance_table(6.0, [4.0, 9.0], tokens, wait_unit="turn")
     assert turns["rows"] is None and "agent turns" in turns["reason"]
     assert exceedance_table(6.0, [4.0, 9.0], []).get("reason") == "no answer lengths recorded"
+
+
+def test_shape_check_flags_two_groups_of_people() -> None:
+    """Half the people at 2.4 s, half at 15 s: two groups fit better than log-normal
+    thresholds, so percentiles are withheld; log-normal thresholds pass the check."""
+    from flowtrial.analysis.personal_threshold import fit_personal_threshold
+
+    two = fit_personal_threshold(simulate_switch_data("bimodal", 30, 80, psi_s=6.0, seed=3),
+                                 workers=1, node_check=False)
+    assert not two.shape["lognormal_like"]
+    lo, hi = two.shape["two_groups_psi_s"]
+    assert lo < 6.0 / math.sqrt(6) * 1.6 and hi > 6.0 * math.sqrt(6) / 1.6
+    one = fit_personal_threshold(simulate_switch_data("hinge", 30, 80, psi_s=6.0, seed=3),
+                                 workers=1, node_check=False)
+    assert one.shape["lognormal_like"]
