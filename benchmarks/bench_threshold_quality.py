@@ -27,7 +27,8 @@ longer than ψ). The analysis sees the turn as the unit (``cycle_table_from_fram
 Per cell it prints bias and 95 % CI coverage of the median personal ψ and of τ, the rate of
 p(τ = 0) < 0.05, the pooled ψ̂'s coverage of ψ* (its pseudo-true value, from the expected
 *counted* switch probability) and of the median ψ, the existence test's rejection rate and
-the verdict rate ("found"), and the wall time of one full 100 × 200 analysis.
+the verdict rate ("found", `analysis.threshold_verdict.personal_verdict`: the rules of the
+report), and the wall time of one full 100 × 200 analysis (with the threshold test).
 
 With ``--families`` it instead runs the truth families of `threshold_families.py` (smooth
 with person slopes, memoryless hazard, slope heterogeneity, bimodal thresholds, unbalanced
@@ -99,12 +100,10 @@ def one_study(job: tuple[str, int, int, int, dict[str, Any], int]) -> dict[str, 
     """Simulate and analyse one study; the figures the benchmark aggregates."""
     import pandas as pd
 
-    from flowtrial.analysis.personal_threshold import (
-        estimate_detection_share,
-        fit_personal_threshold,
-    )
+    from flowtrial.analysis.personal_threshold import estimate_detection_share
     from flowtrial.analysis.threshold import fit_threshold
     from flowtrial.analysis.threshold_truth import pseudo_true_psi
+    from flowtrial.analysis.threshold_verdict import fit_personal_and_test, personal_verdict
     from flowtrial.study.simulator.params import detection_share, expected_switch_probability
 
     cell_name, n_part, n_prompts, seed, cfg, steps = job
@@ -130,17 +129,16 @@ def one_study(job: tuple[str, int, int, int, dict[str, Any], int]) -> dict[str, 
         row["seconds"] = time.perf_counter() - t0
         return row  # the existence test's false-positive rate needs only the pooled fit
     try:
-        r = fit_personal_threshold(frame, detection_share=d_hat, workers=1,
-                                   node_check=cfg["node_check"])
+        r, test = fit_personal_and_test(frame, detection_share=d_hat, workers=1,
+                                        node_check=cfg["node_check"], seed=seed)
     except Exception as exc:  # noqa: BLE001 - a failed fit is a benchmark figure too
         row.update(error=f"{type(exc).__name__}: {exc}")
     else:
-        hinge_wins = (r.aic["hinge"] < r.aic["smooth"]) and (r.bic["hinge"] < r.bic["smooth"])
+        found, _ = personal_verdict(r.to_dict(), pooled.to_dict(),
+                                    frame["wait_s"].to_numpy(float), test=test.to_dict())
         row.update(median_psi=r.median_psi_s, ci=r.ci_s, tau=r.tau, tau_ci=r.tau_ci,
-                   p_tau=r.p_tau_zero, hinge_wins=hinge_wins, b=r.slope_b,
-                   node=(r.node_check or {}).get("rel_change_median_psi"),
-                   found=bool(pooled.p_exists < 0.05 and r.slope_b > 0 and hinge_wins
-                              and math.log10(r.ci_s[1] / r.ci_s[0]) <= 1.0))
+                   p_tau=r.p_tau_zero, b=r.slope_b, p_threshold=test.p_value,
+                   node=(r.node_check or {}).get("rel_change_median_psi"), found=found)
     row["seconds"] = time.perf_counter() - t0
     return row
 
@@ -154,11 +152,9 @@ def timing(psi: float, workers: int) -> tuple[float, float]:
 
     import pandas as pd
 
-    from flowtrial.analysis.personal_threshold import (
-        estimate_detection_share,
-        fit_personal_threshold,
-    )
+    from flowtrial.analysis.personal_threshold import estimate_detection_share
     from flowtrial.analysis.threshold import fit_threshold
+    from flowtrial.analysis.threshold_verdict import fit_personal_and_test
 
     ok, _, _ = simulate_cycles(CELLS["intercepts"], 100, 200, psi, 99)
     frame = pd.DataFrame({"participant_id": ok["participant_id"].to_numpy(),
@@ -171,9 +167,9 @@ def timing(psi: float, workers: int) -> tuple[float, float]:
 
     t0, c0 = time.perf_counter(), cpu()
     fit_threshold(frame, n_boot=200, n_null=200, seed=0)
-    fit_personal_threshold(frame, workers=workers,
-                           detection_share=estimate_detection_share(ok["switched"],
-                                                                    ok["switched_2s"]))
+    fit_personal_and_test(frame, workers=workers,
+                          detection_share=estimate_detection_share(ok["switched"],
+                                                                   ok["switched_2s"]))
     return time.perf_counter() - t0, cpu() - c0
 
 
