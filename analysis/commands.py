@@ -157,7 +157,8 @@ def threshold(
 ) -> None:
     """Estimate the flow threshold: the median personal threshold and the spread τ between
     people (random-breakpoint hinge logistic of P(switch) on log wait), the existence test,
-    and the pooled onset ψ* as a secondary figure (docs/concepts/analysis.md)."""
+    the test against the best no-threshold explanation (steady rise or constant hazard), and
+    the pooled onset ψ* as a secondary figure (docs/concepts/analysis.md)."""
     import numpy as np
 
     from . import AnalysisInputError
