@@ -60,7 +60,7 @@ class PersonalThresholdResult:
     bic: dict[str, float]
     detection_share: float
     nodes: list[int]
-    node_check: dict[str, float] | None
+    node_check: dict[str, Any] | None
     shape: dict[str, Any]
     converged: bool
     n_obs: int

@@ -182,8 +182,8 @@ class RandomBreakpointModel:
         # float32 work arrays gave the same estimates (to 1e-4) but were not faster here (the
         # float64 accumulation casts); sums over cycles are float64 either way.
         self.dtype = dtype
-        self.sign = (2.0 * data.y - 1.0)[:, None].astype(dtype)
-        self.no_switch = (data.y <= 0.5).astype(dtype)[:, None]
+        self.sign: np.ndarray = (2.0 * data.y - 1.0)[:, None].astype(dtype)
+        self.no_switch: np.ndarray = (data.y <= 0.5).astype(dtype)[:, None]
         sizes = np.diff(np.r_[data.starts, n])
         self.person_of_row = np.repeat(np.arange(data.n_participants), sizes)
         self.xc = float(data.x.mean())
@@ -192,7 +192,7 @@ class RandomBreakpointModel:
         self.bounds = list(_BOUNDS)
         self.bounds[3] = (float(data.x.min()), float(data.x.max()))
         q = self.z.size * self.v.size
-        self._buf = [np.empty((n, q), dtype=dtype) for _ in range(3)]
+        self._buf: list[np.ndarray] = [np.empty((n, q), dtype=dtype) for _ in range(3)]
         self.n_evals = 0
 
     def _hinge_basis(self, c: float, tau: float) -> tuple[np.ndarray, np.ndarray | None]:
