@@ -167,3 +167,17 @@ def test_shape_check_flags_two_groups_of_people() -> None:
     one = fit_personal_threshold(simulate_switch_data("hinge", 30, 80, psi_s=6.0, seed=3),
                                  workers=1, node_check=False)
     assert one.shape["lognormal_like"]
+
+
+def test_headline_of_a_no_threshold_study_names_the_steady_rise() -> None:
+    from flowtrial.analysis.report_sections import threshold_headline
+
+    _, reason = personal_verdict(PERSONAL, POOLED, WAITS, test={
+        **TEST, "p_value": 0.65,
+        "summary": "switching rises steadily with the wait: each extra second of waiting adds "
+                   "about 1.5 % chance of switching (a constant hazard, the typical person)"})
+    line = threshold_headline({"found": False, "reason": reason, "personal": {}},
+                              "idle wait (definition)")
+    assert line.startswith("No flow threshold reported: switching rises steadily with the "
+                           "wait: each extra second of waiting adds about 1.5 %")
+    assert "p = 0.65 > 0.05" in line and line.endswith(").")
