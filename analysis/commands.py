@@ -157,8 +157,10 @@ def threshold(
 ) -> None:
     """Estimate the flow threshold: the median personal threshold and the spread τ between
     people (random-breakpoint hinge logistic of P(switch) on log wait), the existence test,
-    the test against the best no-threshold explanation (steady rise or constant hazard), and
-    the pooled onset ψ* as a secondary figure (docs/concepts/analysis.md)."""
+    and the pooled onset ψ* as a secondary figure (docs/concepts/analysis.md).
+
+    A threshold is reported only when it beats the best no-threshold explanation (steady
+    rise, or a constant hazard per second) in a parametric-bootstrap test."""
     import numpy as np
 
     from . import AnalysisInputError
