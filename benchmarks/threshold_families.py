@@ -48,7 +48,7 @@ def family_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, An
         p = out["personal"]
         row.update(found=bool(out["found"]), reason=out["reason"], psi=p["median_psi_s"],
                    ci=p["ci_s"], tau=p["tau"], tau_ci=p["tau_ci"],
-                   shape_ok=out.get("shape", {}).get("ok"),
+                   shape_ok=(p.get("shape") or {}).get("lognormal_like"),
                    best_alt=(out.get("alternatives") or {}).get("best"),
                    p_threshold=(out.get("alternatives") or {}).get("p_value"))
     row["seconds"] = time.perf_counter() - t0
