@@ -152,8 +152,9 @@ class RandomBreakpointModel:
     ``kind`` "hinge" is the full model; "smooth" replaces the hinge by b·(log w − x̄) and
     "flat" drops it (both with the random intercept, for the model comparison); "slopes" is
     the no-threshold alternative with the hinge's random-effect flexibility: logistic in log
-    wait with a random intercept and a random slope, η = a + σ_u·v + (b + τ·z)·(log w − x̄)
-    (θ's c is unused, τ is the slopes' sd).
+    wait with a random intercept and a random slope, η = a + σ_u·v + (b + τ·z)·(log w − c)
+    (τ is the slopes' sd; c is the pivot wait at which intercept and slope are uncorrelated,
+    so the three of σ_u, τ, c span any intercept–slope covariance).
 
     The (cycles × nodes) work arrays are allocated once: allocating them per evaluation
     made the kernel map and unmap fresh pages every time (half the run time was system
@@ -200,7 +201,9 @@ class RandomBreakpointModel:
         if self.kind == "hinge":
             arg = x[:, None] - c - tau * self.z[None, :]  # (N, nz)
             return np.maximum(arg, 0.0), arg > 0
-        if self.kind in ("smooth", "slopes"):
+        if self.kind == "slopes":  # c is the pivot where intercept and slope are uncorrelated
+            return (x - c)[:, None], None
+        if self.kind == "smooth":
             return (x - self.xc)[:, None], None
         return np.zeros((x.size, 1)), None
 
@@ -251,6 +254,7 @@ class RandomBreakpointModel:
         g[2] = float((rz * h).sum())
         if self.kind == "slopes":
             g[4] = float((rz * h).sum(axis=0) @ self.z)
+            g[3] = -float(rz.sum(axis=0) @ (b + tau * self.z))
         if active is not None:
             rin = rz * active
             g[3] = -b * float(rin.sum())
@@ -279,7 +283,7 @@ def maximize(model: RandomBreakpointModel | HazardModel, start: np.ndarray,
     if model.kind not in ("hinge", "slopes", "hazard"):
         # c and τ do not enter; b is absent from the flat model
         free = [k for k in free if k not in (3, 4) and not (model.kind == "flat" and k == 2)]
-    elif model.kind != "hinge":  # the alternatives have no breakpoint
+    elif model.kind == "hazard":  # no breakpoint
         free = [k for k in free if k != 3]
     for k in (1, 4):
         # At σ_u = 0 or τ = 0 the gradient in them is exactly 0 (symmetric nodes): a start

@@ -4,7 +4,8 @@
 The random-breakpoint hinge (`rb_model`) is compared with no-threshold alternatives that have
 the same random-effect flexibility (two person-level effects each):
 
-* ``slopes``: logistic in log wait, people differing in intercept and slope;
+* ``slopes``: logistic in log wait, people differing in intercept and slope (correlated:
+  they are independent at a fitted pivot wait);
 * ``hazard``: a background chance plus a constant hazard per second of waiting, people
   differing in background and rate (memoryless switching).
 
@@ -52,7 +53,7 @@ def alternative_starts(kind: str, data: CycleData) -> list[np.ndarray]:
     if kind == "hazard":
         lam = -math.log(1 - p) / float(np.exp(data.x).mean())
         return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, math.log(lam), 0.0, 0.3])]
-    return [np.array([math.log(p / (1 - p)), 0.3, 0.5, 0.0, 0.3])]
+    return [np.array([math.log(p / (1 - p)), 0.3, 0.5, float(data.x.mean()), 0.3])]
 
 
 def best_fit(model: RandomBreakpointModel | HazardModel, starts: list[np.ndarray]) -> Fit:
@@ -82,7 +83,7 @@ def simulate_alternative(kind: str, theta: np.ndarray, data: CycleData, detectio
         bg = expit(a + su * v)
         p = 1 - (1 - bg) * np.exp(-np.exp(b + tau * z) * np.exp(data.x))
     else:
-        p = expit(a + su * v + (b + tau * z) * (data.x - float(data.x.mean())))
+        p = expit(a + su * v + (b + tau * z) * (data.x - float(theta[3])))
     return (rng.random(data.x.size) < detection * p).astype(float)
 
 

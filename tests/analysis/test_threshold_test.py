@@ -38,7 +38,7 @@ def test_alternative_gradients_match_finite_differences(kind: str, detection: fl
         theta = np.array([-3.0, 0.4, -4.0, 0.0, 0.5])
     else:
         model = RandomBreakpointModel(data, (12, 5), detection=detection, kind="slopes")
-        theta = np.array([-2.0, 0.4, 0.8, 0.0, 0.3])
+        theta = np.array([-2.0, 0.4, 0.8, 1.0, 0.3])
     _, grad = model.nll(theta)
     num = approx_fprime(theta, lambda t: model.nll(t, need_grad=False)[0], 1e-6)
     assert np.allclose(grad, num, rtol=1e-4, atol=1e-3)
@@ -67,7 +67,7 @@ def test_simulated_alternative_is_recovered(kind: str) -> None:
     generator and the fit agree on what θ means)."""
     base = _data(simulate_switch_data("flat", 80, 60, seed=1))
     theta = (np.array([-3.2, 0.5, -4.0, 0.0, 0.5]) if kind == "hazard"
-             else np.array([-1.5, 0.5, 0.9, 0.0, 0.4]))
+             else np.array([-1.5, 0.5, 0.9, 1.5, 0.4]))
     y = simulate_alternative(kind, theta, base, 1.0, np.random.default_rng(2))
     sim = CycleData(base.x, y, base.starts, base.n_participants)
     model = (HazardModel(sim, (12, 5)) if kind == "hazard"
