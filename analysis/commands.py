@@ -158,12 +158,15 @@ def threshold(
 ) -> None:
     """Estimate the flow threshold: the median personal threshold and the spread τ between
     people (random-breakpoint hinge logistic of P(switch) on log wait), the existence test,
-    and the pooled onset ψ* as a secondary figure (docs/concepts/analysis.md)."""
+    and the pooled onset ψ* as a secondary figure (docs/concepts/analysis.md).
+
+    A threshold is reported only when it beats the best no-threshold explanation (steady
+    rise, or a constant hazard per second) in a parametric-bootstrap test."""
     import numpy as np
 
     from . import AnalysisInputError
-    from .report_sections import personal_verdict
     from .threshold import fit_threshold
+    from .threshold_verdict import personal_verdict
 
     df = _read_csv(file)
     missing = [c for c in (wait, switched, participant) if c not in df.columns]
@@ -177,13 +180,16 @@ def threshold(
     try:
         pooled = fit_threshold(frame, n_boot=n_boot, n_null=n_null, seed=seed,
                                median_response_tokens=median_tokens, reading_tps=reading_tps)
-        personal = _fit_personal(frame, detection_share, workers, show=not json_out)
+        personal, test = _fit_personal(frame, detection_share, workers, seed,
+                                       show=not json_out)
     except AnalysisInputError as exc:
         raise _fail(str(exc)) from None
     pooled_d = pooled.to_dict()
     pers = personal.to_dict()
+    test_d = test.to_dict()
     waits = frame["wait_s"].to_numpy(float)
-    found, reason = personal_verdict(pers, pooled_d, waits[np.isfinite(waits) & (waits > 0)])
+    found, reason = personal_verdict(pers, pooled_d, waits[np.isfinite(waits) & (waits > 0)],
+                                     test=test_d)
     tps = None
     if median_tokens is not None:
         from flowtrial.study.timeline import tokens_per_second_for_idle_wait
@@ -191,6 +197,7 @@ def threshold(
         tps = tokens_per_second_for_idle_wait(personal.median_psi_s, median_tokens, reading_tps)
     if json_out:
         typer.echo(json.dumps({"found": found, "reason": reason, "personal": pers,
+                               "alternatives": test_d,
                                "tokens_per_second_at_median_length": tps,
                                "pooled": pooled_d}))
         return
@@ -205,6 +212,8 @@ def threshold(
     if tps is not None:
         console.print(f"  ≈ {tps:.1f} tokens/s streams {median_tokens:g} tokens with that idle "
                       f"wait at {reading_tps:g} tokens/s reading")
+    console.print(f"Threshold vs best no-threshold model ({test.label}): "
+                  f"p = {test.p_value:.3g} ({test.n_boot} parametric-bootstrap replicates)")
     console.print(f"Existence test: p = {pooled.p_exists:.3g}. "
                   + ("Threshold found." if found else str(reason)))
     console.print(f"Pooled onset ψ* (secondary) = {pooled.psi_s:.2f} s (95 % CI "
@@ -213,25 +222,28 @@ def threshold(
         console.print(f"  {model:10s} AIC {p.aic[model]:.1f}  BIC {p.bic[model]:.1f}")
 
 
-def _fit_personal(frame: Any, detection_share: float, workers: int | None, show: bool) -> Any:
-    """`fit_personal_threshold` with a rich progress bar on stderr (unless ``show`` is off)."""
-    from .personal_threshold import fit_personal_threshold
+def _fit_personal(frame: Any, detection_share: float, workers: int | None, seed: int,
+                  show: bool) -> Any:
+    """`fit_personal_and_test` (personal threshold + the test against the no-threshold
+    alternatives) with a rich progress bar on stderr (unless ``show`` is off)."""
+    from .threshold_verdict import fit_personal_and_test
 
     if not show:
-        return fit_personal_threshold(frame, detection_share=detection_share, workers=workers)
+        return fit_personal_and_test(frame, detection_share=detection_share, workers=workers,
+                                     seed=seed)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("personal threshold: profile refits", total=None)
+        task = bar.add_task("personal threshold: refits", total=None)
 
         def advance(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        return fit_personal_threshold(frame, detection_share=detection_share, workers=workers,
-                                      progress=advance)
+        return fit_personal_and_test(frame, detection_share=detection_share, workers=workers,
+                                     seed=seed, progress=advance)
 
 
 def notebooks(

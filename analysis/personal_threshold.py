@@ -34,6 +34,10 @@ from .workers import run_jobs
 ProgressFn = Callable[[int, int], None]
 DEFAULT_NODES = (24, 7)
 CHECK_NODES = (48, 11)  # the quadrature check: twice the breakpoint nodes
+#: The shape check: thresholds are called log-normal-like unless two equal groups of people
+#: (thresholds e^(c ± τ), same number of parameters) fit better by more than this much
+#: log-likelihood; otherwise percentiles of the threshold distribution are not printed.
+SHAPE_MARGIN = 2.0
 _K = {"hinge": 5, "hinge_tau0": 4, "smooth": 3, "flat": 2}
 
 
@@ -56,7 +60,8 @@ class PersonalThresholdResult:
     bic: dict[str, float]
     detection_share: float
     nodes: list[int]
-    node_check: dict[str, float] | None
+    node_check: dict[str, Any] | None
+    shape: dict[str, Any]
     converged: bool
     n_obs: int
     n_participants: int
@@ -93,7 +98,20 @@ def _data(df: pd.DataFrame) -> CycleData:
     return CycleData.from_arrays(np.log(w), y, pid)
 
 
-def _start(data: CycleData) -> np.ndarray:
+def starts(data: CycleData) -> list[np.ndarray]:
+    """Starting values of the main fit: the pooled-grid start and breakpoints at the lower and
+    upper quartile of the log waits (the likelihood in c has several local maxima; other
+    starts found better optima than the pooled one in issue 27)."""
+    s0 = pooled_start(data)
+    out = [s0]
+    for q in (0.25, 0.75):
+        s = s0.copy()
+        s[2], s[3], s[4] = max(s0[2], 0.5), float(np.quantile(data.x, q)), 0.3
+        out.append(s)
+    return out
+
+
+def pooled_start(data: CycleData) -> np.ndarray:
     """Starting values from the pooled hinge (profile over a coarse grid of c)."""
     from .threshold import _newton
 
@@ -110,7 +128,8 @@ def _start(data: CycleData) -> np.ndarray:
 def _job(kind: str, data: CycleData, detection: float, nodes: tuple[int, int],
          best: Fit, arg: Any) -> Any:
     """One independent refit (runs on a worker process)."""
-    kinds = {"end": "hinge", "check": "hinge", "tau0": "hinge_tau0"}
+    kinds = {"end": "hinge", "check": "hinge", "tau0": "hinge_tau0",
+             "two_groups": "hinge_two_groups"}
     model = RandomBreakpointModel(data, nodes, detection=detection, kind=kinds.get(kind, kind))
     if kind == "end":
         k, side, guess, crit, lower = arg
@@ -119,6 +138,10 @@ def _job(kind: str, data: CycleData, detection: float, nodes: tuple[int, int],
         return maximize(model, best.theta, fixed={4: 0.0})
     if kind == "check":
         return maximize(model, best.theta)
+    if kind == "two_groups":
+        start = best.theta.copy()
+        start[4] = max(start[4], 0.3)
+        return maximize(model, start)
     p = float(np.clip(data.y.mean(), 1e-3, 1 - 1e-3))
     start = np.array([math.log(p / (1 - p)), 0.3, 0.0 if kind == "flat" else 0.5, 0.0, 0.0])
     return maximize(model, start)
@@ -144,10 +167,13 @@ def fit_personal_threshold(
             f"detection share {detection_share!r} must be in (0, 1]; 1 = every switch counted")
     data = _data(df)
     model = RandomBreakpointModel(data, nodes, detection=detection_share)
-    start = _start(data)
-    best = maximize(model, start)
+    best = max((maximize(model, s) for s in starts(data)), key=lambda f: f.loglik)
     se = wald_se(model, best.theta)
     crit = float(chi2.ppf(level, 1))
+    # τ's lower end uses the boundary mixture ½χ²₀ + ½χ²₁ (its quantile at `level` is the
+    # χ²₁ quantile at 2·level − 1), as the τ = 0 test does: the interval excludes 0 exactly
+    # when that test rejects at 1 − level.
+    crit_tau_lo = float(chi2.ppf(2 * level - 1, 1))
     z = math.sqrt(crit)
 
     def guess(k: int, side: int) -> float:
@@ -157,19 +183,22 @@ def fit_personal_threshold(
     jobs: list[tuple[Any, ...]] = [
         ("end", data, detection_share, nodes, best, (3, -1, guess(3, -1), crit, None)),
         ("end", data, detection_share, nodes, best, (3, 1, guess(3, 1), crit, None)),
-        ("end", data, detection_share, nodes, best, (4, -1, guess(4, -1), crit, 0.0)),
+        ("end", data, detection_share, nodes, best, (4, -1, guess(4, -1), crit_tau_lo, 0.0)),
         ("end", data, detection_share, nodes, best, (4, 1, guess(4, 1), crit, None)),
         ("tau0", data, detection_share, nodes, best, None),
         ("smooth", data, detection_share, nodes, best, None),
         ("flat", data, detection_share, nodes, best, None),
+        ("two_groups", data, detection_share, nodes, best, None),
     ]
     if node_check:
         jobs.append(("check", data, detection_share, CHECK_NODES, best, None))
     out = run_jobs(_job, jobs, workers, on_done=progress)
-    c_lo, c_hi, t_lo, t_hi, tau0, smooth, flat = out[:7]
+    c_lo, c_hi, t_lo, t_hi, tau0, smooth, flat, two = out[:8]
     tau_lr = max(0.0, 2 * (best.loglik - tau0.loglik))
     # Boundary LR test (Self & Liang 1987): ½χ²₀ + ½χ²₁ under τ = 0.
     p_tau = 1.0 if tau_lr <= 0 else 0.5 * float(chi2.sf(tau_lr, 1))
+    if p_tau >= 1 - level:
+        t_lo = 0.0  # the test and the interval agree even where the two fits differ slightly
     ll = {"hinge": best.loglik, "hinge_tau0": tau0.loglik, "smooth": smooth.loglik,
           "flat": flat.loglik}
     n = int(data.x.size)
@@ -177,13 +206,18 @@ def fit_personal_threshold(
     bic = {m: _K[m] * math.log(n) - 2 * v for m, v in ll.items()}
     check: dict[str, Any] | None = None
     if node_check:
-        f2: Fit = out[7]
+        f2: Fit = out[8]
         check = {
             "nodes": list(CHECK_NODES),
             "rel_change_median_psi": float(math.expm1(f2.theta[3] - best.theta[3])),
             "abs_change_tau": float(f2.theta[4] - best.theta[4]),
             "loglik_change": float(f2.loglik - best.loglik),
         }
+    gain = float(two.loglik - best.loglik)
+    shape = {"loglik_gain_two_groups": gain,
+             "two_groups_psi_s": [math.exp(two.theta[3] - two.theta[4]),
+                                  math.exp(two.theta[3] + two.theta[4])],
+             "lognormal_like": bool(gain <= SHAPE_MARGIN)}
     wald = None
     if np.isfinite(se[3]):
         wald = [math.exp(best.theta[3] - z * se[3]), math.exp(best.theta[3] + z * se[3])]
@@ -204,6 +238,7 @@ def fit_personal_threshold(
         detection_share=float(detection_share),
         nodes=list(nodes),
         node_check=check,
+        shape=shape,
         converged=bool(best.converged),
         n_obs=n,
         n_participants=data.n_participants,

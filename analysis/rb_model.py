@@ -73,11 +73,88 @@ class CycleData:
         return CycleData(self.x[idx], self.y[idx], starts, int(len(people)))
 
 
+class HazardModel:
+    """Negative marginal log-likelihood of the memoryless alternative: a background chance of
+    switching plus a constant hazard per second of waiting, with person-level rates,
+
+        P(switch | w) = 1 − (1 − expit(a + σ_u·v))·exp(−e^(b + τ·z)·w),   z, v ~ N(0, 1),
+
+    so each extra second carries the same chance e^(b+τz) (per second) of leaving. θ has the
+    hinge's layout (a, σ_u, b, c, τ), c unused. Detection share d as in the hinge."""
+
+    kind = "hazard"
+
+    def __init__(self, data: CycleData, nodes: tuple[int, int] = (12, 7), *,
+                 detection: float = 1.0) -> None:
+        if not 0 < detection <= 1:
+            raise AnalysisInputError(f"detection share {detection!r} must be in (0, 1]")
+        self.d = data
+        self.detection = float(detection)
+        self.z, lwz = gh_nodes(nodes[0])
+        self.v, lwv = gh_nodes(nodes[1])
+        self.log_w = (lwz[:, None] + lwv[None, :]).ravel()
+        self.w = np.exp(data.x)
+        y1 = data.y > 0.5
+        self.sign = np.where(y1, 1.0, -1.0)[:, None]
+        self.c0 = np.where(y1, 0.0, 1.0)[:, None]
+        q = self.z.size * self.v.size
+        self._buf = [np.empty((data.x.size, q)) for _ in range(3)]
+        sizes = np.diff(np.r_[data.starts, data.x.size])
+        self.person_of_row = np.repeat(np.arange(data.n_participants), sizes)
+        self.bounds: list[tuple[float | None, float | None]] = [
+            (-15.0, 15.0), (0.0, 5.0), (-15.0, 5.0), (0.0, 0.0), (0.0, 3.0)]
+        self.n_evals = 0
+
+    def nll(self, theta: np.ndarray, need_grad: bool = True) -> tuple[float, np.ndarray]:
+        """(−ℓ, −∂ℓ/∂θ) at θ = (a, σ_u, b, c, τ).
+
+        With e = exp(−κ) = exp(−λw)·exp(−softplus(η₀)) (separable, so one exp over cycles ×
+        rate nodes) and q = 1 − e: P(counted switch) = d·q, P(no count) = 1 − d·q; both are
+        c₀ + s·d·q with s = ±1, and ∂log P/∂κ = s·d·e/P."""
+        self.n_evals += 1
+        a, su, b, _, tau = (float(t) for t in theta)
+        eta0 = a + su * self.v  # (nv,)
+        lam = np.exp(np.clip(b + tau * self.z, -50.0, 30.0))  # (nz,)
+        wl = self.w[:, None] * lam[None, :]  # (N, nz)
+        n, nz, nv = wl.shape[0], lam.size, self.v.size
+        q, m, tmp = self._buf
+        q3 = q.reshape(n, nz, nv)
+        np.multiply(np.exp(-wl)[:, :, None], np.exp(-np.logaddexp(0.0, eta0))[None, None, :],
+                    out=q3)  # e
+        np.subtract(1.0, q, out=q)  # q = 1 − e
+        d = self.detection
+        np.multiply(q, self.sign * d, out=m)
+        m += self.c0
+        np.maximum(m, 1e-300, out=m)
+        np.log(m, out=tmp)
+        per = np.add.reduceat(tmp, self.d.starts, axis=0) + self.log_w
+        tot = logsumexp(per, axis=1)
+        f = -float(tot.sum())
+        if not need_grad:
+            return f, np.zeros(5)
+        np.subtract(1.0, q, out=tmp)  # e
+        tmp *= self.sign * d
+        tmp /= m  # ∂log P/∂κ
+        np.take(np.exp(per - tot[:, None]), self.person_of_row, axis=0, out=m)
+        tmp *= m  # posterior-weighted
+        r3 = tmp.reshape(n, nz, nv)
+        s0 = expit(eta0)  # ∂κ/∂a
+        rv = r3.sum(axis=(0, 1))  # (nv,)
+        rz = r3.sum(axis=2) * wl  # (N, nz): ∂ℓ/∂log λ per node
+        g = np.array([float(rv @ s0), float(rv @ (s0 * self.v)), float(rz.sum()), 0.0,
+                      float(rz.sum(axis=0) @ self.z)])
+        return f, -g
+
+
 class RandomBreakpointModel:
     """Negative marginal log-likelihood and gradient of the random-breakpoint hinge.
 
     ``kind`` "hinge" is the full model; "smooth" replaces the hinge by b·(log w − x̄) and
-    "flat" drops it (both with the random intercept, for the model comparison).
+    "flat" drops it (both with the random intercept, for the model comparison); "slopes" is
+    the no-threshold alternative with the hinge's random-effect flexibility: logistic in log
+    wait with a random intercept and a random slope, η = a + σ_u·v + (b + τ·z)·(log w − c)
+    (τ is the slopes' sd; c is the pivot wait at which intercept and slope are uncorrelated,
+    so the three of σ_u, τ, c span any intercept–slope covariance).
 
     The (cycles × nodes) work arrays are allocated once: allocating them per evaluation
     made the kernel map and unmap fresh pages every time (half the run time was system
@@ -92,10 +169,14 @@ class RandomBreakpointModel:
         self.kind = kind
         self.detection = float(detection)
         # "hinge_tau0": everyone shares the breakpoint, so z drops out (one node).
-        nz, nv = nodes if kind == "hinge" else (1, nodes[1])
+        nz, nv = nodes if kind in ("hinge", "slopes") else (1, nodes[1])
         if kind == "hinge_tau0":
             kind = self.kind = "hinge"
         self.z, lwz = gh_nodes(nz)
+        if kind == "hinge_two_groups":
+            # Two equal groups at c ± τ instead of log-normal thresholds (the shape check).
+            kind = self.kind = "hinge"
+            self.z, lwz = np.array([-1.0, 1.0]), np.log([0.5, 0.5])
         self.v, lwv = gh_nodes(nv)
         self.log_w = (lwz[:, None] + lwv[None, :]).ravel()  # (Q,) with Q = nz·nv
         n = data.x.size
@@ -120,6 +201,8 @@ class RandomBreakpointModel:
         if self.kind == "hinge":
             arg = x[:, None] - c - tau * self.z[None, :]  # (N, nz)
             return np.maximum(arg, 0.0), arg > 0
+        if self.kind == "slopes":  # c is the pivot where intercept and slope are uncorrelated
+            return (x - c)[:, None], None
         if self.kind == "smooth":
             return (x - self.xc)[:, None], None
         return np.zeros((x.size, 1)), None
@@ -129,10 +212,11 @@ class RandomBreakpointModel:
         self.n_evals += 1
         a, su, b, c, tau = (float(t) for t in theta)
         h, active = self._hinge_basis(c, tau)
-        n, nz = h.shape
+        lin = h * (b + tau * self.z)[None, :] if self.kind == "slopes" else b * h
+        n, nz = lin.shape
         nv = self.v.size
         eta, m, ll = self._buf
-        np.add((a + b * h)[:, :, None], su * self.v[None, None, :],
+        np.add((a + lin)[:, :, None], su * self.v[None, None, :],
                out=eta.reshape(n, nz, nv))
         d = self.detection
         # P(observed y) with P1 = expit(±η): y=1: d·P1; y=0: 1 − d·p = d·P1 + (1 − d).
@@ -168,6 +252,9 @@ class RandomBreakpointModel:
         g[0] = rz.sum()
         g[1] = float(r3.sum(axis=(0, 1), dtype=np.float64) @ self.v)
         g[2] = float((rz * h).sum())
+        if self.kind == "slopes":
+            g[4] = float((rz * h).sum(axis=0) @ self.z)
+            g[3] = -float(rz.sum(axis=0) @ (b + tau * self.z))
         if active is not None:
             rin = rz * active
             g[3] = -b * float(rin.sum())
@@ -183,8 +270,9 @@ class Fit:
     n_evals: int
 
 
-def maximize(model: RandomBreakpointModel, start: np.ndarray, fixed: dict[int, float] | None
-             = None, bounds: list[tuple[float | None, float | None]] | None = None) -> Fit:
+def maximize(model: RandomBreakpointModel | HazardModel, start: np.ndarray,
+             fixed: dict[int, float] | None = None,
+             bounds: list[tuple[float | None, float | None]] | None = None) -> Fit:
     """L-BFGS-B on the free parameters (those not in ``fixed``) from ``start``."""
     fixed = fixed or {}
     bounds = bounds or model.bounds
@@ -192,8 +280,11 @@ def maximize(model: RandomBreakpointModel, start: np.ndarray, fixed: dict[int, f
     for k, val in fixed.items():
         theta[k] = val
     free = [k for k in range(5) if k not in fixed]
-    if model.kind != "hinge":  # c and τ do not enter; b is absent from the flat model
+    if model.kind not in ("hinge", "slopes", "hazard"):
+        # c and τ do not enter; b is absent from the flat model
         free = [k for k in free if k not in (3, 4) and not (model.kind == "flat" and k == 2)]
+    elif model.kind == "hazard":  # no breakpoint
+        free = [k for k in free if k != 3]
     for k in (1, 4):
         # At σ_u = 0 or τ = 0 the gradient in them is exactly 0 (symmetric nodes): a start
         # there would never leave the boundary even when the maximum lies inside.
@@ -261,9 +352,11 @@ def profile_endpoint(model: RandomBreakpointModel, best: Fit, k: int, side: int,
                      ) -> tuple[float, int]:
     """One end of the profile-likelihood interval of parameter ``k``: the value where the
     signed root r = ±sqrt(2(ℓ̂ − ℓ_p)) reaches ±sqrt(crit). Secant steps on r (nearly linear
-    in the parameter) from ``guess``; returns (endpoint, fits used). When the profile never
-    reaches the critical value inside the parameter's bounds (or ``lower_bound``), returns
-    that bound."""
+    in the parameter) from ``guess``; returns (endpoint, fits used). The endpoint is always an
+    evaluated point: one within 0.02 of the target root, else the evaluated point nearest the
+    estimate whose root reaches the target (conservative: the interval can only widen). When
+    the profile never reaches the critical value inside the parameter's bounds (or
+    ``lower_bound``), returns that bound."""
     target = math.sqrt(crit)
     est = float(best.theta[k])
     pts = [(est, 0.0)]
@@ -274,7 +367,7 @@ def profile_endpoint(model: RandomBreakpointModel, best: Fit, k: int, side: int,
     if lower_bound is not None:
         lo = lower_bound if lo is None else max(lo, lower_bound)
     edge = lo if side < 0 else hi
-    for _ in range(max_steps):
+    for step in range(max_steps + 1):
         if edge is not None and (val - edge) * side >= 0:
             val = edge
         f = maximize(model, start, fixed={k: val})
@@ -285,6 +378,8 @@ def profile_endpoint(model: RandomBreakpointModel, best: Fit, k: int, side: int,
         if val == edge and r < target:
             return val, fits
         pts.append((val, r))
+        if step == max_steps:
+            break
         start = f.theta
         (v0, r0), (v1, r1) = pts[-2], pts[-1]
         if r1 <= r0 + 1e-9:  # flat profile: step further out
@@ -296,4 +391,7 @@ def profile_endpoint(model: RandomBreakpointModel, best: Fit, k: int, side: int,
         val = float(np.clip(val, v1 - 3 * span, v1 + 3 * span))
         if (val - est) * side <= 0:
             val = est + side * 0.5 * abs(v1 - est)
-    return val, fits
+    beyond = [v for v, r in pts[1:] if r >= target]
+    if beyond:
+        return min(beyond, key=lambda v: abs(v - est)), fits
+    return (edge if edge is not None else max(pts, key=lambda p: p[1])[0]), fits

@@ -94,10 +94,14 @@ def _print_summary(r: dict[str, Any], out: Path) -> None:
         tci = pt["tau_ci"]
         console.print(f"  spread τ = {_num(pt['tau'])} (95 % CI {_num(tci[0])}–{_num(tci[1])}, "
                       f"p(τ = 0) = {_num(pt['p_tau_zero'])})")
-        if pt.get("tokens_per_second_at_median_length"):
-            console.print(f"  ≈ {_num(pt['tokens_per_second_at_median_length'])} tokens/s for "
-                          f"an answer of {_num(st.get('median_response_tokens'), '.0f')} tokens "
-                          f"read at {_num(st.get('reading_tps'))} tokens/s")
+        sp = pt.get("speed_table") or {}
+        for row in sp.get("rows") or []:
+            lo, hi = row["share_range"]
+            console.print(f"  at {row['tokens_per_second']:g} tokens/s, TTFT {row['ttft_s']:g} s: "
+                          f"{100 * row['share']:.0f} % of answers wait longer than ψ "
+                          f"({100 * lo:.0f}–{100 * hi:.0f} %)")
+        if sp.get("reason"):
+            console.print(f"  model speed in tokens/s: {sp['reason']}")
     console.print(f"  existence test p = {_num(t.get('p_exists'))}")
     if t.get("psi_s") is not None:
         ci = t["ci_s"]

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from flowtrial.study.timeline import DEFAULT_READING_TPS, tokens_per_second_for_idle_wait
+from flowtrial.study.timeline import DEFAULT_READING_TPS
 
-from .threshold import smooth_vs_hinge_text
+from .threshold_speed import exceedance_table
+from .threshold_verdict import personal_verdict
 
 WAIT_MEASURES = {
     "idle_wait_s": "idle wait (TTFT + delivery lag behind reading)",
@@ -236,7 +237,8 @@ def personal_section(
     most inclusive rule), or taken as 1 without it. ``pooled`` is the ψ* section (its
     existence test is the test of "switching depends on the wait")."""
     from . import AnalysisInputError
-    from .personal_threshold import estimate_detection_share, fit_personal_threshold
+    from .personal_threshold import estimate_detection_share
+    from .threshold_verdict import fit_personal_and_test
 
     df = switch_analysable(cycles, wait_col)
     detection = 1.0
@@ -252,21 +254,24 @@ def personal_section(
     try:
         if unmeasured:
             raise AnalysisInputError(unmeasured)
-        res = fit_personal_threshold(frame, detection_share=detection, workers=workers,
-                                     progress=progress)
+        res, test = fit_personal_and_test(frame, detection_share=detection, workers=workers,
+                                          progress=progress)
     except AnalysisInputError as exc:
         return {**base, "median_psi_s": None, "ci_s": None, "found": False,
                 "reason": f"Threshold not estimated (personal model): {exc}"}
-    out = {**base, **res.to_dict(), "psi_p10_p90_s": res.psi_quantiles_s()}
-    found, reason = personal_verdict(out, pooled, frame["wait_s"].to_numpy(float), alpha=alpha,
+    # Percentiles assume log-normal thresholds: withheld when the shape check says otherwise.
+    out = {**base, **res.to_dict(),
+           "psi_p10_p90_s": res.psi_quantiles_s() if res.shape["lognormal_like"] else None,
+           "alternatives": test.to_dict()}
+    found, reason = personal_verdict(out, pooled, frame["wait_s"].to_numpy(float),
+                                     test=out["alternatives"], alpha=alpha,
                                      max_ci_decades=max_ci_decades)
     out["found"], out["reason"] = found, reason
-    if median_tokens is not None and median_tokens > 1:
-        out["tokens_per_second_at_median_length"] = tokens_per_second_for_idle_wait(
-            res.median_psi_s, median_tokens, reading_tps)
-        lo, hi = (tokens_per_second_for_idle_wait(v, median_tokens, reading_tps)
-                  for v in reversed(res.ci_s))
-        out["tokens_per_second_ci"] = [lo, hi]
+    tokens = (pd.to_numeric(df["tokens_completion"], errors="coerce").to_numpy(float)
+              if "tokens_completion" in df.columns else np.array([]))
+    unit = (cycles.attrs.get("wait_unit") or {}).get("unit", "cycle")
+    out["speed_table"] = exceedance_table(res.median_psi_s, res.ci_s, tokens,
+                                          reading_tps=reading_tps, wait_unit=unit)
     return out
 
 
@@ -291,38 +296,6 @@ def threshold_headline(threshold: dict[str, Any], wait_label: str) -> str:
 def _sig(x: float) -> str:
     """Three significant digits, as the report's numbers."""
     return f"{float(x):.3g}"
-
-
-def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: np.ndarray,
-                     *, alpha: float = 0.05, max_ci_decades: float = 1.0
-                     ) -> tuple[bool, str | None]:
-    """Is a personal threshold reported? Switching must depend on the wait (the pooled
-    existence test), rise above the breakpoint (b > 0), the random-breakpoint hinge must beat
-    the random-intercept smooth logistic on AIC and BIC, and the CI of e^c must span at most
-    ``max_ci_decades`` and stay inside the observed waits. Returns (found, reason)."""
-    p = pooled.get("p_exists")
-    ci = personal["ci_s"]
-    aic, bic = personal["aic"], personal["bic"]
-    if p is None or p >= alpha:
-        return False, ("No threshold: no evidence that switching depends on the wait "
-                       f"(p_exists = {_num(p)} >= {alpha:g})")
-    if personal["slope_b"] <= 0:
-        return False, "No threshold: switching does not rise above the breakpoint (slope <= 0)"
-    if not (aic["hinge"] < aic["smooth"] and bic["hinge"] < bic["smooth"]):
-        return False, "No threshold: " + smooth_vs_hinge_text(
-            aic, bic, "random intercepts in both")
-    if math.log10(ci[1] / ci[0]) > max_ci_decades:
-        return False, (f"No threshold: the 95 % CI of the median personal threshold "
-                       f"({ci[0]:.3g}–{ci[1]:.3g} s) spans more than {max_ci_decades:g} decade")
-    lo, hi = float(np.min(waits_s)), float(np.max(waits_s))
-    if ci[0] <= lo * (1 + 1e-6) or ci[1] >= hi * (1 - 1e-6):
-        return False, (f"No threshold: the 95 % CI of the median personal threshold "
-                       f"({ci[0]:.3g}–{ci[1]:.3g} s) reaches the edge of the observed waits")
-    return True, None
-
-
-def _num(x: Any) -> str:
-    return "—" if x is None else f"{float(x):.3g}"
 
 
 # ------------------------------------------------------------------------ secondary

@@ -459,6 +459,128 @@ def smooth_vs_hinge_text(aic: dict[str, float], bic: dict[str, float], note: str
     return f"a smooth logistic dose-response fits as well or better ({nums})"
 
 
+def _check_settings(n_boot: int, n_null: int, grid_size: int,
+                    median_response_tokens: float | None) -> None:
+    if n_boot < 10 or n_null < 10:
+        raise AnalysisInputError("n_boot and n_null must be >= 10 (use >= 200 for reporting)")
+    if grid_size < 5:
+        raise AnalysisInputError("grid_size must be >= 5")
+    if median_response_tokens is not None and median_response_tokens <= 1:
+        raise AnalysisInputError("median_response_tokens must be > 1")
+
+
+def _psi_grid(logw: np.ndarray, y: np.ndarray, n_part: int,
+              wait_quantiles: tuple[float, float], grid_size: int) -> np.ndarray:
+    """The log-ψ grid between the wait quantiles, after checking the data can bear a fit."""
+    n_obs = int(y.size)
+    if n_obs < 20:
+        raise AnalysisInputError(f"too few cycles: {n_obs} usable (need >= 20)")
+    if n_part < 2:
+        raise AnalysisInputError(
+            "need cycles from >= 2 participants (participants are the clusters)"
+        )
+    n_sw = int(y.sum())
+    if n_sw == 0 or n_sw == n_obs:
+        raise AnalysisInputError(
+            f"switched is {'never' if n_sw == 0 else 'always'} 1; "
+            "the switch rate cannot depend on the wait"
+        )
+    lo_q, hi_q = np.quantile(logw, wait_quantiles)
+    if hi_q - lo_q < 1e-6:
+        raise AnalysisInputError("waits hardly vary; a threshold needs a range of waits")
+    return np.linspace(lo_q, hi_q, grid_size)
+
+
+def existence_test(prob: _Problem, binned: _Binned, main: dict[str, Any], n_null: int,
+                   rng: np.random.Generator) -> tuple[float, float]:
+    """(LR, p): parametric bootstrap of the hinge-vs-flat LR under "P(switch) does not
+    depend on the wait", each participant keeping their own observed switch rate."""
+    lr = max(0.0, 2 * (main["ll_hinge"] - main["ll_flat"]))
+    p_i = binned.succ.sum(1) / binned.counts.sum(1)
+    n_k = binned.counts.sum(0)
+    null_lr = np.empty(n_null)
+    for r in range(n_null):
+        s_null = rng.binomial(binned.counts.astype(np.int64), p_i[:, None]).sum(0).astype(float)
+        f = prob.fit(n_k, s_null)
+        null_lr[r] = 2 * (f["ll_hinge"] - f["ll_flat"])
+    return lr, float((1 + np.sum(null_lr >= lr - 1e-9)) / (1 + n_null))
+
+
+def cluster_bootstrap(prob: _Problem, binned: _Binned, main: dict[str, Any], n_boot: int,
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Participant-cluster bootstrap (resample participants, refit everything, warm start):
+    hinge (a, b, log ψ) and smooth (a, b) per replicate, and the profile LR at the original
+    estimate, LR* = 2(ℓ*(ψ̂*) − ℓ*(ψ̂)), whose quantile calibrates the profile CI."""
+    n_part = binned.counts.shape[0]
+    ha0, hb0, hc0 = main["hinge"]
+    boot_h = np.empty((n_boot, 3))
+    boot_s = np.empty((n_boot, 2))
+    boot_lr = np.empty(n_boot)
+    for r in range(n_boot):
+        m = rng.multinomial(n_part, np.full(n_part, 1.0 / n_part)).astype(float)
+        nb, sb = m @ binned.counts, m @ binned.succ
+        f = prob.fit(nb, sb, start=main.get("start"))
+        boot_h[r] = f["hinge"]
+        boot_s[r] = f["smooth"]
+        if f["degenerate"]:
+            boot_lr[r] = 0.0
+            continue
+        _, _, ll_at = prob.hinge_at(nb, sb, np.array([hc0]), np.array([ha0]), np.array([hb0]))
+        boot_lr[r] = max(0.0, 2 * (f["ll_hinge"] - float(ll_at[0])))
+    return boot_h, boot_s, boot_lr
+
+
+def psi_intervals(prob: _Problem, binned: _Binned, main: dict[str, Any], boot_h: np.ndarray,
+                  boot_lr: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
+    """ψ's intervals (seconds): percentile, BCa (jackknife acceleration), the profile-LR
+    interval at the bootstrap's LR quantile, and the reported union of BCa and LR."""
+    ha0, _, hc0 = main["hinge"]
+    ci_pct = np.exp(np.quantile(boot_h[:, 2], [0.025, 0.975]))
+    jack = _jackknife(prob, binned, main, rng)
+    ci_bca = np.exp(_bca(boot_h[:, 2], hc0, jack))
+    lr_crit = float(np.quantile(boot_lr, 0.95))
+    grid = prob.grid
+    fine = np.linspace(grid[0], grid[-1], 4 * (grid.size - 1) + 1)
+    n_k, s_k = binned.counts.sum(0), binned.succ.sum(0)
+    _, _, prof_f = prob.hinge_at(n_k, s_k, fine, np.full(fine.size, ha0), np.zeros(fine.size))
+    ci_lr = np.exp(_lr_interval(fine, 2 * (main["ll_hinge"] - prof_f), lr_crit, hc0))
+    # Reported CI: the union of the two intervals. Each alone covers ~0.92–0.93 with 40
+    # participants in simulation (benchmarks/bench_threshold_quality.py); the union ~0.94.
+    ci = [float(min(ci_lr[0], ci_bca[0])), float(max(ci_lr[1], ci_bca[1]))]
+    return {"percentile": ci_pct, "bca": ci_bca, "lr": ci_lr, "lr_crit": lr_crit, "ci": ci}
+
+
+def pooled_verdict(p_exists: float, slope: float, aic: dict[str, float], bic: dict[str, float],
+                   ci: list[float], grid_s: tuple[float, float], *, alpha: float = 0.05,
+                   max_ci_decades: float = 1.0) -> tuple[ModelName, str | None]:
+    """(model choice, reason no pooled onset is reported or None) for the secondary ψ*."""
+    hinge_beats_smooth = aic["hinge"] < aic["smooth"] and bic["hinge"] < bic["smooth"]
+    choice: ModelName
+    if p_exists < alpha and slope > 0 and hinge_beats_smooth:
+        choice = "hinge"
+    elif bic["smooth"] < bic["flat"]:
+        choice = "smooth"
+    else:
+        choice = "flat"
+    at_edge = ci[0] <= grid_s[0] * (1 + 1e-9) or ci[1] >= grid_s[1] * (1 - 1e-9)
+    if p_exists >= alpha:
+        return choice, ("No threshold: no evidence that switching depends on the wait "
+                        f"(p_exists = {p_exists:.3g} >= {alpha:g})")
+    if slope <= 0:
+        return choice, ("No threshold: switching does not rise above the best breakpoint "
+                        "(slope <= 0)")
+    if not hinge_beats_smooth:
+        return choice, "No threshold: " + smooth_vs_hinge_text(aic, bic,
+                                                              "ψ counted as a parameter")
+    if math.log10(ci[1] / ci[0]) > max_ci_decades:
+        return choice, (f"No threshold: the 95 % CI for ψ ({ci[0]:.3g}–{ci[1]:.3g} s) spans "
+                        f"more than {max_ci_decades:g} decade")
+    if at_edge:
+        return choice, (f"No threshold: the 95 % CI for ψ ({ci[0]:.3g}–{ci[1]:.3g} s) reaches "
+                        "the edge of the observed waits, so the data do not bound it")
+    return choice, None
+
+
 def fit_threshold(
     df: pd.DataFrame,
     n_boot: int = 200,
@@ -484,115 +606,29 @@ def fit_threshold(
     `ttft_s` defaults to 0 (None when ψ < ttft_s).
     Deterministic for a given `seed`.
     """
-    if n_boot < 10 or n_null < 10:
-        raise AnalysisInputError("n_boot and n_null must be >= 10 (use >= 200 for reporting)")
-    if grid_size < 5:
-        raise AnalysisInputError("grid_size must be >= 5")
+    _check_settings(n_boot, n_null, grid_size, median_response_tokens)
     logw, y, pid, n_part, dropped = _prepare(df)
-    n_obs = int(y.size)
-    if n_obs < 20:
-        raise AnalysisInputError(f"too few cycles: {n_obs} usable (need >= 20)")
-    if n_part < 2:
-        raise AnalysisInputError(
-            "need cycles from >= 2 participants (participants are the clusters)"
-        )
-    n_sw = int(y.sum())
-    if n_sw == 0 or n_sw == n_obs:
-        raise AnalysisInputError(
-            f"switched is {'never' if n_sw == 0 else 'always'} 1; "
-            "the switch rate cannot depend on the wait"
-        )
-    lo_q, hi_q = np.quantile(logw, wait_quantiles)
-    if hi_q - lo_q < 1e-6:
-        raise AnalysisInputError("waits hardly vary; a threshold needs a range of waits")
-
-    grid = np.linspace(lo_q, hi_q, grid_size)
+    grid = _psi_grid(logw, y, n_part, wait_quantiles, grid_size)
+    n_obs, n_sw = int(y.size), int(y.sum())
     binned = _bin(logw, y, pid, n_part, max_bins)
     prob = _Problem(binned, grid)
     n_k, s_k = binned.counts.sum(0), binned.succ.sum(0)
     main = prob.fit(n_k, s_k)
     rng = np.random.default_rng(seed)
-
-    # Existence test: parametric bootstrap under "P(switch) does not depend on the wait",
-    # keeping each participant's own observed switch rate.
-    lr = max(0.0, 2 * (main["ll_hinge"] - main["ll_flat"]))
-    p_i = binned.succ.sum(1) / binned.counts.sum(1)
-    null_lr = np.empty(n_null)
-    for r in range(n_null):
-        s_null = rng.binomial(binned.counts.astype(np.int64), p_i[:, None]).sum(0).astype(float)
-        f = prob.fit(n_k, s_null)
-        null_lr[r] = 2 * (f["ll_hinge"] - f["ll_flat"])
-    p_exists = float((1 + np.sum(null_lr >= lr - 1e-9)) / (1 + n_null))
-
-    # Participant-cluster bootstrap: resample participants, refit everything (warm start).
-    # Each replicate also records the profile LR at the original estimate, LR* =
-    # 2(ℓ*(ψ̂*) − ℓ*(ψ̂)), whose quantile calibrates the profile-likelihood CI below.
-    ha0, hb0, hc0 = main["hinge"]
-    boot_h = np.empty((n_boot, 3))
-    boot_s = np.empty((n_boot, 2))
-    boot_lr = np.empty(n_boot)
-    for r in range(n_boot):
-        m = rng.multinomial(n_part, np.full(n_part, 1.0 / n_part)).astype(float)
-        nb, sb = m @ binned.counts, m @ binned.succ
-        f = prob.fit(nb, sb, start=main.get("start"))
-        boot_h[r] = f["hinge"]
-        boot_s[r] = f["smooth"]
-        if f["degenerate"]:
-            boot_lr[r] = 0.0
-            continue
-        _, _, ll_at = prob.hinge_at(nb, sb, np.array([hc0]), np.array([ha0]), np.array([hb0]))
-        boot_lr[r] = max(0.0, 2 * (f["ll_hinge"] - float(ll_at[0])))
-    ci_pct = np.exp(np.quantile(boot_h[:, 2], [0.025, 0.975]))
-    jack = _jackknife(prob, binned, main, rng)
-    ci_bca = np.exp(_bca(boot_h[:, 2], hc0, jack))
-    lr_crit = float(np.quantile(boot_lr, 0.95))
-    fine = np.linspace(grid[0], grid[-1], 4 * (grid_size - 1) + 1)
-    g_f = fine.size
-    _, _, prof_f = prob.hinge_at(n_k, s_k, fine, np.full(g_f, ha0), np.zeros(g_f))
-    ci_lr = np.exp(_lr_interval(fine, 2 * (main["ll_hinge"] - prof_f), lr_crit, hc0))
-    # Reported CI: the union of the two intervals. Each alone covers ~0.92–0.93 with 40
-    # participants in simulation (benchmarks/bench_threshold_quality.py); the union ~0.94.
-    ci = [float(min(ci_lr[0], ci_bca[0])), float(max(ci_lr[1], ci_bca[1]))]
-    at_edge = ci[0] <= math.exp(grid[0]) * (1 + 1e-9) or ci[1] >= math.exp(grid[-1]) * (1 - 1e-9)
-
+    lr, p_exists = existence_test(prob, binned, main, n_null, rng)
+    boot_h, boot_s, boot_lr = cluster_bootstrap(prob, binned, main, n_boot, rng)
+    cis = psi_intervals(prob, binned, main, boot_h, boot_lr, rng)
+    ci = cis["ci"]
     ll = {"flat": main["ll_flat"], "smooth": main["ll_smooth"], "hinge": main["ll_hinge"]}
     aic, bic = _ic(ll, n_obs)
     ha, hb, hc = main["hinge"]
     psi = float(math.exp(hc))
-    hinge_beats_smooth = aic["hinge"] < aic["smooth"] and bic["hinge"] < bic["smooth"]
-    if p_exists < alpha and hb > 0 and hinge_beats_smooth:
-        choice: ModelName = "hinge"
-    elif bic["smooth"] < bic["flat"]:
-        choice = "smooth"
-    else:
-        choice = "flat"
-    reason = None
-    if p_exists >= alpha:
-        reason = (
-            f"No threshold: no evidence that switching depends on the wait "
-            f"(p_exists = {p_exists:.3g} >= {alpha:g})"
-        )
-    elif hb <= 0:
-        reason = "No threshold: switching does not rise above the best breakpoint (slope <= 0)"
-    elif not hinge_beats_smooth:
-        reason = "No threshold: " + smooth_vs_hinge_text(aic, bic, "ψ counted as a parameter")
-    elif math.log10(ci[1] / ci[0]) > max_ci_decades:
-        reason = (
-            f"No threshold: the 95 % CI for ψ ({ci[0]:.3g}–{ci[1]:.3g} s) spans more "
-            f"than {max_ci_decades:g} decade"
-        )
-    elif at_edge:
-        reason = (
-            f"No threshold: the 95 % CI for ψ ({ci[0]:.3g}–{ci[1]:.3g} s) reaches the "
-            "edge of the observed waits, so the data do not bound it"
-        )
+    choice, reason = pooled_verdict(p_exists, hb, aic, bic, ci, (math.exp(grid[0]),
+                                    math.exp(grid[-1])), alpha=alpha,
+                                    max_ci_decades=max_ci_decades)
     found = reason is None
-
     tps = tps_ci = None
     if median_response_tokens is not None:
-        if median_response_tokens <= 1:
-            raise AnalysisInputError("median_response_tokens must be > 1")
-
         def to_tps(w: float) -> float | None:
             return tokens_per_second_for_idle_wait(w, median_response_tokens, reading_tps,
                                                    ttft_s)
@@ -600,6 +636,7 @@ def fit_threshold(
         tps = to_tps(psi)
         hi_tps, lo_tps = to_tps(ci[0]), to_tps(ci[1])
         tps_ci = [lo_tps, hi_tps] if lo_tps is not None and hi_tps is not None else None
+    ci_lr, ci_bca, ci_pct, lr_crit = cis["lr"], cis["bca"], cis["percentile"], cis["lr_crit"]
 
     return ThresholdResult(
         psi_s=psi,

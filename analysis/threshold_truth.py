@@ -17,7 +17,8 @@ import pandas as pd
 from . import AnalysisInputError
 from .threshold import _expit, _newton
 
-__all__ = ["population_onset_psi", "pseudo_true_psi", "simulate_switch_data"]
+__all__ = ["NO_THRESHOLD_TRUTHS", "TRUTHS", "population_onset_psi", "pseudo_true_psi",
+           "simulate_switch_data"]
 
 
 def _sim_logit_eta(
@@ -43,8 +44,26 @@ def _sim_logit_eta(
     return np.full(np.broadcast(logw, log_psi_i).shape, logit(p_flat))
 
 
+Truth = Literal["hinge", "smooth", "flat", "logistic_slopes", "hazard", "hinge_slopes",
+                "bimodal"]
+TRUTHS: tuple[str, ...] = ("hinge", "smooth", "flat", "logistic_slopes", "hazard",
+                           "hinge_slopes", "bimodal")
+#: Truths without a threshold: a test that reports one under them makes a false claim.
+NO_THRESHOLD_TRUTHS = frozenset({"smooth", "flat", "logistic_slopes", "hazard"})
+
+
+def _prompt_counts(rng: np.random.Generator, n_participants: int, n_prompts: int,
+                   unbalanced: bool) -> np.ndarray:
+    """Prompts per participant: all ``n_prompts``, or (unbalanced) log-uniform between a
+    quarter and twice that, with the same expected total on average."""
+    if not unbalanced:
+        return np.full(n_participants, n_prompts)  # no draw: balanced seeds keep their data
+    raw = np.exp(rng.uniform(math.log(0.25), math.log(2.0), n_participants))
+    return np.maximum(5, np.round(raw / raw.mean() * n_prompts)).astype(int)
+
+
 def simulate_switch_data(
-    truth: Literal["hinge", "smooth", "flat"],
+    truth: Truth,
     n_participants: int,
     n_prompts: int,
     psi_s: float = 8.0,
@@ -56,35 +75,75 @@ def simulate_switch_data(
     wait_range_s: tuple[float, float] = (0.2, 60.0),
     p_flat: float = 0.10,
     intercept_sd: float = 0.0,
+    slope_sd: float = 0.0,
+    rate_sd: float = 0.6,
+    bimodal_ratio: float = 6.0,
+    unbalanced: bool = False,
 ) -> pd.DataFrame:
     """Simulate cycles (`participant_id`, `wait_s`, `switched`, `true_psi_s`) with known truth.
 
     Waits are log-uniform on `wait_range_s` (per-prompt randomisation). Participant i has
-    ψᵢ = ψ·exp(psi_sd·zᵢ) and a random intercept uᵢ ~ N(0, intercept_sd).
-    * hinge:  logit p = logit(p_low) + uᵢ + b·max(0, log w − log ψᵢ), with b such that a
+    ψᵢ = ψ·exp(psi_sd·zᵢ), a random intercept uᵢ ~ N(0, intercept_sd) and a slope factor
+    sᵢ = exp(slope_sd·wᵢ) (wᵢ ~ N(0, 1)) multiplying the rise.
+    * hinge:  logit p = logit(p_low) + uᵢ + sᵢ·b·max(0, log w − log ψᵢ), with b such that a
       participant at ψᵢ = ψ reaches p_high at the longest wait;
-    * smooth: logit p = logit(p_low) + uᵢ + b·(log w − log w_min), p_low at the shortest and
-      p_high at the longest wait, no threshold;
+    * hinge_slopes: the hinge with people's slopes above ψ differing (slope_sd, default 0.8
+      when 0 is given);
+    * bimodal: the hinge with half the people at ψ/√ratio and half at ψ·√ratio (no spread
+      within a group);
+    * smooth: logit p = logit(p_low) + uᵢ + sᵢ·b·(log w − log w_min), p_low at the shortest
+      and p_high at the longest wait, no threshold;
+    * logistic_slopes: smooth with people differing in intercept and slope (defaults 0.6 and
+      0.5 when 0 is given);
+    * hazard: memoryless switching — a background chance p_low plus a constant hazard per
+      second of waiting, P = 1 − (1 − p_low)·exp(−λᵢ·w), λᵢ = λ·exp(rate_sd·zᵢ) with λ
+      such that the median person reaches p_high at the longest wait (uᵢ shifts the
+      background on the logit scale); no threshold;
     * flat:   logit p = logit(p_flat) + uᵢ (the null; p_flat ≈ the default hinge's mean rate).
+    ``unbalanced`` gives participants different numbers of prompts (`_prompt_counts`).
     """
-    if truth not in ("hinge", "smooth", "flat"):
-        raise AnalysisInputError(f"unknown truth {truth!r}; use hinge, smooth or flat")
+    if truth not in TRUTHS:
+        raise AnalysisInputError(f"unknown truth {truth!r}; use {', '.join(TRUTHS)}")
+    if truth == "hinge_slopes" and slope_sd == 0:
+        slope_sd = 0.8
+    if truth == "logistic_slopes":
+        intercept_sd = intercept_sd or 0.6
+        slope_sd = slope_sd or 0.5
     rng = np.random.default_rng(seed)
     w_min, w_max = wait_range_s
-    psi_i = psi_s * np.exp(psi_sd * rng.standard_normal(n_participants))
+    zs = rng.standard_normal(n_participants)
+    if truth == "bimodal":
+        half = np.arange(n_participants) % 2 == 0
+        psi_i = psi_s * np.where(half, 1 / math.sqrt(bimodal_ratio), math.sqrt(bimodal_ratio))
+    else:
+        psi_i = psi_s * np.exp(psi_sd * zs)
     u_i = intercept_sd * rng.standard_normal(n_participants)
-    logw = rng.uniform(math.log(w_min), math.log(w_max), size=(n_participants, n_prompts))
-    eta = _sim_logit_eta(
-        truth, logw, np.log(psi_i)[:, None], p_low, p_high, p_flat, psi_s, wait_range_s
-    )
-    eta = eta + u_i[:, None]
-    switched = rng.random(logw.shape) < _expit(eta)
+    counts = _prompt_counts(rng, n_participants, n_prompts, unbalanced)
+    pid = np.repeat(np.arange(n_participants), counts)
+    logw = rng.uniform(math.log(w_min), math.log(w_max), size=pid.size)
+    # Drawn after the waits, and only when used, so the older truths keep their seeds' data.
+    s_i = (np.exp(slope_sd * rng.standard_normal(n_participants)) if slope_sd > 0
+           else np.ones(n_participants))
+    if truth == "hazard":
+        lam = -math.log((1 - p_high) / (1 - p_low)) / w_max * np.exp(rate_sd * zs)
+        base = _expit(math.log(p_low / (1 - p_low)) + u_i)
+        p = 1 - (1 - base[pid]) * np.exp(-lam[pid] * np.exp(logw))
+    else:
+        kind = "hinge" if truth in ("hinge", "hinge_slopes", "bimodal") else (
+            "smooth" if truth in ("smooth", "logistic_slopes") else "flat")
+        lo = math.log(p_low / (1 - p_low))
+        eta = _sim_logit_eta(kind, logw, np.log(psi_i)[pid], p_low, p_high, p_flat, psi_s,
+                             wait_range_s)
+        base_eta = lo if kind != "flat" else math.log(p_flat / (1 - p_flat))
+        # The rise (eta minus its floor) scales with the person's slope factor.
+        p = _expit(base_eta + s_i[pid] * (eta - base_eta) + u_i[pid])
+    switched = rng.random(pid.size) < p
     return pd.DataFrame(
         {
-            "participant_id": np.repeat(np.arange(n_participants), n_prompts),
-            "wait_s": np.exp(logw).ravel(),
-            "switched": switched.ravel().astype(int),
-            "true_psi_s": np.repeat(psi_i, n_prompts),
+            "participant_id": pid,
+            "wait_s": np.exp(logw),
+            "switched": switched.astype(int),
+            "true_psi_s": psi_i[pid],
         }
     )
 

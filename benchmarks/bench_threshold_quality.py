@@ -27,11 +27,18 @@ longer than ψ). The analysis sees the turn as the unit (``cycle_table_from_fram
 Per cell it prints bias and 95 % CI coverage of the median personal ψ and of τ, the rate of
 p(τ = 0) < 0.05, the pooled ψ̂'s coverage of ψ* (its pseudo-true value, from the expected
 *counted* switch probability) and of the median ψ, the existence test's rejection rate and
-the verdict rate ("found"), and the wall time of one full 100 × 200 analysis.
+the verdict rate ("found", `analysis.threshold_verdict.personal_verdict`: the rules of the
+report), and the wall time of one full 100 × 200 analysis (with the threshold test).
+
+With ``--families`` it instead runs the truth families of `threshold_families.py` (smooth
+with person slopes, memoryless hazard, slope heterogeneity, bimodal thresholds, unbalanced
+participants; issue 27) through the CLI's analysis path and prints, per family and size, the
+rate of threshold claims with its Clopper-Pearson CI, ψ̂ bias, CI and τ coverage and the
+time per analysis.
 
 Usage: python benchmarks/bench_threshold_quality.py [--sizes 30x80,100x200] [--seeds 20]
        [--cells hinge,hinge_tau0,intercepts,narrow,smooth,flat] [--workers 2]
-       [--agent-steps 5]
+       [--agent-steps 5] [--families [flat,hazard,...]]
 """
 
 from __future__ import annotations
@@ -93,12 +100,10 @@ def one_study(job: tuple[str, int, int, int, dict[str, Any], int]) -> dict[str, 
     """Simulate and analyse one study; the figures the benchmark aggregates."""
     import pandas as pd
 
-    from flowtrial.analysis.personal_threshold import (
-        estimate_detection_share,
-        fit_personal_threshold,
-    )
+    from flowtrial.analysis.personal_threshold import estimate_detection_share
     from flowtrial.analysis.threshold import fit_threshold
     from flowtrial.analysis.threshold_truth import pseudo_true_psi
+    from flowtrial.analysis.threshold_verdict import fit_personal_and_test, personal_verdict
     from flowtrial.study.simulator.params import detection_share, expected_switch_probability
 
     cell_name, n_part, n_prompts, seed, cfg, steps = job
@@ -124,17 +129,16 @@ def one_study(job: tuple[str, int, int, int, dict[str, Any], int]) -> dict[str, 
         row["seconds"] = time.perf_counter() - t0
         return row  # the existence test's false-positive rate needs only the pooled fit
     try:
-        r = fit_personal_threshold(frame, detection_share=d_hat, workers=1,
-                                   node_check=cfg["node_check"])
+        r, test = fit_personal_and_test(frame, detection_share=d_hat, workers=1,
+                                        node_check=cfg["node_check"], seed=seed)
     except Exception as exc:  # noqa: BLE001 - a failed fit is a benchmark figure too
         row.update(error=f"{type(exc).__name__}: {exc}")
     else:
-        hinge_wins = (r.aic["hinge"] < r.aic["smooth"]) and (r.bic["hinge"] < r.bic["smooth"])
+        found, _ = personal_verdict(r.to_dict(), pooled.to_dict(),
+                                    frame["wait_s"].to_numpy(float), test=test.to_dict())
         row.update(median_psi=r.median_psi_s, ci=r.ci_s, tau=r.tau, tau_ci=r.tau_ci,
-                   p_tau=r.p_tau_zero, hinge_wins=hinge_wins, b=r.slope_b,
-                   node=(r.node_check or {}).get("rel_change_median_psi"),
-                   found=bool(pooled.p_exists < 0.05 and r.slope_b > 0 and hinge_wins
-                              and math.log10(r.ci_s[1] / r.ci_s[0]) <= 1.0))
+                   p_tau=r.p_tau_zero, b=r.slope_b, p_threshold=test.p_value,
+                   node=(r.node_check or {}).get("rel_change_median_psi"), found=found)
     row["seconds"] = time.perf_counter() - t0
     return row
 
@@ -148,11 +152,9 @@ def timing(psi: float, workers: int) -> tuple[float, float]:
 
     import pandas as pd
 
-    from flowtrial.analysis.personal_threshold import (
-        estimate_detection_share,
-        fit_personal_threshold,
-    )
+    from flowtrial.analysis.personal_threshold import estimate_detection_share
     from flowtrial.analysis.threshold import fit_threshold
+    from flowtrial.analysis.threshold_verdict import fit_personal_and_test
 
     ok, _, _ = simulate_cycles(CELLS["intercepts"], 100, 200, psi, 99)
     frame = pd.DataFrame({"participant_id": ok["participant_id"].to_numpy(),
@@ -165,9 +167,9 @@ def timing(psi: float, workers: int) -> tuple[float, float]:
 
     t0, c0 = time.perf_counter(), cpu()
     fit_threshold(frame, n_boot=200, n_null=200, seed=0)
-    fit_personal_threshold(frame, workers=workers,
-                           detection_share=estimate_detection_share(ok["switched"],
-                                                                    ok["switched_2s"]))
+    fit_personal_and_test(frame, workers=workers,
+                          detection_share=estimate_detection_share(ok["switched"],
+                                                                   ok["switched_2s"]))
     return time.perf_counter() - t0, cpu() - c0
 
 
@@ -190,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--agent-steps", type=int, default=1,
                     help="K > 1: also run every cell as an agent study of K calls per turn")
+    ap.add_argument("--families", nargs="?", const="all", default=None,
+                    help="run the truth families (all, or a comma list) instead of the cells")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--timing-only", action="store_true", help="only the 100 × 200 timing")
     ap.add_argument("--jsonl", type=Path, help="also append every study's figures here")
@@ -202,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     console = Console(width=200)
+    if args.families:
+        return run_families(args, console)
     if args.timing_only:
         wall, cpu = timing(args.psi, args.workers)
         console.print(f"one full 100 × 200 analysis, {args.workers} worker(s): {wall:.1f} s "
@@ -302,6 +308,34 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"one full 100 × 200 analysis (pooled ψ* 200+200 refits + personal "
                       f"threshold with node check), {args.workers} worker(s): {wall:.1f} s "
                       f"wall (target <= 120 s), {cpu:.1f} s CPU")
+    return 0
+
+
+def run_families(args: argparse.Namespace, console: Any) -> int:
+    """The ``--families`` mode: simulate, analyse (two workers), print the family table."""
+    from threshold_families import FAMILIES, family_study, family_table
+
+    names = list(FAMILIES) if args.families == "all" else args.families.split(",")
+    sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",") if s]
+    cfg = {"n_boot": args.n_boot}
+    results: list[dict[str, Any]] = []
+    if args.from_jsonl:
+        for f in args.from_jsonl:
+            results += [json.loads(line) for line in f.read_text().splitlines() if line]
+    else:
+        jobs = [(f, p, k, args.first_seed + i, cfg) for p, k in sizes for f in names
+                for i in range(args.seeds)]
+        jobs.sort(key=lambda j: -j[1] * j[2])
+        t0 = time.perf_counter()
+        with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+            for res in pool.map(family_study, jobs):
+                results.append(res)
+                if args.jsonl:
+                    with args.jsonl.open("a") as fh:
+                        fh.write(json.dumps(res) + "\n")
+        console.print(f"{len(results)} studies in {time.perf_counter() - t0:.0f} s with "
+                      f"{args.workers} worker(s)")
+    family_table(results, console)
     return 0
 
 

@@ -50,11 +50,22 @@ def headline(pt: dict, summary: dict, settings: compute.FitSettings, report_boot
     m[3].metric("Existence test p (quick)", ui.num(summary.get("p_exists")),
                 help=f"{settings.n_boot} null replicates here; the report's test uses "
                      f"{report_boot} (`flowtrial analyze`)")
-    tps = pt.get("tokens_per_second_at_median_length")
     st.caption(f"Secondary: pooled onset ψ* = {ui.num(summary.get('psi_s'), ' s')} (quick "
                f"95 % CI {ui.ci(summary.get('ci_s'), ' s')}), where the population-averaged "
-               "curve starts rising. Median threshold as tokens/s: "
-               f"{ui.num(tps, ' tok/s')} (idle-wait formula).")
+               "curve starts rising.")
+    speed = pt.get("speed_table") or {}
+    if speed.get("rows"):
+        st.caption("What a model speed means for the median person: share of this study's "
+                   "answers whose idle wait would exceed the median threshold (range: ψ's "
+                   "95 % CI and reading speeds "
+                   f"{ui.ci(speed['reading_tps_range'], ' tok/s')}).")
+        st.dataframe(pd.DataFrame([{
+            "tokens/s": r["tokens_per_second"], "TTFT (s)": r["ttft_s"],
+            "share waiting longer than ψ": f"{100 * r['share']:.0f} %",
+            "range": f"{100 * r['share_range'][0]:.0f}–{100 * r['share_range'][1]:.0f} %"}
+            for r in speed["rows"]]), hide_index=True)
+    elif speed.get("reason"):
+        st.caption(f"Model speed in tokens/s: {speed['reason']}.")
     st.info(f"Same estimators and settings as the report (`flowtrial analyze`), printed the "
             "same way: without filters the median personal threshold, its 95 % CI and τ are "
             f"the report's. Quicker here: ψ*'s bootstrap CI and the existence test use "

@@ -15,8 +15,14 @@ from flowtrial.analysis import AnalysisInputError
 from flowtrial.analysis.personal_threshold import (
     estimate_detection_share,
     fit_personal_threshold,
+    pooled_start,
 )
-from flowtrial.analysis.rb_model import CycleData, RandomBreakpointModel
+from flowtrial.analysis.rb_model import (
+    CycleData,
+    RandomBreakpointModel,
+    maximize,
+    profile_endpoint,
+)
 from flowtrial.analysis.threshold_truth import simulate_switch_data
 
 
@@ -66,7 +72,7 @@ def test_recovers_median_threshold_and_spread(spread_fit) -> None:  # noqa: ANN0
     assert r.ci_s[0] < 7.0 < r.ci_s[1] and r.ci_s[0] < r.median_psi_s < r.ci_s[1]
     assert abs(math.log(r.median_psi_s / 7.0)) < 0.3
     assert r.tau_ci[0] < 0.6 < r.tau_ci[1] and r.tau_ci[0] > 0
-    assert r.p_tau_zero < 0.05
+    assert r.p_tau_zero < 0.05  # the τ interval excludes 0 exactly when the τ = 0 test rejects
     # Profile-likelihood ends: the profile LR is the chi-square(1) 95 % point there.
     assert r.aic["hinge"] < r.aic["hinge_tau0"] and r.aic["hinge"] < r.aic["smooth"]
     lo, hi = r.psi_quantiles_s((0.1, 0.9))
@@ -78,7 +84,7 @@ def test_no_spread_is_not_called_a_spread() -> None:
     df = simulate_switch_data("hinge", 25, 60, psi_s=4.5, psi_sd=0.0, seed=5)
     r = fit_personal_threshold(df, workers=1, node_check=False)
     assert r.p_tau_zero > 0.05
-    assert r.tau_ci[0] == 0.0 and r.tau < 0.3
+    assert r.tau_ci[0] == 0.0 and r.tau < 0.3  # consistent with the τ = 0 test
     assert r.ci_s[0] < 4.5 < r.ci_s[1]
 
 
@@ -93,6 +99,21 @@ def test_detection_share_corrects_for_uncounted_switches() -> None:
     assert known.intercept_a - naive.intercept_a > 0.3
     assert estimate_detection_share(pd.Series([1, 0, 1, 0]), pd.Series([1, 1, 1, 1])) == 0.5
     assert estimate_detection_share(pd.Series([0, 0]), pd.Series([0, 0])) == 1.0
+
+
+def test_profile_endpoint_is_an_evaluated_point() -> None:
+    """With too few secant steps to reach the target root, the endpoint is still a point
+    whose profile was fitted and reaches the critical value (never an unevaluated guess)."""
+    df = simulate_switch_data("hinge", 12, 50, psi_s=6.0, psi_sd=0.0, seed=4)
+    model = RandomBreakpointModel(_data(df), (12, 5))
+    best = maximize(model, pooled_start(model.d))
+    crit = 3.841
+    end, fits = profile_endpoint(model, best, 3, 1, float(best.theta[3]) + 0.01, crit,
+                                 max_steps=1)
+    assert fits == 2
+    prof = maximize(model, best.theta, fixed={3: end})
+    assert 2 * (best.loglik - prof.loglik) >= (math.sqrt(crit) - 0.021) ** 2 or \
+        end == model.bounds[3][1]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,114 @@
+"""The flow-threshold verdict in one place (docs/concepts/analysis.md#flow-threshold): the
+rules that decide whether a threshold is reported, used by `flowtrial threshold`, the
+report, the dashboard (through the report's JSON) and the notebooks.
+
+`analyse_threshold` runs the whole analysis of one cycle table (the pooled existence test,
+the personal threshold and the verdict) and returns the JSON-ready answer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .personal_threshold import (
+    PersonalThresholdResult,
+    ProgressFn,
+    _data,
+    fit_personal_threshold,
+)
+from .threshold import fit_threshold
+from .threshold_test import ThresholdTest, threshold_test
+
+#: Null replicates of the threshold test: with 19, p <= 0.05 needs the data's statistic to
+#: beat every replicate (an exact Monte Carlo test at 5 %).
+DEFAULT_TEST_REPLICATES = 19
+#: Largest relative change of the median threshold under the finer quadrature check that
+#: still lets a threshold be reported.
+MAX_NODE_CHANGE = 0.05
+
+
+def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: np.ndarray,
+                     *, test: dict[str, Any] | None = None, alpha: float = 0.05,
+                     max_ci_decades: float = 1.0) -> tuple[bool, str | None]:
+    """Is a personal threshold reported? In order: switching must depend on the wait (the
+    pooled existence test), rise above the breakpoint (b > 0), the random-breakpoint hinge
+    must beat the best no-threshold alternative, p <= ``alpha`` (``test``: the parametric
+    bootstrap of `threshold_test`, an exact Monte Carlo test; without it, no threshold is
+    claimed), and the CI of e^c must span at most ``max_ci_decades`` and stay inside the
+    observed waits, and the finer quadrature check (when run) must move it by at most
+    `MAX_NODE_CHANGE`.
+    Returns (found, reason)."""
+    p = pooled.get("p_exists")
+    ci = personal["ci_s"]
+    if p is None or p >= alpha:
+        return False, ("No threshold: no evidence that switching depends on the wait "
+                       f"(p_exists = {_num(p)} >= {alpha:g})")
+    if personal["slope_b"] <= 0:
+        return False, "No threshold: switching does not rise above the breakpoint (slope <= 0)"
+    if test is None:
+        return False, "No threshold: the test against no-threshold explanations was not run"
+    if test["p_value"] > alpha:
+        return False, (f"No threshold: {test['summary']}; a threshold fits no better than "
+                       f"this {test['label']} (p = {_num(test['p_value'])} > {alpha:g}, "
+                       f"parametric bootstrap, {test['n_boot']} replicates)")
+    if math.log10(ci[1] / ci[0]) > max_ci_decades:
+        return False, (f"No threshold: the 95 % CI of the median personal threshold "
+                       f"({ci[0]:.3g}–{ci[1]:.3g} s) spans more than {max_ci_decades:g} decade")
+    check = personal.get("node_check") or {}
+    moved = abs(check.get("rel_change_median_psi", 0.0))
+    if moved > MAX_NODE_CHANGE:
+        return False, (f"No threshold: the quadrature check ({check['nodes'][0]}×"
+                       f"{check['nodes'][1]} nodes) moved the median personal threshold by "
+                       f"{100 * moved:.1f} % (more than {100 * MAX_NODE_CHANGE:g} %), so the "
+                       "estimate is not numerically reliable")
+    lo, hi = float(np.min(waits_s)), float(np.max(waits_s))
+    if ci[0] <= lo * (1 + 1e-6) or ci[1] >= hi * (1 - 1e-6):
+        return False, (f"No threshold: the 95 % CI of the median personal threshold "
+                       f"({ci[0]:.3g}–{ci[1]:.3g} s) reaches the edge of the observed waits")
+    return True, None
+
+
+def _num(x: Any) -> str:
+    return "—" if x is None else f"{float(x):.3g}"
+
+
+def fit_personal_and_test(frame: pd.DataFrame, *, detection_share: float = 1.0,
+                          workers: int | None = None, progress: ProgressFn | None = None,
+                          node_check: bool = True, n_test: int = DEFAULT_TEST_REPLICATES,
+                          seed: int = 0) -> tuple[PersonalThresholdResult, ThresholdTest]:
+    """The personal threshold and the test of the hinge against the no-threshold
+    alternatives (`threshold_test`), on the same cycles."""
+    personal = fit_personal_threshold(frame, detection_share=detection_share, workers=workers,
+                                      progress=progress, node_check=node_check)
+    theta = np.array([personal.intercept_a, personal.sigma_u, personal.slope_b,
+                      math.log(personal.median_psi_s), personal.tau])
+    test = threshold_test(_data(frame), detection_share, theta, n_boot=n_test, seed=seed,
+                          workers=workers, progress=progress)
+    return personal, test
+
+
+def analyse_threshold(frame: pd.DataFrame, *, detection_share: float = 1.0, n_boot: int = 200,
+                      n_null: int = 200, seed: int = 0, workers: int | None = None,
+                      progress: ProgressFn | None = None, node_check: bool = True,
+                      n_test: int = DEFAULT_TEST_REPLICATES, alpha: float = 0.05
+                      ) -> dict[str, Any]:
+    """The whole threshold analysis of cycles (`participant_id`, `wait_s`, `switched`):
+    ``{"found", "reason", "personal", "alternatives", "pooled"}`` as `flowtrial threshold
+    --json` prints."""
+    pooled = fit_threshold(frame, n_boot=n_boot, n_null=n_null, seed=seed)
+    personal, test = fit_personal_and_test(frame, detection_share=detection_share,
+                                           workers=workers, progress=progress,
+                                           node_check=node_check, n_test=n_test, seed=seed)
+    pooled_d, pers, test_d = pooled.to_dict(), personal.to_dict(), test.to_dict()
+    waits = frame["wait_s"].to_numpy(float)
+    found, reason = personal_verdict(pers, pooled_d, waits[np.isfinite(waits) & (waits > 0)],
+                                     test=test_d, alpha=alpha)
+    return {"found": found, "reason": reason, "personal": pers, "alternatives": test_d,
+            "pooled": pooled_d}
+
+
+__all__ = ["analyse_threshold", "fit_personal_and_test", "personal_verdict"]

@@ -1,0 +1,102 @@
+"""Truth families for `bench_threshold_quality.py --families` (issue 27): switch data from
+`analysis.threshold_truth.simulate_switch_data` (every switch counted, waits log-uniform
+0.2–60 s), analysed by the same path as `flowtrial threshold --json`
+(`analysis.threshold_verdict.analyse_threshold`). Parameter values are this benchmark's own
+choice (median personal threshold 6 s unless said)."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+PSI = 6.0
+FAMILIES: dict[str, dict[str, Any]] = {
+    # no threshold
+    "flat": {"truth": "flat", "intercept_sd": 0.5},
+    "logistic_slopes": {"truth": "logistic_slopes"},
+    "hazard": {"truth": "hazard", "intercept_sd": 0.5},
+    "hazard_unbal": {"truth": "hazard", "intercept_sd": 0.5, "unbalanced": True},
+    # threshold (median personal ψ = PSI)
+    "hinge": {"truth": "hinge", "intercept_sd": 0.5},
+    "hinge_strong": {"truth": "hinge_slopes", "slope_sd": 0.8},
+    "hinge_mild": {"truth": "hinge_slopes", "slope_sd": 0.3},
+    "hinge_unbal": {"truth": "hinge", "intercept_sd": 0.5, "unbalanced": True},
+    "bimodal": {"truth": "bimodal"},
+}
+
+
+def family_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, Any]:
+    """Simulate one study of a family and analyse it; the figures the table aggregates."""
+    from flowtrial.analysis.threshold_truth import NO_THRESHOLD_TRUTHS, simulate_switch_data
+    from flowtrial.analysis.threshold_verdict import analyse_threshold
+
+    name, n_part, n_prompts, seed, cfg = job
+    fam = dict(FAMILIES[name])
+    truth = fam.pop("truth")
+    df = simulate_switch_data(truth, n_part, n_prompts, psi_s=PSI, seed=seed, **fam)
+    t0 = time.perf_counter()
+    row: dict[str, Any] = {"family": name, "size": f"{n_part}x{n_prompts}", "seed": seed,
+                           "threshold_truth": truth not in NO_THRESHOLD_TRUTHS}
+    try:
+        out = analyse_threshold(df[["participant_id", "wait_s", "switched"]],
+                                n_boot=cfg["n_boot"], n_null=cfg["n_boot"], seed=seed,
+                                workers=1, node_check=False)
+    except Exception as exc:  # noqa: BLE001 - a failed fit is a benchmark figure too
+        row["error"] = f"{type(exc).__name__}: {exc}"
+    else:
+        p = out["personal"]
+        row.update(found=bool(out["found"]), reason=out["reason"], psi=p["median_psi_s"],
+                   ci=p["ci_s"], tau=p["tau"], tau_ci=p["tau_ci"],
+                   shape_ok=(p.get("shape") or {}).get("lognormal_like"),
+                   best_alt=(out.get("alternatives") or {}).get("best"),
+                   p_threshold=(out.get("alternatives") or {}).get("p_value"))
+    row["seconds"] = time.perf_counter() - t0
+    return row
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Exact binomial CI for k successes in n."""
+    from scipy.stats import beta
+
+    a = (1 - level) / 2
+    lo = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
+    return lo, hi
+
+
+def family_table(results: list[dict[str, Any]], console: Any) -> None:
+    """Per family and size: false-threshold or found rate (Clopper-Pearson 95 % CI), ψ̂
+    bias, CI and τ coverage (threshold families), time per analysis."""
+    from rich.table import Table
+
+    table = Table(title=f"Truth families (median personal ψ = {PSI:g} s where there is one)")
+    for col in ("size", "family", "n", "threshold claimed (95 % CI)", "ψ̂ bias", "cover ψ",
+                "cover τ", "shape flagged", "s / analysis", "fails"):
+        table.add_column(col, justify="left" if col in ("size", "family") else "right")
+    sizes = sorted({r["size"] for r in results}, key=lambda s: math.prod(map(int, s.split("x"))))
+    for size in sizes:
+        for fam in FAMILIES:
+            rows = [r for r in results if r["family"] == fam and r["size"] == size]
+            if not rows:
+                continue
+            good = [r for r in rows if "error" not in r]
+            k = sum(r["found"] for r in good)
+            lo, hi = clopper_pearson(k, len(good)) if good else (math.nan, math.nan)
+            thr = rows[0]["threshold_truth"]
+            cover = tau_c = bias = "—"
+            if thr and good and fam != "bimodal":
+                geo = math.exp(sum(math.log(r["psi"]) for r in good) / len(good))
+                bias = f"{100 * (geo / PSI - 1):+.0f} %"
+                cover = f"{sum(r['ci'][0] <= PSI <= r['ci'][1] for r in good)}/{len(good)}"
+                if fam in ("hinge", "hinge_unbal"):
+                    tau_c = f"{sum(r['tau_ci'][0] <= 0.35 <= r['tau_ci'][1] for r in good)}/" \
+                            f"{len(good)}"
+            flagged = [r["shape_ok"] is False for r in good if r.get("shape_ok") is not None]
+            table.add_row(size, fam, str(len(rows)),
+                          f"{k}/{len(good)} ({lo:.0%}–{hi:.0%})" if good else "—",
+                          bias, cover, tau_c,
+                          f"{sum(flagged)}/{len(flagged)}" if flagged else "—",
+                          f"{sum(r['seconds'] for r in rows) / len(rows):.1f}",
+                          str(len(rows) - len(good)))
+    console.print(table)

@@ -1,0 +1,183 @@
+"""The test of a threshold against the no-threshold alternatives (issue 27): the
+alternatives' likelihoods and gradients, their simulation, the parametric-bootstrap test and
+the verdict rules (`threshold_verdict.personal_verdict`). Error rates are in
+benchmarks/bench_threshold_quality.py --families."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.optimize import approx_fprime
+from scipy.special import expit
+
+from flowtrial.analysis.rb_model import CycleData, HazardModel, RandomBreakpointModel, maximize
+from flowtrial.analysis.threshold_test import (
+    alternative_starts,
+    describe_alternative,
+    simulate_alternative,
+    threshold_test,
+)
+from flowtrial.analysis.threshold_truth import NO_THRESHOLD_TRUTHS, TRUTHS, simulate_switch_data
+from flowtrial.analysis.threshold_verdict import personal_verdict
+
+
+def _data(df) -> CycleData:  # noqa: ANN001
+    return CycleData.from_arrays(np.log(df["wait_s"].to_numpy()), df["switched"].to_numpy(),
+                                 df["participant_id"].to_numpy())
+
+
+@pytest.mark.parametrize("detection", [1.0, 0.7])
+@pytest.mark.parametrize("kind", ["slopes", "hazard"])
+def test_alternative_gradients_match_finite_differences(kind: str, detection: float) -> None:
+    data = _data(simulate_switch_data("hazard", 8, 40, seed=3, intercept_sd=0.5))
+    if kind == "hazard":
+        model: RandomBreakpointModel | HazardModel = HazardModel(data, (12, 5),
+                                                                 detection=detection)
+        theta = np.array([-3.0, 0.4, -4.0, 0.0, 0.5])
+    else:
+        model = RandomBreakpointModel(data, (12, 5), detection=detection, kind="slopes")
+        theta = np.array([-2.0, 0.4, 0.8, 1.0, 0.3])
+    _, grad = model.nll(theta)
+    num = approx_fprime(theta, lambda t: model.nll(t, need_grad=False)[0], 1e-6)
+    assert np.allclose(grad, num, rtol=1e-4, atol=1e-3)
+
+
+def test_hazard_likelihood_matches_brute_force_integration() -> None:
+    df = simulate_switch_data("hazard", 4, 25, seed=8, intercept_sd=0.5)
+    a, su, b, tau, d = -3.0, 0.5, -4.0, 0.6, 0.8
+    f, _ = HazardModel(_data(df), (24, 11), detection=d).nll(np.array([a, su, b, 0.0, tau]))
+    grid = np.linspace(-6, 6, 481)
+    w = np.exp(-grid**2 / 2) / math.sqrt(2 * math.pi) * (grid[1] - grid[0])
+    ll = 0.0
+    for _, g in df.groupby("participant_id"):
+        wait, y = g["wait_s"].to_numpy(), g["switched"].to_numpy()
+        bg = expit(a + su * grid)[None, :, None]
+        lam = np.exp(b + tau * grid)[None, None, :]
+        p = d * (1 - (1 - bg) * np.exp(-lam * wait[:, None, None]))
+        lik = np.prod(np.where(y[:, None, None] == 1, p, 1 - p), axis=0)  # (v, z)
+        ll += math.log(float(w @ lik @ w))
+    assert -f == pytest.approx(ll, abs=2e-3)
+
+
+@pytest.mark.parametrize("kind", ["slopes", "hazard"])
+def test_simulated_alternative_is_recovered(kind: str) -> None:
+    """Data drawn from a fitted alternative give back its parameters (the bootstrap's null
+    generator and the fit agree on what θ means)."""
+    base = _data(simulate_switch_data("flat", 80, 60, seed=1))
+    theta = (np.array([-3.2, 0.5, -4.0, 0.0, 0.5]) if kind == "hazard"
+             else np.array([-1.5, 0.5, 0.9, 1.5, 0.4]))
+    y = simulate_alternative(kind, theta, base, 1.0, np.random.default_rng(2))
+    sim = CycleData(base.x, y, base.starts, base.n_participants)
+    model = (HazardModel(sim, (12, 5)) if kind == "hazard"
+             else RandomBreakpointModel(sim, (12, 5), kind="slopes"))
+    fit = maximize(model, alternative_starts(kind, sim)[0])
+    assert fit.theta[0] == pytest.approx(theta[0], abs=0.4)
+    assert fit.theta[2] == pytest.approx(theta[2], abs=0.3)
+
+
+def test_truth_families_are_known() -> None:
+    assert NO_THRESHOLD_TRUTHS < set(TRUTHS)
+    df = simulate_switch_data("hinge", 40, 30, unbalanced=True, seed=3)
+    counts = df.groupby("participant_id").size()
+    assert counts.max() > 2 * counts.min()
+    assert abs(counts.mean() - 30) < 5
+    bimodal = simulate_switch_data("bimodal", 10, 5, psi_s=6.0, seed=1)
+    assert sorted(bimodal["true_psi_s"].round(3).unique()) == pytest.approx(
+        [6 / math.sqrt(6), 6 * math.sqrt(6)], rel=1e-3)
+
+
+def test_memoryless_switching_loses_to_the_hazard_and_a_threshold_wins() -> None:
+    """Constant-hazard data: the hazard is the best alternative and the hinge gains little;
+    threshold data (everyone's ψ = 8 s): the hinge beats every null replicate."""
+    hazard = _data(simulate_switch_data("hazard", 20, 50, seed=5, intercept_sd=0.5))
+    res = threshold_test(hazard, 1.0, None, n_boot=3, seed=1, workers=1)
+    assert res.best == "hazard" and res.stat < 2.0
+    assert "each extra second" in res.summary and len(res.null_stats) == 3
+    hinge = _data(simulate_switch_data("hinge", 30, 80, psi_sd=0.0, seed=1))
+    won = threshold_test(hinge, 1.0, None, n_boot=3, seed=1, workers=1)
+    assert won.stat > max(won.null_stats) + 3 and won.p_value == pytest.approx(0.25)
+    again = threshold_test(hinge, 1.0, None, n_boot=3, seed=1, workers=1)
+    assert again.null_stats == won.null_stats  # seeded
+
+
+def test_describe_alternative_in_words() -> None:
+    data = _data(simulate_switch_data("flat", 3, 10, seed=1))
+    text = describe_alternative("slopes", np.array([-2.0, 0.3, 1.0, 0.0, 0.2]), data)
+    assert "100 % with every doubling" in text
+
+
+PERSONAL = {"ci_s": [4.0, 8.0], "slope_b": 1.5,
+            "node_check": {"nodes": [48, 11], "rel_change_median_psi": 0.01}}
+POOLED = {"p_exists": 0.004}
+WAITS = np.array([0.2, 60.0])
+TEST = {"p_value": 0.05, "summary": "switching rises steadily with the wait: …",
+        "label": "background + constant hazard", "n_boot": 19}
+
+
+def test_verdict_rules() -> None:
+    assert personal_verdict(PERSONAL, POOLED, WAITS, test=TEST) == (True, None)
+    found, reason = personal_verdict(PERSONAL, POOLED, WAITS, test={**TEST, "p_value": 0.1})
+    assert not found and reason and "rises steadily" in reason and "constant hazard" in reason
+    assert not personal_verdict(PERSONAL, POOLED, WAITS)[0]  # no test run: no claim
+    assert "depends on the wait" in str(personal_verdict(PERSONAL, {"p_exists": 0.2}, WAITS,
+                                                         test=TEST)[1])
+    moved = {**PERSONAL, "node_check": {"nodes": [48, 11], "rel_change_median_psi": -0.066}}
+    found, reason = personal_verdict(moved, POOLED, WAITS, test=TEST)
+    assert not found and "6.6 %" in str(reason)
+    wide = {**PERSONAL, "ci_s": [1.0, 30.0]}
+    assert "decade" in str(personal_verdict(wide, POOLED, WAITS, test=TEST)[1])
+    edge = {**PERSONAL, "ci_s": [0.2, 1.5]}
+    assert "edge" in str(personal_verdict(edge, POOLED, WAITS, test=TEST)[1])
+
+
+def test_speed_table_shares_and_ranges() -> None:
+    from flowtrial.analysis.threshold_speed import exceedance_table, share_exceeding
+
+    tokens = np.array([100.0, 300.0, 900.0])
+    # 50 tok/s, TTFT 0.5 s, reading 5: lags are 0 (100/50 < 100/5): no answer idles > 6 s.
+    assert share_exceeding(6.0, tokens, 50.0, 0.5, 5.0) == 0.0
+    # TTFT above ψ: every answer waits longer.
+    assert share_exceeding(1.0, tokens, 3000.0, 2.0, 5.0) == 1.0
+    # 2 tok/s against reading 5: lag = N·(1/2 − 1/5) = 0.3·N: 30, 90, 270 s > 6 s.
+    assert share_exceeding(6.0, tokens, 2.0, 0.5, 5.0) == 1.0
+    assert share_exceeding(40.0, tokens, 2.0, 0.5, 5.0) == pytest.approx(2 / 3)
+    table = exceedance_table(6.0, [4.0, 9.0], tokens, reading_tps=5.0, speeds=[2.0, 3.0],
+                             ttfts=[0.5])
+    for row in table["rows"]:
+        lo, hi = row["share_range"]
+        assert lo <= row["share"] <= hi
+    assert table["n_answers"] == 3 and table["reason"] is None
+    turns = exceedance_table(6.0, [4.0, 9.0], tokens, wait_unit="turn")
+    assert turns["rows"] is None and "agent turns" in turns["reason"]
+    assert exceedance_table(6.0, [4.0, 9.0], []).get("reason") == "no answer lengths recorded"
+
+
+def test_shape_check_flags_two_groups_of_people() -> None:
+    """Half the people at 2.4 s, half at 15 s: two groups fit better than log-normal
+    thresholds, so percentiles are withheld; log-normal thresholds pass the check."""
+    from flowtrial.analysis.personal_threshold import fit_personal_threshold
+
+    two = fit_personal_threshold(simulate_switch_data("bimodal", 30, 80, psi_s=6.0, seed=3),
+                                 workers=1, node_check=False)
+    assert not two.shape["lognormal_like"]
+    lo, hi = two.shape["two_groups_psi_s"]
+    assert lo < 6.0 / math.sqrt(6) * 1.6 and hi > 6.0 * math.sqrt(6) / 1.6
+    one = fit_personal_threshold(simulate_switch_data("hinge", 30, 80, psi_s=6.0, seed=3),
+                                 workers=1, node_check=False)
+    assert one.shape["lognormal_like"]
+
+
+def test_headline_of_a_no_threshold_study_names_the_steady_rise() -> None:
+    from flowtrial.analysis.report_sections import threshold_headline
+
+    _, reason = personal_verdict(PERSONAL, POOLED, WAITS, test={
+        **TEST, "p_value": 0.65,
+        "summary": "switching rises steadily with the wait: each extra second of waiting adds "
+                   "about 1.5 % chance of switching (a constant hazard, the typical person)"})
+    line = threshold_headline({"found": False, "reason": reason, "personal": {}},
+                              "idle wait (definition)")
+    assert line.startswith("No flow threshold reported: switching rises steadily with the "
+                           "wait: each extra second of waiting adds about 1.5 %")
+    assert "p = 0.65 > 0.05" in line and line.endswith(").")
