@@ -37,7 +37,8 @@ def share_exceeding(psi_s: float, tokens: np.ndarray, tps: float, ttft_s: float,
     return float(np.mean(waits > psi_s))
 
 
-def exceedance_table(psi_s: float, psi_ci_s: Sequence[float], answer_tokens: Sequence[float] | np.ndarray,
+def exceedance_table(psi_s: float, psi_ci_s: Sequence[float],
+                     answer_tokens: Sequence[float] | np.ndarray,
                      *, reading_tps: float = DEFAULT_READING_TPS, wait_unit: str = "cycle",
                      speeds: Sequence[float] = SPEEDS_TPS, ttfts: Sequence[float] = TTFTS_S
                      ) -> dict[str, Any]:
