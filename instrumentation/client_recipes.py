@@ -101,6 +101,72 @@ show-model-warnings: false  # aider has no metadata for the study's model name
 analytics: false
 check-update: false
 ''')),
+    _r("gemini-cli", "Gemini CLI", "gemini-cli.md",
+       ("bash", "your shell (e.g. ~/.bashrc), then run gemini", '''\
+export GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:8787
+export GEMINI_API_KEY=ft_your_participant_key
+export GEMINI_CLI_TRUST_WORKSPACE=true
+gemini -m flowtrial-sim-1          # interactive; or non-interactive: gemini -p "…" -m …
+'''),
+       ("json", "~/.gemini/settings.json", '''\
+{
+  "security": {"auth": {"selectedType": "gemini-api-key"}},
+  "general": {"enableAutoUpdate": false, "enableAutoUpdateNotification": false},
+  "privacy": {"usageStatisticsEnabled": false},
+  "telemetry": {"enabled": false}
+}
+''')),
+    _r("opencode", "opencode", "opencode.md",
+       ("json", "opencode.json in the project (or ~/.config/opencode/opencode.json)",
+        '''\
+{
+  "model": "flowtrial/flowtrial-sim-1",
+  "small_model": "flowtrial/flowtrial-sim-1",
+  "autoupdate": false,
+  "share": "disabled",
+  "provider": {
+    "flowtrial": {
+      "npm": "@ai-sdk/openai-compatible",
+      "name": "flowtrial",
+      "options": {
+        "baseURL": "http://127.0.0.1:8787/v1",
+        "apiKey": "ft_your_participant_key"
+      },
+      "models": {
+        "flowtrial-sim-1": {"name": "flowtrial-sim-1", "tool_call": true}
+      }
+    }
+  }
+}
+'''),
+       ("bash", "your shell, then run opencode", '''\
+export OPENCODE_DISABLE_MODELS_FETCH=1
+export OPENCODE_DISABLE_AUTOUPDATE=1
+export OPENCODE_DISABLE_LSP_DOWNLOAD=1
+export OPENCODE_DISABLE_DEFAULT_PLUGINS=1
+export OPENCODE_DISABLE_SHARE=1
+export OPENCODE_DISABLE_CLAUDE_CODE=1
+export OPENCODE_DISABLE_EXTERNAL_SKILLS=1
+opencode
+''')),
+    _r("continue", "Continue", "continue.md",
+       ("yaml", "~/.continue/config.yaml (or a workspace .continue/config.yaml)",
+        '''\
+name: flowtrial study
+version: 1.0.0
+schema: v1
+models:
+  - name: flowtrial
+    provider: openai
+    model: flowtrial-sim-1
+    apiBase: http://127.0.0.1:8787/v1
+    apiKey: ft_your_participant_key
+    roles:
+      - chat
+      - edit
+      - apply
+      - autocomplete
+''')),
 )}
 
 
