@@ -108,7 +108,12 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
     full = config.capture.content == "full"
     observe = config.study.design == "observe"
     limit = config.proxy.max_body_bytes
-    standalone = Ingest(database.url, writer, config.proxy, processes=False)
+    standalone: list[Ingest] = []  # made on first use: listing the routes needs no database
+
+    def own_ingest() -> Ingest:
+        if not standalone:
+            standalone.append(Ingest(database.url, writer, config.proxy, processes=False))
+        return standalone[0]
 
     def proxy_state(request: Request) -> Any:
         return getattr(request.app.state, "proxy", None)
@@ -137,7 +142,7 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
             if (st is not None and participant is not None
                     and (standing := st.auth.refusal(participant.id)) is not None):
                 return _status(403, code_pb2.PERMISSION_DENIED, standing.message, as_json)
-            ingest = ingest_of(st) if st is not None and writer is None else standalone
+            ingest = ingest_of(st) if st is not None and writer is None else own_ingest()
             # A team's batches share one upload share and quota (its people are split later).
             pid = participant.id if participant is not None else TEAM_SHARE
             try:

@@ -24,7 +24,7 @@ AGENTS: dict[str, str] = {
     "claude-cli": "claude-cli", "claude-code": "claude-cli",
     "codex_exec": "codex", "codex_cli_rs": "codex", "codex_vscode": "codex",
     "codex-tui": "codex", "codex": "codex",
-    "geminicli": "gemini-cli", "gemini-cli": "gemini-cli",
+    "geminicli": "gemini-cli", "geminicli-tui": "gemini-cli", "gemini-cli": "gemini-cli",
     "opencode": "opencode",
     "aider": "aider",
     "qwencode": "qwen-code", "qwen-code": "qwen-code",

@@ -40,7 +40,8 @@ def test_gemini_cli_turn_is_one_human_turn_with_its_telemetry(
     env = agent_env | gemini_env(url, key) | {
         "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer {key}"}
     result = run_agent([gemini_bin, "-p", PROMPT, "-m", MODEL], env, workdir)
-    turn = _assert_one_agent_turn(result, query, "geminicli-tui")
+    # Its User-Agent is `GeminiCLI-tui/0.61.0/<model> (…)`: recorded as the agent's name.
+    turn = _assert_one_agent_turn(result, query, "gemini-cli")
     assert turn["protocol"] == "gemini"
     cycles = query("SELECT id, turn_id, model FROM cycles ORDER BY t_request_ns")
     assert {c["model"] for c in cycles} == {MODEL}

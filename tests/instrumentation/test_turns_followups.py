@@ -181,6 +181,7 @@ def test_a_sign_that_the_person_acted_lifts_the_typing_speed_rule(served: Any) -
 
 @pytest.mark.parametrize(("ua", "agent", "sdk"), [
     ("claude-cli/2.1.197 (external, sdk-cli)", "claude-cli", None),
+    ("GeminiCLI-tui/0.61.0/flowtrial-sim-1 (linux; x64)", "gemini-cli", None),
     ("codex_exec/0.169.0 (Debian 12.0.0; x86_64) dumb", "codex", None),
     ("codex_cli_rs/0.170.1 (Mac OS 15.5.0; arm64) iTerm.app/3.5.14", "codex", None),
     ("GeminiCLI/0.9.0 (linux; x64) google-api-nodejs-client/9.15.1", "gemini-cli",
