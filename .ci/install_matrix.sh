@@ -3,7 +3,7 @@
 # extras (no --system-site-packages: that would hide a missing dependency), from a fresh copy
 # of the tree, then a smoke check of the commands that install is for (.ci/install_smoke.py,
 # run by CI's own python, which has the test extras: the openai SDK, the PostgreSQL helper).
-# Two jobs run at once; pip's cache (PIP_CACHE_DIR) keeps the downloads to the first run.
+# Two jobs run at once (FLOWTRIAL_MATRIX_JOBS); pip's cache (PIP_CACHE_DIR) keeps the downloads to the first run.
 # Usage: bash .ci/install_matrix.sh [job ...]   (default: all jobs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +47,8 @@ export root repo python
 export EXTRAS_DECL="$(declare -p EXTRAS)"
 
 started=$SECONDS
-if printf '%s\n' "${jobs[@]}" | xargs -P 2 -I{} bash -c 'eval "$EXTRAS_DECL"; one {}'; then
+if printf '%s\n' "${jobs[@]}" | xargs -P "${FLOWTRIAL_MATRIX_JOBS:-2}" -I{} \
+    bash -c 'eval "$EXTRAS_DECL"; one {}'; then
   echo "install matrix: ${#jobs[@]} installs passed in $((SECONDS - started)) s"
 else
   echo "install matrix: FAILED (after $((SECONDS - started)) s)" >&2
