@@ -1,5 +1,5 @@
 """Power and recovery of a speed-vs-capability study, on simulated replicates
-(docs/researchers/speed-vs-capability.md#power).
+(docs/researchers/speed-vs-capability.md#ground-truth-and-power).
 
 Each replicate simulates the study (virtual, with models of known speed and capability:
 :mod:`flowtrial.study.simulator.capability`), replays the same people and tasks under every
