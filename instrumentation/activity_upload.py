@@ -7,18 +7,19 @@ filters by it before sending). ``POST /flowtrial/v1/activitywatch``: an export
 (``{"buckets": …}``: aw-server's ``/api/0/export``, the Research Edition's
 ``aw-bucket-export.json``, or the sync command's filtered one), idempotent (events are keyed
 by bucket and start). ``GET /flowtrial/v1/activitywatch``: what the study holds of them.
-The participant page's upload form uses the same :func:`ingest_export`.
+The participant page's upload form uses the same :func:`ingest_upload`.
 
-Parsing and writing never run on the event loop: :func:`ingest_export` (parse + convert +
-write, one function, so it can move onto a shared ingest path) runs in a worker thread behind
-an :class:`UploadGate` (one running, a few waiting); beyond that the answer is 429 with
-``Retry-After``, and 503 while the database gate is tripped.
+Parsing never runs on the event loop, nor in its process: an export goes through the proxy's
+ingest path (:mod:`flowtrial.instrumentation.proxy.ingest`: the job
+:func:`~flowtrial.instrumentation.proxy.ingest_jobs.activity_job` parses and maps it in an
+ingest process, bounded admission answers 503/429 with ``Retry-After`` when full, the rows
+are stored behind the token path's records and count against the daily quota), and 503
+while the database gate is tripped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,53 +30,24 @@ from starlette.routing import BaseRoute, Route
 
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.schema import Event
-from flowtrial.study.storage import Database
+from flowtrial.study.storage import Database, WriteBatch
 
-from .activitywatch import (
-    SOURCE,
-    ActivityWatchError,
-    buckets_from_json,
-    participant_working_apps,
-    write_buckets,
-)
+from .activitywatch import SOURCE, ActivityWatchError, participant_working_apps
 from .aw_sync import POLICY_PATH, UPLOAD_PATH, capture_policy
+from .proxy.ingest import IngestBusy, ingest_of
+from .proxy.ingest_jobs import activity_job
 from .proxy.responses import error, json_response, proxy_state, refused, too_large, unauthorized
 from .proxy.responses import unavailable as db_unavailable
 from .request_body import BodyTooLarge, read_body
 
-__all__ = ["UploadGate", "activity_paths", "activity_routes", "activity_summary",
-           "ingest_export"]
+__all__ = ["activity_paths", "activity_routes", "activity_summary", "ingest_upload"]
 
-RETRY_AFTER_S = 5
 _E = Event.__table__  # type: ignore[attr-defined]
 
 
-class UploadGate:
-    """At most ``running`` uploads parse at once and ``waiting`` more queue; the rest are
-    told to come back (429 + Retry-After)."""
-
-    def __init__(self, running: int = 1, waiting: int = 4) -> None:
-        self._sem = asyncio.Semaphore(running)
-        self._limit = running + waiting
-        self._inside = 0
-        self.turned_away = 0
-
-    def full(self) -> bool:
-        return self._inside >= self._limit
-
-    async def run(self, fn: Any, *args: Any) -> Any:
-        self._inside += 1
-        try:
-            async with self._sem:
-                return await asyncio.to_thread(fn, *args)
-        finally:
-            self._inside -= 1
-
-
-def busy() -> Response:
-    resp = error(429, "flowtrial is busy with other uploads: try again in a few seconds",
-                 "rate_limit_error", "upload_busy")
-    resp.headers["retry-after"] = str(RETRY_AFTER_S)
+def busy(exc: IngestBusy) -> Response:
+    resp = error(exc.status, exc.message, "rate_limit_error", exc.code)
+    resp.headers.update(exc.headers())
     return resp
 
 
@@ -97,30 +69,24 @@ def activity_summary(database: Database, pid: str) -> dict[str, Any]:
             "last": _iso(last)}
 
 
-def ingest_export(database: Database, config: StudyConfig, pid: str, body: bytes,
-                  source: str = "upload") -> dict[str, Any]:
-    """Parse an uploaded export and write its events (idempotent); the receipt. Blocking:
-    run it in a worker thread. Raises ActivityWatchError for a body that is no export."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise ActivityWatchError("the upload is not JSON: send the file ActivityWatch "
-                                 "exported (aw-bucket-export.json or the export of all "
-                                 "buckets)") from None
-    buckets = buckets_from_json(data, source)
-    report = write_buckets(database, pid, buckets, source,
-                           participant_working_apps(database, pid),
-                           keep_titles=config.capture.content == "full")
-    return {"received": report.produced, "new": report.new,
-            "buckets": [{"type": b.type, "read": b.read, "produced": b.produced,
-                         "new": b.new} for b in report.buckets],
-            "held": activity_summary(database, pid)}
+async def ingest_upload(state: Any, database: Database, config: StudyConfig, pid: str,
+                        body: bytes, source: str = "upload") -> dict[str, Any]:
+    """Parse, map and store an uploaded export through the proxy's ingest path (idempotent);
+    the receipt. Raises ActivityWatchError for a body that is no export and
+    :class:`~flowtrial.instrumentation.proxy.ingest.IngestBusy` when ingest is full."""
+    ingest = ingest_of(state)
+    result = await ingest.run(pid, activity_job, ingest.context, pid, body, source,
+                              config.capture.content == "full")
+    if result.rows:
+        await ingest.store(pid, WriteBatch(Event, result.rows, ignore_conflicts=True),
+                           database)
+    return {"received": sum(b["produced"] for b in result.buckets),
+            "new": sum(b["new"] for b in result.buckets), "buckets": result.buckets,
+            "held": await asyncio.to_thread(activity_summary, database, pid)}
 
 
-def activity_routes(database: Database, config: StudyConfig,
-                    gate: UploadGate | None = None) -> list[BaseRoute]:
+def activity_routes(database: Database, config: StudyConfig) -> list[BaseRoute]:
     """The capture-policy and activity-upload routes (mounted in the proxy)."""
-    uploads = gate or UploadGate()
 
     async def participant(request: Request) -> Any:
         st = proxy_state(request)
@@ -148,12 +114,11 @@ def activity_routes(database: Database, config: StudyConfig,
         st = proxy_state(request)
         if not st.recorder.gate.ok:
             return db_unavailable(st)
-        if uploads.full():
-            uploads.turned_away += 1
-            return busy()
         try:
             body = await read_body(request, st.max_body_bytes)
-            receipt = await uploads.run(ingest_export, database, config, p.id, body)
+            receipt = await ingest_upload(st, database, config, p.id, body)
+        except IngestBusy as exc:
+            return busy(exc)
         except BodyTooLarge:
             st.errors += 1
             return too_large(st.max_body_bytes)

@@ -518,6 +518,19 @@ def write_buckets(database: Database, participant_id: str, buckets: Sequence[AwB
                   since: datetime | None = None, until: datetime | None = None
                   ) -> ImportReport:
     """Convert ``buckets`` and write the events not yet in the database (idempotent)."""
+    rows, reports = bucket_rows(database, participant_id, buckets, apps,
+                                keep_titles=keep_titles, since=since, until=until)
+    if rows:
+        write_rows(database, [WriteBatch(Event, rows, ignore_conflicts=True)])
+    return ImportReport(participant_id, source, reports)
+
+
+def bucket_rows(database: Database, participant_id: str, buckets: Sequence[AwBucket],
+                apps: Iterable[str], *, keep_titles: bool = False,
+                since: datetime | None = None, until: datetime | None = None
+                ) -> tuple[list[dict[str, Any]], list[BucketReport]]:
+    """The ``events`` rows of ``buckets`` (to be written with ``ignore_conflicts``: the ones
+    already held are skipped) and a report per bucket counting the new ones."""
     rows, reports = convert_buckets(buckets, participant_id, apps, keep_titles=keep_titles,
                                     since=since, until=until)
     existing = _existing_keys(database, [r["dedupe_key"] for r in rows])
@@ -530,6 +543,4 @@ def write_buckets(database: Database, participant_id: str, buckets: Sequence[AwB
             by_bucket[bucket] = by_bucket.get(bucket, 0) + 1
     for rep in reports:
         rep.new = by_bucket.get(rep.bucket, 0)
-    if rows:
-        write_rows(database, [WriteBatch(Event, rows, ignore_conflicts=True)])
-    return ImportReport(participant_id, source, reports)
+    return rows, reports

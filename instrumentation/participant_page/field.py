@@ -7,8 +7,9 @@ version. Connect: the page shows each client's settings from :mod:`..client_reci
 the key filled in right after a login that asked for it (after consent, if needed) or when the
 key is pasted on the connect page (it is never stored; otherwise a placeholder).
 Activity: an ActivityWatch export file (standard or Research Edition) uploaded in a plain
-form goes through :func:`..activity_upload.ingest_export` in a worker thread (at most one at
-a time; more get "busy, try again"). Withdraw: stops recording at once; with "delete my
+form goes through the proxy's ingest path (:func:`..activity_upload.ingest_upload`: parsed
+in an ingest process, bounded; when full the page says "busy, try again"); the form itself is
+split in a worker thread. Withdraw: stops recording at once; with "delete my
 data" every row of theirs is deleted (:mod:`flowtrial.study.participation`).
 """
 
@@ -36,8 +37,9 @@ from flowtrial.study.participation import (
 )
 from flowtrial.study.storage import Database
 
-from ..activity_upload import UploadGate, activity_summary, ingest_export
+from ..activity_upload import activity_summary, ingest_upload
 from ..client_recipes import DOC_KEY, RECIPES, render
+from ..proxy.ingest import IngestBusy
 from ..request_body import BodyTooLarge, read_body
 from .session import Session, SessionSigner
 
@@ -97,7 +99,6 @@ def _multipart(ctype: str, body: bytes) -> dict[str, bytes]:
 def field_routes(kit: PageKit) -> list[BaseRoute]:
     """Consent, connect, activity upload and withdrawal under the page's prefix."""
     p = kit.prefix
-    uploads = UploadGate(running=1, waiting=2)
 
     def page(request: Request, sess: Session, name: str, status: int = 200,
              **ctx: Any) -> Response:
@@ -168,10 +169,9 @@ def field_routes(kit: PageKit) -> list[BaseRoute]:
             held = await asyncio.to_thread(activity_summary, kit.database, sess.participant_id)
             return page(request, sess, "activity.html", held=held, receipt=None)
         ctype = request.headers.get("content-type", "")
-        if not ctype.lower().startswith("multipart/form-data") or uploads.full():
-            return page(request, sess, "activity.html", 429 if uploads.full() else 400,
-                        held=None, receipt=None, error="The upload could not be taken now: "
-                        "try again in a few seconds (choose the exported .json file).")
+        if not ctype.lower().startswith("multipart/form-data"):
+            return page(request, sess, "activity.html", 400, held=None, receipt=None,
+                        error="The upload could not be read: choose the exported .json file.")
         try:
             body = await read_body(request, kit.max_upload_bytes)
         except BodyTooLarge:
@@ -179,21 +179,20 @@ def field_routes(kit: PageKit) -> list[BaseRoute]:
                         error=f"The file is over {kit.max_upload_bytes // 2**20} MiB: export a"
                               " shorter time range, or use flowtrial sync-activitywatch.")
 
-        def parse_and_ingest() -> dict[str, Any] | str:
-            fields = _multipart(ctype, body)
-            token = fields.get("csrf", b"").decode("ascii", "replace")
-            if not kit.signer.check_csrf(sess, token):
-                return "forbidden"
-            return ingest_export(kit.database, kit.config, sess.participant_id,
-                                 fields.get("export", b""), "page upload")
-
+        fields = await asyncio.to_thread(_multipart, ctype, body)
+        if not kit.signer.check_csrf(sess, fields.get("csrf", b"").decode("ascii", "replace")):
+            return kit.forbidden()
         try:
-            receipt = await uploads.run(parse_and_ingest)
+            receipt = await ingest_upload(request.app.state.proxy, kit.database, kit.config,
+                                          sess.participant_id, fields.get("export", b""),
+                                          "page upload")
+        except IngestBusy:
+            return page(request, sess, "activity.html", 429, held=None, receipt=None,
+                        error="The upload could not be taken now: try again in a few "
+                              "seconds.")
         except FlowtrialError as exc:
             return page(request, sess, "activity.html", 422, held=None, receipt=None,
                         error=str(exc))
-        if receipt == "forbidden":
-            return kit.forbidden()
         return page(request, sess, "activity.html", held=receipt["held"], receipt=receipt,
                     message="Your activity data was received.")
 

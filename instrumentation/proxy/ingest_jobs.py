@@ -134,6 +134,42 @@ def otlp_job(ctx: JobContext, pid: str, signal_name: str, body: bytes,
     return OtlpResult(_capped_rows(rows, caps), as_json, rejected, note, dropped)
 
 
+# -- ActivityWatch uploads --------------------------------------------------------------
+@dataclass(frozen=True)
+class ActivityResult:
+    """The rows of an uploaded export and its per-bucket receipt."""
+
+    rows: list[dict[str, Any]]
+    buckets: list[dict[str, Any]]
+
+
+def activity_job(ctx: JobContext, pid: str, body: bytes, source: str,
+                 keep_titles: bool) -> ActivityResult:
+    """``POST /flowtrial/v1/activitywatch`` and the participant page's upload: parse the
+    export, keep the participant's working apps' policy, map it to ``events`` rows (those
+    already held counted as not new). Raises ``ActivityWatchError`` for a body that is no
+    export."""
+    from ..activitywatch import (
+        ActivityWatchError,
+        bucket_rows,
+        buckets_from_json,
+        participant_working_apps,
+    )
+
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise ActivityWatchError("the upload is not JSON: send the file ActivityWatch "
+                                 "exported (aw-bucket-export.json or the export of all "
+                                 "buckets)") from None
+    db = ctx.database()
+    buckets = buckets_from_json(data, source)
+    rows, reports = bucket_rows(db, pid, buckets, participant_working_apps(db, pid),
+                                keep_titles=keep_titles)
+    return ActivityResult(rows, [{"type": r.type, "read": r.read, "produced": r.produced,
+                                  "new": r.new} for r in reports])
+
+
 # -- Continue ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ContinueResult:

@@ -1,35 +1,21 @@
-"""The activity upload's guards in the real proxy app: authentication, bad bodies, the bounded
-worker gate (429 + Retry-After when full) and the capture policy filter."""
+"""The activity upload's guards in the real proxy app: authentication, bad bodies, the
+proxy's ingest path (its job in an ingest process; 503 + Retry-After when full) and the
+capture policy filter."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from typing import Any
 
 import httpx
 
-from flowtrial.instrumentation.activity_upload import UploadGate, activity_routes
 from flowtrial.instrumentation.activitywatch import WEB, WINDOW
 from flowtrial.instrumentation.aw_sync import filter_export
 from flowtrial.instrumentation.proxy import create_proxy_app
-from flowtrial.instrumentation.proxy.extensions import Extension, builtin_extensions
+from flowtrial.instrumentation.proxy.ingest import ingest_of
 from tests.capture.conftest import aw_bucket
 from tests.instrumentation.servers import run_asgi_server
 
 UPLOAD = "/flowtrial/v1/activitywatch"
-
-
-class _Full(UploadGate):
-    def full(self) -> bool:
-        return True
-
-
-class _FullUploads(Extension):
-    name = "full_uploads"
-
-    def routes(self, ctx: Any) -> list[Any]:
-        return activity_routes(ctx.database, ctx.config, _Full())
 
 
 def _export() -> dict[str, Any]:
@@ -50,37 +36,15 @@ def test_upload_guards(make_study: Any) -> None:
         one_bucket = _export()["buckets"]["w"]  # a single bucket's export
         ok = httpx.post(url + UPLOAD, json=one_bucket, headers=auth).json()
         assert ok["new"] == 2 and ok["held"]["by_kind"] == {"focus_in": 1, "focus_out": 1}
-    assert study.rows("SELECT count(*) FROM events")[0][0] == 2
-    full = create_proxy_app(study.database, study.config,
-                            extensions=[_FullUploads(), *builtin_extensions()])
-    with run_asgi_server(full) as url:
+        again = httpx.post(url + UPLOAD, json=one_bucket, headers=auth).json()
+        assert again["new"] == 0 and again["received"] == 2  # idempotent
+        # The ingest path full (its admission as when proxy.ingest_queue uploads run): the
+        # uploader is told to come back, in the protocol's error shape, nothing stored.
+        ingest_of(app.state.proxy)._running = study.config.proxy.ingest_queue
         busy = httpx.post(url + UPLOAD, json=_export(), headers=auth)
-        assert busy.status_code == 429 and busy.headers["retry-after"] == "5"
-        assert busy.json()["error"]["code"] == "upload_busy"
-
-
-def test_gate_runs_one_and_queues_a_few() -> None:
-    release = threading.Event()
-    started = threading.Event()
-
-    def slow() -> str:
-        started.set()
-        release.wait(5)
-        return "done"
-
-    async def main() -> list[Any]:
-        gate = UploadGate(running=1, waiting=1)
-        first = asyncio.create_task(gate.run(slow))
-        second = asyncio.create_task(gate.run(lambda: "second"))
-        await asyncio.sleep(0.05)
-        assert gate.full()  # one running, one waiting: a third is turned away
-        release.set()
-        results = [await first, await second]
-        assert not gate.full()
-        return results
-
-    assert asyncio.run(main()) == ["done", "second"]
-    assert started.is_set()
+        assert busy.status_code == 503 and int(busy.headers["retry-after"]) > 0
+        assert busy.json()["error"]["code"] == "ingest_busy"
+    assert study.rows("SELECT count(*) FROM events")[0][0] == 2
 
 
 def test_policy_filter_keeps_titles_only_when_content_is_kept() -> None:
