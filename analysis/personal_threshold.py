@@ -219,7 +219,9 @@ def fit_personal_threshold(
                                   math.exp(two.theta[3] + two.theta[4])],
              "lognormal_like": bool(gain <= SHAPE_MARGIN)}
     wald = None
-    if np.isfinite(se[3]):
+    # A degenerate fit (a handful of waits) can have a standard error so large that the
+    # interval's end overflows a float: no Wald interval then (the profile CI still stands).
+    if np.isfinite(se[3]) and z * se[3] < 700:
         wald = [math.exp(best.theta[3] - z * se[3]), math.exp(best.theta[3] + z * se[3])]
     return PersonalThresholdResult(
         median_psi_s=math.exp(best.theta[3]),
