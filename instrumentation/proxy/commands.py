@@ -108,7 +108,7 @@ def run_proxy(study: Path, db: str, host: str | None, port: int | None,
         err.print(note, soft_wrap=True, highlight=False, markup=False)
     if workers > 1:
         database.dispose()  # the workers open their own connections after the fork
-        _print_urls(out, url)
+        _print_urls(out, url, design == "observe")
         try:
             code = run_workers(db, config, sock, workers, instance=instance, grace_s=GRACE_S,
                                extensions=extensions,
@@ -122,7 +122,7 @@ def run_proxy(study: Path, db: str, host: str | None, port: int | None,
     app = create_proxy_app(database, config, writer=writer, instance=instance,
                            extensions=extensions)
     server = make_server(app, GRACE_S, config.proxy)
-    _print_urls(out, url)
+    _print_urls(out, url, design == "observe")
 
     def table() -> Table:
         t = Table(box=None, show_header=True, header_style="bold")
@@ -163,10 +163,17 @@ def run_proxy(study: Path, db: str, host: str | None, port: int | None,
                   f"{s['cycles_recorded']} cycles recorded, {s['errors']} errors.")
 
 
-def _print_urls(out: object, url: str) -> None:
+def _print_urls(out: object, url: str, observe: bool = False) -> None:
     from rich.console import Console
 
     assert isinstance(out, Console)
+    if observe:  # a team study: no model traffic through the proxy, only telemetry
+        out.print("Team study (observe): point the agents' OpenTelemetry at it with the team "
+                  "token (docs/operators/team-rollout.md):", soft_wrap=True)
+        print(f"OTEL_EXPORTER_OTLP_ENDPOINT={url}/flowtrial/otlp", flush=True)
+        out.print(f"Health: GET {url}/flowtrial/v1/health   Stop: Ctrl-C", soft_wrap=True,
+                  highlight=False)
+        return
     out.print("Point each participant's assistant at it, with their own key as the API key:",
               soft_wrap=True)
     # Plain prints so scripts (and tests) can read the lines whatever the terminal.

@@ -65,7 +65,10 @@ def _cli_proxy(folder: Path, text: str, participant: str | None = None
         line = proc.stdout.readline()
         if not line and proc.poll() is not None:
             break
+        # A study with arms prints the model URLs; an observe study its telemetry endpoint.
         if m := re.match(r"ANTHROPIC_BASE_URL=(\S+)", line):
+            url = m.group(1)
+        elif m := re.match(r"OTEL_EXPORTER_OTLP_ENDPOINT=(\S+)/flowtrial/otlp", line):
             url = m.group(1)
     try:
         if url is None:

@@ -220,3 +220,30 @@ name = "team"
     finally:
         busy.close()
     assert code == 2 and "cannot listen" in err
+
+
+def test_observe_study_prints_the_telemetry_endpoint_not_model_urls(tmp_path: Path) -> None:
+    """A team study has no model traffic through the proxy: it says where telemetry goes."""
+    text = ('[study]\nname = "team"\ndesign = "observe"\nunit = "participant"\n')
+    study = tmp_path / "team.toml"
+    study.write_text(text, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flowtrial.proxy_assembly", "--study", str(study), "--db",
+         str(tmp_path / "team.db"), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any("Health:" in ln for ln in lines):
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+            lines.append(line)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    out = "".join(lines)
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:" in out and "/flowtrial/otlp" in out
+    assert "OPENAI_BASE_URL" not in out and "ANTHROPIC_BASE_URL" not in out
