@@ -194,12 +194,24 @@ async def models(request: Request) -> Response:
     if upstream is None:
         return error(501, "no upstream configured", "upstream_error", "no_upstream",
                      adapter=adapter)
+    got = await _relay_whole(st, upstream, headers, adapter, lambda fwd: (
+        upstream.request("GET", request.url.path, fwd, b"") if gemini
+        else upstream.models(fwd)))
+    if isinstance(got, Response):
+        return got
+    reply, body = got
+    return Response(body, reply.status, media_type=reply.content_type or "application/json")
+
+
+async def _relay_whole(st: ProxyState, upstream: Any, headers: Any,
+                       adapter: ProtocolAdapter | None, call: Any) -> Any:
+    """A non-cycle request passed upstream whole: the participant's credential goes along
+    under pass-through; (reply, body), or the protocol's error when the upstream fails."""
     forwarded = forwardable_request_headers(headers)
     if upstream.credentials == "participant":
         forwarded.update({h: v for h in CREDENTIAL_HEADERS if (v := headers.get(h))})
     try:
-        reply = await (upstream.request("GET", request.url.path, forwarded, b"") if gemini
-                       else upstream.models(forwarded))
+        reply = await call(forwarded)
         try:
             body = b"".join([c async for c in reply.body])
         finally:
@@ -208,7 +220,7 @@ async def models(request: Request) -> Response:
         st.errors += 1
         code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
         return error(exc.status, exc.message, "upstream_error", code, adapter=adapter)
-    return Response(body, reply.status, media_type=reply.content_type or "application/json")
+    return reply, body
 
 
 def _count_tokens(adapter_cls: type[ProtocolAdapter]) -> Any:
@@ -243,19 +255,11 @@ def _count_tokens(adapter_cls: type[ProtocolAdapter]) -> Any:
                                f"[upstream.{family}] to the study file", "upstream_error",
                           "no_upstream", adapter=adapter)
         path = adapter.upstream_path(request.url.path, request.url.query)
-        forwarded = forwardable_request_headers(headers)
-        if upstream.credentials == "participant":
-            forwarded.update({h: v for h in CREDENTIAL_HEADERS if (v := headers.get(h))})
-        try:
-            reply = await upstream.request("POST", path, forwarded, body)
-            try:
-                out = b"".join([c async for c in reply.body])
-            finally:
-                await reply.close()
-        except UpstreamError as exc:
-            st.errors += 1
-            code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-            return error(exc.status, exc.message, "upstream_error", code, adapter=adapter)
+        got = await _relay_whole(st, upstream, headers, adapter,
+                                 lambda fwd: upstream.request("POST", path, fwd, body))
+        if isinstance(got, Response):
+            return got
+        reply, out = got
         headers_out = {k: v for k, v in reply.headers
                        if k.lower() not in ("content-type", CYCLE_HEADER)}
         return Response(out, reply.status, headers=headers_out,

@@ -101,7 +101,10 @@ def test_function_calls_drive_a_multi_step_turn(served) -> None:
     config = types.GenerateContentConfig(tools=[types.Tool(function_declarations=[LIST_DIR])],
                                          automatic_function_calling=types.
                                          AutomaticFunctionCallingConfig(disable=True))
-    contents: list[Any] = [types.Content(role="user", parts=[types.Part(text=PROMPT)])]
+    # A prompt of its own: the same text as the previous test's, sent within the typing
+    # window after that test's answer, would rightly continue that conversation's turn.
+    contents: list[Any] = [types.Content(role="user", parts=[types.Part(
+        text=PROMPT + ", using the files in this folder")])]
     before = len(rows(s))
     calls = 0
     for _ in range(4):
