@@ -75,6 +75,15 @@ def _runs(d: Path) -> dict[str, Run]:
         "dashboard": Run(["dashboard", "--db", db, "--port", "1"]),
         "export": Run(["export", "--db", db, "--out", str(d / "export"), "--format",
                        "parquet"], ("parquet",)),
+        # Field and team commands (their own database: withdrawing p01 of the shared one
+        # would change what the other commands see).
+        "withdraw": Run(["withdraw", "--db", str(d / "e.db"), "--participant", "p01"],
+                        codes=(0, 2)),
+        "onboard": Run(["onboard", "--study", study, "--participant", "p01", "--client",
+                        "codex"], codes=(0, 2)),
+        "team-token": Run(["team-token", "--db", db], codes=(0, 2)),
+        "sync-activitywatch": Run(["sync-activitywatch", "--proxy", dead, "--key", "ft_x",
+                                   "--aw", dead], codes=(2,)),
     }
     for name, run in runs.items():  # the command table's own needs
         command = name.split("-")[0] if name not in COMMANDS else name

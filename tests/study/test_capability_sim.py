@@ -50,7 +50,7 @@ def test_matched_arm_is_validated(change: dict, fragment: str) -> None:
 
 
 def test_matched_to_a_matched_arm_is_refused() -> None:
-    data = tomllib.loads(example_study_text())
+    data = tomllib.loads(example_study_text("crossover"))
     data["arms"][0].update(matched_to="slow")
     data["arms"][1].update(matched_to="fast")
     with pytest.raises((ConfigError, ValueError), match="itself matched"):
