@@ -236,8 +236,7 @@ class Exchange:
         try:
             reply = await upstream.request("POST", path, headers, body)
         except UpstreamError as exc:
-            code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-            await self._fail(exc.status, exc.message, "upstream_error", code)
+            await self._fail(exc.status, exc.message, "upstream_error", exc.code())
             return
         try:
             if reply.status >= 400:
@@ -353,8 +352,7 @@ class Exchange:
                     rec.t_upstream_first_ns = _now()
                 head += chunk
         except UpstreamError as exc:
-            code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-            await self._fail(exc.status, exc.message, "upstream_error", code)
+            await self._fail(exc.status, exc.message, "upstream_error", exc.code())
             return
         if not head.lstrip().startswith(_SSE_STARTS):
             await self._fail(502, "upstream answered a streaming request with "
@@ -390,8 +388,7 @@ class Exchange:
                     rec.t_upstream_first_ns = _now()
                 chunks.append(chunk)
         except UpstreamError as exc:
-            code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-            await self._fail(exc.status, exc.message, "upstream_error", code)
+            await self._fail(exc.status, exc.message, "upstream_error", exc.code())
             return
         body = b"".join(chunks)
         ready = rec.t_upstream_last_ns = _now()

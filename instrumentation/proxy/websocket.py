@@ -220,8 +220,7 @@ class SocketTurn:
             rec.upstream = self.conn.upstream_name
             message = cycle.scrub().text(exc.message)
             rec.status, rec.http_status, rec.error = "upstream_error", exc.status, message
-            code = {501: "no_upstream", 504: "upstream_timeout"}.get(exc.status,
-                                                                     "upstream_unreachable")
+            code = exc.code()
             await cycle.finish_stream(ws_error(message, "server_error", code, exc.status))
             return
         create = self.message
@@ -440,5 +439,5 @@ async def _warmup(conn: _Connection, message: dict[str, Any]) -> None:
             await conn.send(scrub.raw(frame))
     except UpstreamError as exc:
         conn.state.errors += 1
-        code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-        await conn.send(ws_error(scrub.text(exc.message), "server_error", code, exc.status))
+        await conn.send(ws_error(scrub.text(exc.message), "server_error", exc.code(),
+                                 exc.status))
