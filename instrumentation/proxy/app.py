@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import Counter
@@ -105,23 +104,18 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
         body = call.body
         t_request = time.monotonic_ns()
         await give_way()  # reading a large body must not hold up a due first token
-        try:
-            obj = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return _invalid_json(call, f"is not valid JSON: {exc}")
-        except RecursionError:
-            return _invalid_json(call, "is JSON nested too deeply to read")
-        if not isinstance(obj, dict):
-            return _invalid_json(call, "must be a JSON object")
-        if await st.turns.foreign_response(participant.id, obj.get("previous_response_id")):
+        parsed = await st.parser.parse(adapter.name, params and adapter.url_params, body)
+        if parsed.view is None:
+            return _invalid_json(call, parsed.error or "is not valid JSON")
+        info = parsed.view
+        if await st.turns.foreign_response(participant.id, info.previous_response_id):
             # another participant's conversation is not to be continued
-            return call.error(404, foreign_response_message(obj["previous_response_id"]),
+            return call.error(404, foreign_response_message(info.previous_response_id),
                               code="previous_response_not_found", param="previous_response_id")
-        info = adapter.read_request(obj)
         exchange = Exchange(st, adapter, participant, body, info, call.headers, t_request,
                             request.scope.get("query_string", b"").decode("latin-1"),
                             request.url.path, call.path_key)
-        joins = st.turns.arrive(exchange.rec, obj, body, call.headers)
+        joins = st.turns.arrive_view(exchange.rec, info, parsed.input_key, body, call.headers)
         if joins is not None:  # a continuation: its turn may be another process's
             await st.turns.reconcile(exchange.rec, joins)
         return exchange
@@ -164,11 +158,9 @@ async def _count_tokens(call: Call) -> Response:
     to shape (docs/internals/protocols.md)."""
     adapter, body, request = call.adapter, call.body, call.request
     assert adapter is not None
-    try:  # forwarded as is, but only a JSON object (the protocol's shape) goes upstream
-        ok = isinstance(json.loads(body), dict)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        ok = False
-    if not ok:
+    # Forwarded as is, but only a JSON object (the protocol's shape) goes upstream; a large
+    # one is checked off the loop (.body_parser).
+    if (await call.state.parser.parse(adapter.name, None, body)).view is None:
         return _invalid_json(call, f"must be a JSON object ({adapter.name} token count "
                                    "request)")
     family = adapter.family.name
@@ -333,6 +325,7 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
                     await ext.shutdown(state)
                 if state.ingest is not None:  # uploads' processes (.ingest)
                     await asyncio.to_thread(state.ingest.close)
+                await asyncio.to_thread(state.parser.close)  # large bodies' (.body_parser)
                 await state.recorder.gate.close()  # rows held through an outage: a last try
                 await router.stop()
                 state.arms.close()

@@ -69,7 +69,8 @@ WARMING_THREAD_BYTES = 64 * 1024
 _PRELOAD = ["flowtrial.instrumentation.proxy.ingest_jobs",
             "flowtrial.instrumentation.proxy.events_api",
             "flowtrial.instrumentation.telemetry.ingest",
-            "flowtrial.instrumentation.continue_data"]
+            "flowtrial.instrumentation.continue_data",
+            "flowtrial.instrumentation.proxy.body_parser"]
 _ctx_lock = threading.Lock()
 _mp_context: Any = None
 

@@ -15,6 +15,7 @@ from flowtrial.study.storage import Database, RecordWriter, create_db_engine
 from ..turns.tracker import TurnTracker, turn_rules
 from .arms import ArmResolver
 from .auth import Authenticator
+from .body_parser import BodyParser
 from .ingest import Ingest
 from .quiet_gc import QuietCollector
 from .recorder import Recorder
@@ -74,6 +75,7 @@ class ProxyState:
         self.websockets: dict[str, int] = {}  # participant id -> open WebSockets
         self._idle: asyncio.Event | None = None
         self.collector: QuietCollector | None = None  # set by the app's lifespan
+        self.parser = BodyParser()  # large model request bodies, parsed off the loop
         self.ingest: Ingest | None = None  # uploads' off-loop path, made on first use (.ingest)
 
     # -- open cycles (event API ownership checks, graceful shutdown) ----------------------
