@@ -123,7 +123,9 @@ class CycleRecord:
         if target is not None and lates:
             violation_ms = max(0.0, max(lates) / 1e6)
         content, bad_content = storable("".join(self.content_parts))
-        prompt, bad_prompt = storable(self.prompt_text)
+        # Not scanned when not stored: a 10 MB prompt's scan holds the GIL (and the loop).
+        prompt, bad_prompt = (storable(self.prompt_text) if capture != "none"
+                              else ("", False))
         # Every field that has a column of its name is stored as it is (a new such column is
         # declared in the schema and here, nothing more); the rest are computed.
         row: dict[str, Any] = {name: getattr(self, name) for name in _COPIED}
