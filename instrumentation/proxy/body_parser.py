@@ -6,7 +6,8 @@ tokens: measured on the 2-vCPU machine, a chat body of many short messages costs
 8–25 ms per MB to parse plus 5–9 ms per MB to read (340k messages, 20 MB: 0.5 s + 0.18 s).
 Below :data:`OFF_LOOP_BYTES` (256 KiB, about 2 ms of parsing at the densest shape) the loop
 parses at once; above it, one worker process does, and returns only what the loop needs —
-the request's view and its input key (a few objects), or why the body is refused. A
+the request's view and its input key (a few objects), or why the body is refused; it runs
+at nice 10 like the ingest processes, so the kernel favours the loop on a busy machine. A
 process's round trip costs the loop a pickled view (microseconds) and the body's copy into a
 pipe (done by the pool's feeder thread, which releases the GIL on write). An arm's model
 written into a large body goes the same way. At most :data:`MAX_WAITING` large bodies wait;
@@ -144,8 +145,10 @@ class BodyParser:
 
     def _start(self) -> None:
         from .ingest import _context  # the forkserver the ingest processes also come from
+        from .ingest_jobs import worker_init  # nice 10, as ingest: the loop comes first
 
-        pool = ProcessPoolExecutor(max_workers=1, mp_context=_context())
+        pool = ProcessPoolExecutor(max_workers=1, mp_context=_context(),
+                                   initializer=worker_init)
         pool.submit(int).result(timeout=120)  # up and importable before the first body
         with self._lock:
             self._pool = pool
