@@ -285,7 +285,7 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         else:
             await send({"type": "websocket.close", "code": 1008})
         return
-    open_now = state.websockets.get(participant.id, 0)
+    open_now = state.websockets.total(participant.id)  # across --workers
     if open_now >= state.config.proxy.max_websockets_per_participant:
         state.errors += 1
         body = openai_error(f"this participant already has {open_now} WebSocket connections "
@@ -297,15 +297,11 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         else:
             await send({"type": "websocket.close", "code": 1008})
         return
-    state.websockets[participant.id] = open_now + 1
+    state.websockets.add(participant.id, 1)
     try:
         await _serve(state, participant, headers, receive, send, up, path_key)
     finally:
-        left = state.websockets.get(participant.id, 1) - 1
-        if left > 0:
-            state.websockets[participant.id] = left
-        else:
-            state.websockets.pop(participant.id, None)
+        state.websockets.add(participant.id, -1)
 
 
 async def _serve(state: ProxyState, participant: Any, headers: Headers, receive: Any,
