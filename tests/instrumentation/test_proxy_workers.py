@@ -10,6 +10,7 @@ import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -167,41 +168,52 @@ def test_shared_counts_hold_across_forked_processes() -> None:
     assert sum(table.total(k) for k in keys) == 64  # no key counted under another's slot
 
 
-def test_websockets_per_participant_hold_across_workers(tmp_path: Path) -> None:
-    """``proxy.max_websockets_per_participant`` is one cap for all workers, not one each."""
+def _ws_status(host: str, port: int, key: str, socks: list[Any]) -> str:
+    """Open a Responses WebSocket (kept open in ``socks``); the handshake's status."""
     import base64
     import socket
 
+    s = socket.create_connection((host, port), timeout=10)
+    socks.append(s)
+    nonce = base64.b64encode(os.urandom(16)).decode()
+    s.sendall(("GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+               "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+               f"Sec-WebSocket-Key: {nonce}\r\nAuthorization: Bearer {key}\r\n\r\n").encode())
+    return s.recv(200).split(b" ", 2)[1].decode()
+
+
+def test_websockets_per_participant_hold_across_workers(tmp_path: Path) -> None:
+    """``proxy.max_websockets_per_participant`` is one cap for all workers, not one each: with
+    one worker stopped (SIGSTOP) the other takes every connection, so the sockets held by
+    worker A are seen by worker B."""
     study, db, key = setup_study(tmp_path, PER_PROMPT.replace(
         "[upstream.mock]", "[proxy]\nmax_websockets_per_participant = 3\n[upstream.mock]"))
     proc, url = start_proxy(study, db, "--workers", "2")
     host, port = url.removeprefix("http://").rsplit(":", 1)
-    socks: list[socket.socket] = []
-    statuses: list[str] = []
+    socks: list[Any] = []
+    a = b = 0
     try:
         wait_healthy(url)
-        _wait_children(proc.pid, 2)
-        for _ in range(12):  # one connection each: the kernel picks the worker
-            s = socket.create_connection((host, int(port)), timeout=10)
-            nonce = base64.b64encode(os.urandom(16)).decode()
-            s.sendall(("GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
-                       "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
-                       f"Sec-WebSocket-Key: {nonce}\r\nAuthorization: Bearer {key}\r\n\r\n"
-                       ).encode())
-            statuses.append(s.recv(200).split(b" ", 2)[1].decode())
-            socks.append(s)
-        assert statuses.count("101") == 3 and statuses.count("429") == 9, statuses
+        a, b = sorted(_wait_children(proc.pid, 2))
+        os.kill(b, signal.SIGSTOP)  # every connection now goes to worker a
+        assert [_ws_status(host, int(port), key, socks) for _ in range(4)] == [
+            "101", "101", "101", "429"]
+        os.kill(b, signal.SIGCONT)
+        os.kill(a, signal.SIGSTOP)  # now to worker b, which holds none of the three
+        assert [_ws_status(host, int(port), key, socks) for _ in range(2)] == ["429", "429"]
+        os.kill(a, signal.SIGCONT)
         for s in socks:
             s.close()
-        time.sleep(1.0)  # closed sockets are counted down, in whichever worker held them
-        s = socket.create_connection((host, int(port)), timeout=10)
-        s.sendall(("GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
-                   "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: "
-                   f"{base64.b64encode(os.urandom(16)).decode()}\r\n"
-                   f"Authorization: Bearer {key}\r\n\r\n").encode())
-        assert s.recv(200).split(b" ", 2)[1] == b"101"
-        s.close()
+        socks.clear()
+        deadline = time.monotonic() + 10  # closed sockets are counted down by their worker
+        while _ws_status(host, int(port), key, socks) != "101":
+            assert time.monotonic() < deadline
+            socks.pop().close()
+            time.sleep(0.2)
     finally:
+        for pid in (a, b):
+            if pid:
+                os.kill(pid, signal.SIGCONT)
         for s in socks:
             s.close()
         proc.send_signal(signal.SIGINT)
