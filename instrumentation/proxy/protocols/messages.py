@@ -158,18 +158,19 @@ class MessagesAdapter(ProtocolAdapter):
         spec = config.get("format") if isinstance(config, dict) else None
         # `output_format` is the earlier (beta) spelling of the same parameter.
         spec = body.get("output_format") if spec is None else spec
-        system = body.get("system")
+        system = loose_text(body.get("system"))
         return request_info(
             body, _last_user_text(body.get("messages")), ends=ends, ends_how=f"messages:{how}",
-            conversation_key=conversation_key(loose_text(system), first_user),
+            conversation_key=conversation_key(system, first_user),
             tools=tuple(tool_spec(t["name"], t.get("description"), t.get("input_schema"))
                         for t in dicts(body.get("tools"))
                         if isinstance(t.get("name"), str) and "input_schema" in t),
             tool_calls_since_person=sum(1 for m in messages[last + 1:]
                                         if m.get("role") == "assistant"
                                         and _has_block(m, ("tool_use",))),
-            has_person=last >= 0, system_text=loose_text(system),
-            stop=stops_or_none(body.get("stop_sequences")), parts=(system, messages),
+            has_person=last >= 0, system_text=system,
+            stop=stops_or_none(body.get("stop_sequences")),
+            parts=(body.get("system"), body.get("messages")),
             schema=json_schema_of(spec))
 
     def classify(self, ev: SSEEvent) -> Classified:
