@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..proxy.protocols import read_view
 from ..tokens import split_tokens
 from .anthropic_wire import (
     anthropic_error,
@@ -29,14 +28,7 @@ from .gemini_wire import (
     json_array,
 )
 from .generation import Generation, Job, Schedule, generate
-from .inbound import (
-    Protocol,
-    RequestError,
-    Turn,
-    decode_body,
-    parse_gemini,
-    parse_turn,
-)
+from .inbound import BadRequest, Protocol, Turn, decode_json, read_turn
 from .openai_wire import (
     chat_body,
     chat_stream,
@@ -183,23 +175,23 @@ class MockModel:
             return await self._gemini(method, route, path, headers, body, start)
         if route == "models" or route.startswith("models/"):
             if method != "GET":
-                return _error(None, RequestError(f"Invalid method for URL ({method} {path})", 405))
+                return _error(None, BadRequest(f"Invalid method for URL ({method} {path})", 405))
             entry = self.models() if route == "models" else self._model_entry(route[7:])
             return _json(200, entry)
         protocol = _ROUTES.get(route)
         if protocol is None:
-            return _error(None, RequestError(f"Invalid URL ({method} {path})", 404))
+            return _error(None, BadRequest(f"Invalid URL ({method} {path})", 404))
         if method != "POST":
-            return _error(protocol, RequestError(f"Invalid method for URL ({method} {path})", 405))
+            return _error(protocol, BadRequest(f"Invalid method for URL ({method} {path})", 405))
         try:
-            data = decode_body(body)
-            turn = parse_turn(protocol, data)
-        except RequestError as exc:
+            data = decode_json(body)
+            turn = read_turn(protocol, data)
+        except BadRequest as exc:
             return _error(protocol, exc)
         if protocol == "count_tokens":
             return _json(200, {"input_tokens": turn.prompt_tokens})
 
-        call = self.tools.plan(protocol, data)
+        call = self.tools.plan(protocol, data, turn.view)
         job = self._job(turn, {k.lower(): v for k, v in headers.items()}, start, tool_call=call,
                         text=scripted_answer(self.script, protocol, data))
         if protocol == "responses":
@@ -241,12 +233,12 @@ class MockModel:
         envelope = ("type", "stream", "stream_id", "generate", "background")
         body = {k: v for k, v in message.items() if k not in envelope}
         try:
-            turn = parse_turn("responses", body)
-        except RequestError as exc:
+            turn = read_turn("responses", body)
+        except BadRequest as exc:
             yield ws_error(exc.message, exc.param, exc.code, exc.status)
             return
         lowered = {k.lower(): v for k, v in (headers or {}).items()}
-        call = self.tools.plan("responses", body) if generate_flag else None
+        call = self.tools.plan("responses", body, turn.view) if generate_flag else None
         job = self._job(turn, lowered, start, stream_id, tool_call=call,
                         text=scripted_answer(self.script, "responses", body))
         if generate_flag:
@@ -262,23 +254,24 @@ class MockModel:
         ``:streamGenerateContent`` (``?alt=sse`` or the JSON array) | ``:countTokens``."""
         if route == "models":
             if method != "GET":
-                return _gemini_error(RequestError(f"Invalid method ({method} {path})", 405))
+                return _gemini_error(BadRequest(f"Invalid method ({method} {path})", 405))
             return _json(200, {"models": [gemini_model(m) for m in MODEL_IDS]})
         model, _, verb = route.removeprefix("models/").partition(":")
         if not model or verb not in ("generateContent", "streamGenerateContent", "countTokens"):
-            return _gemini_error(RequestError(f"Invalid URL ({method} {path})", 404))
+            return _gemini_error(BadRequest(f"Invalid URL ({method} {path})", 404))
         if method != "POST":
-            return _gemini_error(RequestError(f"Invalid method ({method} {path})", 405))
+            return _gemini_error(BadRequest(f"Invalid method ({method} {path})", 405))
         try:
-            data = decode_body(body)
-            turn = parse_gemini(data, model, verb)
-        except RequestError as exc:
+            data = decode_json(body)
+            turn = read_turn("gemini_count" if verb == "countTokens" else "gemini", data,
+                             {"model": model, "method": verb})
+        except BadRequest as exc:
             return _gemini_error(exc)
         if verb == "countTokens":
             return _json(200, {"totalTokens": turn.prompt_tokens})
-        view = read_view("gemini", data, {"model": model, "method": verb})
-        call = self.tools.plan("gemini", data, view)
-        job = self._job(turn, {k.lower(): v for k, v in headers.items()}, start, tool_call=call)
+        call = self.tools.plan("gemini", data, turn.view)
+        job = self._job(turn, {k.lower(): v for k, v in headers.items()}, start, tool_call=call,
+                        text=scripted_answer(self.script, "gemini", data))
         if not turn.stream:
             if call is not None:
                 await job.schedule.sleep_until(job.schedule.due(0))
@@ -343,12 +336,12 @@ def _json(status: int, obj: Any, headers: dict[str, str] | None = None) -> MockR
     return MockReply(status, head, _once(data))
 
 
-def _gemini_error(exc: RequestError) -> MockReply:
+def _gemini_error(exc: BadRequest) -> MockReply:
     return _json(exc.status, gemini_error(exc.message, exc.status))
 
 
-def _error(protocol: Protocol | None, exc: RequestError) -> MockReply:
-    """Render a RequestError in the error shape of the protocol asked (OpenAI's by default)."""
+def _error(protocol: Protocol | None, exc: BadRequest) -> MockReply:
+    """Render a BadRequest in the error shape of the protocol asked (OpenAI's by default)."""
     if protocol in ("messages", "count_tokens"):
         return _json(exc.status, anthropic_error(exc.message, exc.status))
     return _json(exc.status, openai_error(exc.message, param=exc.param, code=exc.code))

@@ -6,35 +6,16 @@ already holds as the model's answers (the last entry once all were said). So the
 request gets the same answer, and a client that re-asks after the first answer gets the
 second: e.g. a first answer that breaks aider's edit format (a code fence with no file
 name) and a plain second one, to test that the agent's re-ask joins the person's turn.
+The model's earlier answers are read by the request's protocol module (``model_answers``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..proxy.protocols import BY_NAME
+
 __all__ = ["scripted_answer"]
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(_text(part) for part in content)
-    if isinstance(content, dict) and content.get("type") in ("text", "output_text", None):
-        return _text(content.get("text", ""))
-    return ""
-
-
-def _answers(protocol: str, body: dict[str, Any]) -> list[str]:
-    """The texts of the model's earlier answers held in the request."""
-    if protocol == "responses":
-        items = body.get("input")
-        listed = items if isinstance(items, list) else []
-        return [_text(i.get("content")) for i in listed if isinstance(i, dict)
-                and i.get("role") == "assistant"]
-    messages = body.get("messages")
-    return [_text(m.get("content")) for m in (messages if isinstance(messages, list) else [])
-            if isinstance(m, dict) and m.get("role") == "assistant"]
 
 
 def _norm(text: str) -> str:
@@ -47,5 +28,5 @@ def scripted_answer(script: tuple[str, ...], protocol: str, body: dict[str, Any]
     if not script:
         return None
     own = {_norm(s) for s in script}
-    said = sum(1 for t in _answers(protocol, body) if _norm(t) in own)
+    said = sum(1 for t in BY_NAME[protocol]().model_answers(body) if _norm(t) in own)
     return script[min(said, len(script) - 1)]

@@ -4,7 +4,8 @@ Coding agents use them for side calls: Claude Code titles its sessions with
 `output_config.format = {"type": "json_schema", ...}`, the Codex TUI its threads with
 `text.format` (as does `codex exec --output-schema`). A prose answer there would be
 unparseable, so the simulated model answers with a small document that validates against the
-schema, its strings drawn from the prompt. (Which schema a request asks for: inbound.py.)
+schema, its strings drawn from the prompt. (Which schema a request asks for: its protocol
+module, `RequestInfo.schema`.)
 """
 
 from __future__ import annotations

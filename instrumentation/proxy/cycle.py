@@ -70,7 +70,7 @@ class Cycle:
         self.recorder = recorder
         self.rec = CycleRecord(
             id=new_cycle_id(), participant_id=participant.id, protocol=adapter.name,
-            stream=info.stream, model=info.model, upstream="", t_request_ns=t_request_ns,
+            stream=info.stream, model=info.model, upstream="", arm="", t_request_ns=t_request_ns,
             mono_anchor_ns=state.mono_anchor_ns, wall_anchor_ns=state.wall_anchor_ns,
             started_at=datetime.fromtimestamp(
                 (state.wall_anchor_ns + t_request_ns - state.mono_anchor_ns) / 1e9, UTC),

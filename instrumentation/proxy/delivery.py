@@ -110,7 +110,7 @@ class Output:
         if self._output:
             rec = self.rec
             rec.sent(now, self._min, self._max)
-            rec.tokens_sent += self._tokens
+            rec.tokens_sent = (rec.tokens_sent or 0) + self._tokens
             rec.content_parts.extend(self._texts)
             self._texts = []
             self._tokens = 0

@@ -23,10 +23,9 @@ import logging
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, fields, make_dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowtrial.study.schema import Cycle
 from flowtrial.study.storage import LazyRow, RecordWriter, WriteBatch
@@ -41,141 +40,145 @@ __all__ = ["TEXT_REPLACED_FLAG", "CycleRecord", "Recorder", "storable"]
 log = logging.getLogger("flowtrial.proxy")
 
 
-@dataclass(slots=True)
-class CycleRecord:
-    """What one request did, filled in as it happens."""
+#: ``cycles`` columns that :meth:`CycleRecord.row` computes (or the recorder sets:
+#: ``recorded_by``). Every other column is a :class:`CycleRecord` field of the same name,
+#: made from the table's own declaration (``study/schema.py``: name, type, default) and
+#: stored as it is: a new such column is declared in the schema (and its migration) only.
+_COMPUTED = frozenset({
+    "shaped", "target_ttft_ms", "target_tps", "target_jitter", "target_delivery",
+    "experienced_ttft_ms", "generation_wait_ms", "achieved_tps", "violation", "violation_ms",
+    "tokens_prompt", "tokens_completion", "usage_exact", "prompt_fingerprint",
+    "content_fingerprint", "prompt_text", "content_text", "content_chars", "recorded_by"})
+#: Where a record starts other than at its column's default (the relay fills them in).
+_STARTS: dict[str, Any] = {"arm": "", "tokens_sent": 0}
 
-    id: str
-    participant_id: str
-    protocol: str
-    stream: bool
-    model: str | None  # as the client asked
-    upstream: str
-    mono_anchor_ns: int
-    wall_anchor_ns: int
-    t_request_ns: int
-    started_at: datetime
-    simulated: bool = False
-    prompt_text: str = ""
-    arm: str = ""
-    period: int | None = None
-    task_id: int | None = None
+
+@dataclass(slots=True, kw_only=True)
+class _RecordCore:
+    """What a cycle record holds beyond its stored columns, and how it becomes a row."""
+
+    prompt_text: str = ""  # the person's prompt, stored per ``capture`` (row())
     target: Target | None = None
-    draw_json: str | None = None
-    transport: str = "http"
-    turn: int = 1
-    connection_id: str | None = None
-    upstream_response_id: str | None = None
-    t_upstream_first_ns: int | None = None
-    t_first_sent_ns: int | None = None
-    t_last_sent_ns: int | None = None
-    t_done_ns: int | None = None
     first_late_ns: int | None = None  # first output token: written − due
     last_late_ns: int | None = None  # last output token written so far: written − due
-    tokens_sent: int = 0
-    frame_ms: float | None = None  # delivery granularity: 0 per token, None not paced
     usage: dict[str, Any] | None = None
-    tool_calls: int = 0
-    status: str = "ok"
-    http_status: int | None = None
-    error: str | None = None
     content_parts: list[str] = field(default_factory=list)
-    # Agent turns (set by the turn tracker at arrival; docs/concepts/turns.md).
-    request_kind: str | None = None
-    kind_rule: str | None = None
-    turn_id: str | None = None
-    conversation_key: str | None = None
-    client: str | None = None  # the agent's name (instrumentation/turns/clients.py)
-    client_sdk: str | None = None
-    input_key: str | None = None  # hash of the new user text (a revision compares it)
-    offers_tools: bool | None = None
-    revised_from: str | None = None  # the kind and rule a later request's revision replaced
-    t_upstream_last_ns: int | None = None  # the upstream's last event reached the proxy
-    t_upstream_first_output_ns: int | None = None  # ... its first text or tool call
-    served_model: str | None = None  # the model the arm had the upstream serve instead
 
-    def sent(self, t_ns: int, first_due: int | None, last_due: int | None) -> None:
-        """Output tokens due at ``first_due``..``last_due`` were written at ``t_ns``."""
-        if self.t_first_sent_ns is None:
-            self.t_first_sent_ns = t_ns
-            if first_due is not None:
-                self.first_late_ns = t_ns - first_due
-        self.t_last_sent_ns = t_ns
-        if last_due is not None:
-            self.last_late_ns = t_ns - last_due
 
-    def row(self, capture: str) -> dict[str, Any]:
-        """The ``cycles`` row; content per the study's ``capture.content``."""
-        t0 = self.t_request_ns
-        ttft = wait = tps = None
-        if self.t_first_sent_ns is not None:
-            ttft = (self.t_first_sent_ns - t0) / 1e6
-        if self.t_last_sent_ns is not None:
-            wait = (self.t_last_sent_ns - t0) / 1e6
-            span = self.t_last_sent_ns - (self.t_first_sent_ns or self.t_last_sent_ns)
-            if span > 0 and self.tokens_sent > 1:
-                tps = (self.tokens_sent - 1) / (span / 1e9)
-        prompt_tok, completion_tok = ProtocolAdapter.usage_counts(self.usage)
-        exact = completion_tok is not None
-        target = self.target
-        violation_ms = None
-        lates = [x for x in (self.first_late_ns, self.last_late_ns) if x is not None]
-        if target is not None and lates:
-            violation_ms = max(0.0, max(lates) / 1e6)
-        content, bad_content = storable("".join(self.content_parts))
-        # Not scanned when not stored: a 10 MB prompt's scan holds the GIL (and the loop).
-        prompt, bad_prompt = (storable(self.prompt_text) if capture != "none"
-                              else ("", False))
-        # Every field that has a column of its name is stored as it is (a new such column is
-        # declared in the schema and here, nothing more); the rest are computed.
-        row: dict[str, Any] = {name: getattr(self, name) for name in _COPIED}
-        row.update({
-            "t_request_ns": t0,
-            "shaped": target is not None,
-            "target_ttft_ms": target.ttft_ms if target else None,
-            "target_tps": target.tokens_per_second if target else None,
-            "target_jitter": target.jitter if target else None,
-            "target_delivery": target.delivery if target else None,
-            "experienced_ttft_ms": ttft,
-            "generation_wait_ms": wait,
-            "achieved_tps": tps,
-            "violation": violation_ms is not None and violation_ms > VIOLATION_TOLERANCE_MS,
-            "violation_ms": violation_ms,
-            "tokens_prompt": prompt_tok,
-            "tokens_completion": completion_tok if exact else self.tokens_sent,
-            "usage_exact": exact,
-            "prompt_fingerprint": None,
-            "content_fingerprint": None,
-            "prompt_text": None,
-            "content_text": None,
-            "content_chars": len(content),
-        })
-        replaced = [name for name, bad in (("prompt", bad_prompt), ("content", bad_content))
-                    if bad and capture != "none"]
-        if capture in ("fingerprint", "full"):
-            row["prompt_fingerprint"] = fingerprint_json(prompt)
-            row["content_fingerprint"] = fingerprint_json(content)
-        if capture == "full":
-            row["prompt_text"] = prompt
-            row["content_text"] = content
-        if capture == "none":
-            row["content_chars"] = None
-        for key, value in row.items():
-            if isinstance(value, str) and key not in ("prompt_text", "content_text"):
-                row[key], bad = storable(value)
-                if bad and key != "error":
-                    replaced.append(key)
-        if replaced:  # flagged where the analyst reads what went wrong with a cycle
-            note = (f"{TEXT_REPLACED_FLAG}: {', '.join(replaced)} had text that cannot be "
-                    "stored (lone UTF-16 surrogates or NUL), kept with U+FFFD in its place")
-            row["error"] = f"{row['error']}; {note}" if row["error"] else note
-        return row
+# CycleRecord's methods: defined here because the class itself is made from the table below.
+def _sent(self: CycleRecord, t_ns: int, first_due: int | None, last_due: int | None) -> None:
+    """Output tokens due at ``first_due``..``last_due`` were written at ``t_ns``."""
+    if self.t_first_sent_ns is None:
+        self.t_first_sent_ns = t_ns
+        if first_due is not None:
+            self.first_late_ns = t_ns - first_due
+    self.t_last_sent_ns = t_ns
+    if last_due is not None:
+        self.last_late_ns = t_ns - last_due
 
+
+def _row(self: CycleRecord, capture: str) -> dict[str, Any]:
+    """The ``cycles`` row; content per the study's ``capture.content``."""
+    t0 = self.t_request_ns
+    ttft = wait = tps = None
+    if self.t_first_sent_ns is not None:
+        ttft = (self.t_first_sent_ns - t0) / 1e6
+    if self.t_last_sent_ns is not None:
+        wait = (self.t_last_sent_ns - t0) / 1e6
+        span = self.t_last_sent_ns - (self.t_first_sent_ns or self.t_last_sent_ns)
+        sent = self.tokens_sent or 0
+        if span > 0 and sent > 1:
+            tps = (sent - 1) / (span / 1e9)
+    prompt_tok, completion_tok = ProtocolAdapter.usage_counts(self.usage)
+    exact = completion_tok is not None
+    target = self.target
+    violation_ms = None
+    lates = [x for x in (self.first_late_ns, self.last_late_ns) if x is not None]
+    if target is not None and lates:
+        violation_ms = max(0.0, max(lates) / 1e6)
+    content, bad_content = storable("".join(self.content_parts))
+    # Not scanned when not stored: a 10 MB prompt's scan holds the GIL (and the loop).
+    prompt, bad_prompt = storable(self.prompt_text) if capture != "none" else ("", False)
+    # Every column field is stored as it is; the rest are computed here.
+    row: dict[str, Any] = {name: getattr(self, name) for name in _COPIED}
+    row.update({
+        "t_request_ns": t0,
+        "shaped": target is not None,
+        "target_ttft_ms": target.ttft_ms if target else None,
+        "target_tps": target.tokens_per_second if target else None,
+        "target_jitter": target.jitter if target else None,
+        "target_delivery": target.delivery if target else None,
+        "experienced_ttft_ms": ttft,
+        "generation_wait_ms": wait,
+        "achieved_tps": tps,
+        "violation": violation_ms is not None and violation_ms > VIOLATION_TOLERANCE_MS,
+        "violation_ms": violation_ms,
+        "tokens_prompt": prompt_tok,
+        "tokens_completion": completion_tok if exact else self.tokens_sent,
+        "usage_exact": exact,
+        "prompt_fingerprint": None,
+        "content_fingerprint": None,
+        "prompt_text": None,
+        "content_text": None,
+        "content_chars": len(content),
+    })
+    replaced = [name for name, bad in (("prompt", bad_prompt), ("content", bad_content))
+                if bad and capture != "none"]
+    if capture in ("fingerprint", "full"):
+        row["prompt_fingerprint"] = fingerprint_json(prompt)
+        row["content_fingerprint"] = fingerprint_json(content)
+    if capture == "full":
+        row["prompt_text"] = prompt
+        row["content_text"] = content
+    if capture == "none":
+        row["content_chars"] = None
+    for key, value in row.items():
+        if isinstance(value, str) and key not in ("prompt_text", "content_text"):
+            row[key], bad = storable(value)
+            if bad and key != "error":
+                replaced.append(key)
+    if replaced:  # flagged where the analyst reads what went wrong with a cycle
+        note = (f"{TEXT_REPLACED_FLAG}: {', '.join(replaced)} had text that cannot be "
+                "stored (lone UTF-16 surrogates or NUL), kept with U+FFFD in its place")
+        row["error"] = f"{row['error']}; {note}" if row["error"] else note
+    return row
+
+
+def _column_fields() -> list[tuple[str, Any, Any]]:
+    """(name, type, field) of each stored-as-is column, from the ``cycles`` table."""
+    out = []
+    for name, info in Cycle.model_fields.items():
+        if name in _COMPUTED:
+            continue
+        if name in _STARTS:
+            default = field(default=_STARTS[name])
+        elif info.is_required():
+            default = field()
+        else:
+            default = field(default=info.default)
+        out.append((name, info.annotation, default))
+    return out
+
+
+if TYPE_CHECKING:  # the columns' names and types are the table's (one declaration)
+    # (ignore: prompt_text is ``str`` here, the text the row's ``prompt_text`` is made from)
+    class CycleRecord(_RecordCore, Cycle):  # type: ignore[misc]
+        """What one request did, filled in as it happens."""
+
+        sent = _sent
+        row = _row
+else:
+    # One flat class (no base at run time): its attribute reads stay as fast as a plain
+    # dataclass's on the proxy's hot path.
+    CycleRecord = make_dataclass(
+        "CycleRecord", [(f.name, f.type, f) for f in fields(_RecordCore)] + _column_fields(),
+        slots=True, kw_only=True,
+        namespace={"__module__": __name__, "sent": _sent, "row": _row,
+                   "__doc__": "What one request did, filled in as it happens: a field per "
+                              "stored-as-is ``cycles`` column, plus :class:`_RecordCore`."})
 
 #: The ``cycles`` columns a CycleRecord field of the same name fills as it is.
-_COPIED = tuple(c.name for c in Cycle.__table__.columns  # type: ignore[attr-defined]
-                if c.name in CycleRecord.__slots__ and c.name not in (
-                    "prompt_text",))
+_COPIED = tuple(name for name, _, _ in _column_fields())
 
 #: Lone UTF-16 surrogates (JSON's "\udfff" decodes to one; no encoding can store it) and NUL
 #: (PostgreSQL text cannot hold it).

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..proxy.protocols import RequestInfo, read_view
-from ..proxy.protocols.base import Ends
+from ..proxy.protocols.view import Ends
 from .clients import client_name
 from .followups import faster_than_typing
 

@@ -102,6 +102,32 @@ def test_claude_code_bearer_token_passes_through(
     assert outbound_trap.attempts == []
 
 
+def test_claude_code_login_session_passes_through(
+        claude_bin: Path, workdir: Path, agent_env: dict[str, str], passthrough: Any,
+        outbound_trap: OutboundTrap) -> None:
+    """A ``/login`` session as Claude Code stores it on Linux (``~/.claude/.credentials.json``,
+    ``claudeAiOauth``; on macOS the same object is in the keychain): its OAuth access token
+    reaches the upstream as ``Authorization: Bearer``, with no token variable set."""
+    url, key, gate, rows = passthrough
+    folder = Path(agent_env["HOME"]) / ".claude"
+    folder.mkdir()
+    (folder / ".credentials.json").write_text(json.dumps({"claudeAiOauth": {
+        "accessToken": OWN, "refreshToken": "rt-flowtrial-fake",
+        "expiresAt": int(time.time() + 30 * 86400) * 1000,
+        "scopes": ["user:inference", "user:profile"], "subscriptionType": "pro"}}),
+        encoding="utf-8")
+    env = agent_env | claude_env(url, key)
+    del env["ANTHROPIC_API_KEY"]
+    env["ANTHROPIC_CUSTOM_HEADERS"] = f"x-flowtrial-key: {key}"
+    result = run_agent([claude_bin, "-p", PROMPT, "--model", MODEL,
+                        "--no-session-persistence"], env, workdir)
+    _check(result, gate, rows, "messages")
+    assert all(r.get("authorization") == f"Bearer {OWN}" for r in gate.seen)
+    # Unlike a token in a variable, a stored session makes Claude Code contact
+    # api.anthropic.com itself beside the model calls (the trap sees only CONNECT, not what).
+    assert {a.split()[1] for a in outbound_trap.attempts} <= {"api.anthropic.com:443"}
+
+
 def test_codex_own_key_passes_through(
         codex_bin: Path, workdir: Path, agent_env: dict[str, str], passthrough: Any,
         outbound_trap: OutboundTrap, tmp_path: Path) -> None:

@@ -163,6 +163,25 @@ async def test_stop_sequences_cut_the_answer() -> None:
     assert msg["stop_reason"] == "stop_sequence" and msg["stop_sequence"] == "\n"
 
 
+async def test_gemini_limits_in_either_spelling() -> None:
+    """Google's JSON takes camelCase and snake_case (google-genai sends the latter): the
+    simulated model reads both, through the Gemini protocol module's view."""
+    model = MockModel(**FAST)
+    contents = [{"role": "user", "parts": [{"text": "explain"}]}]
+    path = "/v1beta/models/flowtrial-sim-1:generateContent"
+    _, _, raw = await post(model, path, {"contents": contents})
+    full = json.loads(raw)["candidates"][0]["content"]["parts"][0]["text"]
+    for config in ({"maxOutputTokens": 5}, {"max_output_tokens": 5}):
+        _, _, raw = await post(model, path, {"contents": contents, "generationConfig": config})
+        answer = json.loads(raw)
+        assert answer["candidates"][0]["finishReason"] == "MAX_TOKENS"
+        assert answer["usageMetadata"]["candidatesTokenCount"] == 5
+    _, _, raw = await post(model, path, {"contents": contents,
+                                         "generation_config": {"stop_sequences": ["\n"]}})
+    cut = json.loads(raw)["candidates"][0]["content"]["parts"][0]["text"]
+    assert "\n" in full and cut == full[: full.index("\n", 1)]
+
+
 # ------------------------------------------------------------------ inline completion
 
 

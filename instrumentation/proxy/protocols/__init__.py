@@ -18,6 +18,7 @@ from .base import (
     openai_error,
 )
 from .chat import ChatAdapter
+from .checks import BadRequest, decode_json
 from .completions import CompletionsAdapter
 from .gemini import GeminiAdapter
 from .messages import MessagesAdapter
@@ -25,6 +26,9 @@ from .responses import ResponsesAdapter, ResponsesSocketAdapter
 
 __all__ = [
     "ADAPTERS",
+    "BadRequest",
+    "decode_json",
+    "read_checked",
     "BY_NAME",
     "FAMILIES",
     "Family",
@@ -97,3 +101,17 @@ def read_view(protocol: str, body: dict[str, Any],
     if url_params:
         adapter.url_params = url_params
     return adapter.read_request(body)
+
+
+def read_checked(protocol: str, body: dict[str, Any],
+                 url_params: dict[str, str] | None = None) -> RequestInfo:
+    """The view of a request a server of ``protocol`` accepts; a body its servers refuse
+    raises :class:`BadRequest` (what the simulated model answers in the protocol's shape)."""
+    adapter = BY_NAME[protocol]()
+    if url_params:
+        adapter.url_params = url_params
+    try:
+        adapter.validate(body)
+        return adapter.read_request(body)
+    except RecursionError:  # content nested deeper than the stack: the client's fault
+        raise BadRequest("The request is nested too deeply.", code="invalid_value") from None

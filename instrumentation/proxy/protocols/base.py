@@ -15,13 +15,14 @@ a transport needs is a method here (``keepalive``, ``error_event``, ``error_body
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar
+
+from .view import RequestInfo, ToolSpec, dicts, loose_text, text_of_content
 
 try:
     import orjson as _orjson
@@ -170,48 +171,6 @@ class Classified:
     error: str | None = None
 
 
-Ends = Literal["user_text", "tool_output", "assistant", "empty"]
-
-
-class ToolSpec(NamedTuple):
-    """One function tool a request offers."""
-
-    name: str
-    description: str
-    schema: dict[str, Any]
-
-
-def tool_spec(name: str, description: Any, schema: Any) -> ToolSpec:
-    """A :class:`ToolSpec` from a protocol's fields (a bad description or schema reads as
-    empty)."""
-    return ToolSpec(name, description if isinstance(description, str) else "",
-                    schema if isinstance(schema, dict) else {})
-
-
-@dataclass(slots=True)
-class RequestInfo:
-    """One request, read once by its protocol module into the view every reader shares: the
-    relay (stream flag, model), the request classifier (``turns/classify.py``: what the input
-    ends with, tools, conversation) and the simulated model's tool steps (tools offered, tool
-    calls since the person's last message). Tolerant: a field of the wrong shape reads as
-    absent (classification runs before the upstream sees the body)."""
-
-    stream: bool
-    model: str | None
-    prompt_text: str
-    ends: Ends = "user_text"  # what the input ends with (the person's text, tool output …)
-    ends_how: str = ""  # the wire-level reason (``chat:tool_message`` …)
-    conversation_key: str | None = None  # hash of the system prompt and first user text
-    offers_tools: bool = False
-    #: Each function tool offered: name, description, JSON schema of its arguments.
-    tools: tuple[ToolSpec, ...] = ()
-    tool_calls_since_person: int = 0  # model tool calls after the person's last message
-    has_person: bool = True  # the input holds a message from the person at all
-    max_tokens: int | None = None
-    structured: bool = False  # asks for JSON (schema) output
-    previous_response_id: str | None = None
-
-
 @dataclass(frozen=True, slots=True)
 class Family:
     """How an upstream of one API family is addressed: the proxy path → the upstream's
@@ -236,45 +195,6 @@ class Family:
 
 
 OPENAI = Family("openai", "authorization", bearer=True, strip_version=True)
-
-
-def dicts(items: Any) -> list[dict[str, Any]]:
-    """The objects of a list field; any other shape (a number, a string, null) reads as
-    empty."""
-    return [m for m in items if isinstance(m, dict)] if isinstance(items, list) else []
-
-
-def loose_text(content: Any) -> str:
-    """All text of a content value of any protocol (strings, parts, nested ``text``)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(loose_text(part) for part in content)
-    if isinstance(content, dict):
-        for key in ("text", "content"):
-            if key in content:
-                return loose_text(content[key])
-    return ""
-
-
-def conversation_key(*parts: str) -> str | None:
-    """The conversation identity: a short hash of its fixed parts (None if all empty)."""
-    if not any(parts):
-        return None
-    h = hashlib.blake2b(digest_size=8)
-    for part in parts:
-        h.update(part.encode("utf-8", "replace"))
-        h.update(b"\x00")
-    return h.hexdigest()
-
-
-def first_int(body: dict[str, Any], *names: str) -> int | None:
-    return next((v for k in names if isinstance(v := body.get(k), int)
-                 and not isinstance(v, bool)), None)
-
-
-def is_json_spec(spec: Any) -> bool:
-    return isinstance(spec, dict) and spec.get("type") in ("json_schema", "json_object")
 
 
 @dataclass(slots=True)
@@ -327,43 +247,12 @@ def json_of(ev: SSEEvent) -> Any:
         return None
 
 
-def request_info(body: dict[str, Any], prompt_text: str, **fields: Any) -> RequestInfo:
-    """What every protocol reads of a request (the stream flag, the model, the prompt text,
-    the tools, the token limit) plus the protocol's own ``fields``."""
-    model = body.get("model")
-    tools = body.get("tools")
-    fields.setdefault("max_tokens", first_int(
-        body, "max_tokens", "max_completion_tokens", "max_output_tokens"))
-    return RequestInfo(
-        stream=body.get("stream") is True,
-        model=model if isinstance(model, str) else None,
-        prompt_text=prompt_text,
-        offers_tools=bool(tools) and isinstance(tools, list),
-        **fields,
-    )
-
-
 def openai_error_message(obj: dict[str, Any]) -> str:
     """The message of an OpenAI ``{"error": ...}`` object (or the whole object as text)."""
     err = obj.get("error")
     if isinstance(err, dict) and isinstance(err.get("message"), str):
         return err["message"]
     return str(err)
-
-
-def text_of_content(content: Any) -> str:
-    """Text of a message's content: a string, or a list of text parts of any protocol."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-        return "\n".join(parts)
-    return ""
 
 
 def field_template(raw: bytes, key: str, value: str) -> tuple[bytes, bytes] | None:
@@ -415,9 +304,19 @@ class ProtocolAdapter:
     renumbers: ClassVar[bool] = False
 
     # -- request -----------------------------------------------------------------------
+    def validate(self, body: dict[str, Any]) -> None:
+        """Refuse a body the protocol's servers refuse (:class:`~.checks.BadRequest`, in their
+        words); the proxy leaves that to its upstream, the simulated model calls it."""
+
     def read_request(self, body: dict[str, Any]) -> RequestInfo:
         """The request's view (:class:`RequestInfo`); ``url_params`` may add to the body."""
         raise NotImplementedError
+
+    def model_answers(self, body: dict[str, Any]) -> list[str]:
+        """The texts of the model's earlier answers the request carries (its conversation's
+        assistant turns), read only on demand (the simulated model's scripts)."""
+        return [loose_text(m.get("content")) for m in dicts(body.get("messages"))
+                if m.get("role") == "assistant"]
 
     def upstream_path(self, path: str, query: str) -> str:
         """The path (and query) the upstream is asked, for the client's ``path``."""

@@ -14,13 +14,25 @@ from .base import (
     Classified,
     Kind,
     OpenAIChunkAdapter,
-    RequestInfo,
     SSEEvent,
-    conversation_key,
-    dicts,
     dumps,
     exact_obj,
-    is_json_spec,
+)
+from .checks import (
+    BadRequest,
+    flag,
+    positive_int,
+    require_list,
+    require_model,
+    stop_list,
+    stops_or_none,
+)
+from .view import (
+    RequestInfo,
+    conversation_key,
+    dicts,
+    first_int,
+    json_schema_of,
     loose_text,
     request_info,
     text_of_content,
@@ -44,6 +56,17 @@ class ChatAdapter(OpenAIChunkAdapter):
     name = "chat"
     path = "/v1/chat/completions"
 
+    def validate(self, body: dict[str, Any]) -> None:
+        require_model(body)
+        for i, message in enumerate(require_list(body, "messages")):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise BadRequest(
+                    f"Invalid 'messages[{i}]': each message must be an object with a 'role'.",
+                    param=f"messages[{i}]", code="invalid_type")
+        flag(body, "stream")
+        positive_int(body, "max_completion_tokens", "max_tokens")
+        stop_list(body.get("stop"), "stop")
+
     def read_request(self, body: dict[str, Any]) -> RequestInfo:
         messages = dicts(body.get("messages"))
         system = [loose_text(m.get("content")) for m in messages if m.get("role") in _SYSTEM]
@@ -65,7 +88,10 @@ class ChatAdapter(OpenAIChunkAdapter):
                         and isinstance(fn.get("name"), str)),
             tool_calls_since_person=sum(1 for m in messages[last + 1:]
                                         if m.get("role") == "assistant" and m.get("tool_calls")),
-            has_person=last >= 0, structured=is_json_spec(body.get("response_format")))
+            has_person=last >= 0, system_text="\n".join(system),
+            max_tokens=first_int(body, "max_completion_tokens", "max_tokens"),
+            stop=stops_or_none(body.get("stop")), parts=(messages,),
+            schema=json_schema_of(body.get("response_format"), nested=True))
 
     def classify_choices(
         self, choices: list[Any], usage: dict[str, Any] | None, rid: str | None,

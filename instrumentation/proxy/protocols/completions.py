@@ -14,10 +14,13 @@ from .base import (
     Classified,
     Kind,
     OpenAIChunkAdapter,
-    RequestInfo,
     SSEEvent,
     dumps,
     exact_obj,
+)
+from .checks import BadRequest, flag, positive_int, require_model, stop_list, stops_or_none
+from .view import (
+    RequestInfo,
     request_info,
 )
 
@@ -34,12 +37,33 @@ class CompletionsAdapter(OpenAIChunkAdapter):
     name = "completions"
     path = "/v1/completions"
 
+    def validate(self, body: dict[str, Any]) -> None:
+        require_model(body)
+        prompt = body.get("prompt")
+        if prompt is None:
+            raise BadRequest("Missing required parameter: 'prompt'.", param="prompt",
+                             code="missing_required_parameter")
+        if not isinstance(prompt, str) and not (
+                isinstance(prompt, list) and all(isinstance(p, str) for p in prompt)):
+            raise BadRequest("'prompt' must be a string or an array of strings.",
+                             param="prompt", code="invalid_type")
+        if body.get("suffix") is not None and not isinstance(body["suffix"], str):
+            raise BadRequest("'suffix' must be a string.", param="suffix", code="invalid_type")
+        flag(body, "stream")
+        positive_int(body, "max_tokens")
+        stop_list(body.get("stop"), "stop")
+
     def read_request(self, body: dict[str, Any]) -> RequestInfo:
         text = _prompt_text(body.get("prompt"))
         suffix = body.get("suffix")
         if isinstance(suffix, str) and suffix:
             text = f"{text}\n{suffix}"
-        return request_info(body, text, ends_how="completions:prompt")
+        return request_info(body, text, ends_how="completions:prompt",
+                            stop=stops_or_none(body.get("stop")),
+                            parts=(body.get("prompt"), body.get("suffix")))
+
+    def model_answers(self, body: dict[str, Any]) -> list[str]:
+        return []  # a prompt, no conversation
 
     def classify_choices(
         self, choices: list[Any], usage: dict[str, Any] | None, rid: str | None,

@@ -25,18 +25,21 @@ from urllib.parse import parse_qsl, quote, urlencode
 from .base import (
     BodyInfo,
     Classified,
-    Ends,
     Family,
     Kind,
     ProtocolAdapter,
-    RequestInfo,
     SSEEvent,
-    ToolSpec,
-    conversation_key,
-    dicts,
     dumps,
     exact_obj,
     json_of,
+)
+from .checks import BadRequest, stops_or_none
+from .view import (
+    Ends,
+    RequestInfo,
+    ToolSpec,
+    conversation_key,
+    dicts,
     tool_spec,
 )
 
@@ -112,6 +115,15 @@ def function_declarations(body: dict[str, Any]) -> list[ToolSpec]:
     return out
 
 
+def _schema(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema ``generationConfig`` asks for ({} = any JSON), None for text."""
+    if field(config, "responseMimeType") != "application/json":
+        return None
+    spec = field(config, "responseJsonSchema")
+    spec = field(config, "responseSchema") if spec is None else spec
+    return spec if isinstance(spec, dict) else {}
+
+
 class GeminiAdapter(ProtocolAdapter):
     name = "gemini"
     path = "/v1beta/models/{model}:generateContent"
@@ -128,6 +140,15 @@ class GeminiAdapter(ProtocolAdapter):
         self.finished = False  # a chunk with finishReason was seen
 
     # -- request ---------------------------------------------------------------------------
+    def validate(self, body: dict[str, Any]) -> None:
+        contents = body.get("contents")
+        if not isinstance(contents, list) or not contents:
+            raise BadRequest("* GenerateContentRequest.contents: contents is not specified",
+                             param="contents")
+        if not all(isinstance(c, dict) and isinstance(c.get("parts"), list) for c in contents):
+            raise BadRequest("Invalid JSON payload: each content needs 'parts' (a list)",
+                             param="contents")
+
     def read_request(self, body: dict[str, Any]) -> RequestInfo:
         contents = dicts(body.get("contents"))
         system = _text_of(field(body, "systemInstruction"))
@@ -166,7 +187,15 @@ class GeminiAdapter(ProtocolAdapter):
             max_tokens=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
             structured=field(config, "responseMimeType") == "application/json"
             and not tools,
+            system_text=system,
+            stop=stops_or_none(field(config, "stopSequences")),
+            schema=_schema(config),
+            parts=(field(body, "systemInstruction"), body.get("contents")),
+            tool_defs=body.get("tools"),
         )
+
+    def model_answers(self, body: dict[str, Any]) -> list[str]:
+        return [_text_of(c) for c in dicts(body.get("contents")) if c.get("role") == "model"]
 
     def upstream_path(self, path: str, query: str) -> str:
         """The client's path with its ``key`` dropped from the query (the credential goes as

@@ -27,14 +27,17 @@ from .base import (
     Family,
     Kind,
     ProtocolAdapter,
-    RequestInfo,
     SSEEvent,
-    conversation_key,
-    dicts,
     dumps,
     exact_obj,
-    is_json_spec,
     json_of,
+)
+from .checks import BadRequest, stop_list, stops_or_none
+from .view import (
+    RequestInfo,
+    conversation_key,
+    dicts,
+    json_schema_of,
     loose_text,
     request_info,
     text_of_content,
@@ -48,6 +51,8 @@ ANTHROPIC = Family("anthropic", "x-api-key",
                    default_headers=(("anthropic-version", ANTHROPIC_VERSION),))
 
 _TOOL_BLOCKS = {"tool_use", "server_tool_use", "mcp_tool_use"}
+# "system" turns inside `messages`: Claude Code sends them (mid-conversation-system beta).
+_ROLES = ("user", "assistant", "system")
 _RESULT_BLOCKS = ("tool_result", "mcp_tool_result")
 
 
@@ -101,6 +106,37 @@ class MessagesAdapter(ProtocolAdapter):
     def __init__(self) -> None:
         self._usage: dict[str, Any] = {}
 
+    def validate(self, body: dict[str, Any]) -> None:
+        """Anthropic's checks (its pydantic-style messages); ``count_tokens`` (the method of
+        ``/v1/messages/count_tokens``) needs neither messages nor ``max_tokens``."""
+        if "model" not in body:
+            raise BadRequest("model: Field required", param="model")
+        if not isinstance(body["model"], str) or not body["model"]:
+            raise BadRequest("model: Input should be a valid string", param="model")
+        messages = body.get("messages")
+        if messages is None:
+            raise BadRequest("messages: Field required", param="messages")
+        if not isinstance(messages, list):
+            raise BadRequest("messages: Input should be a valid list", param="messages")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") not in _ROLES:
+                raise BadRequest(f"messages.{i}.role: Input should be 'user', 'assistant' or "
+                                 "'system'", param="messages")
+        if body.get("system") is not None and not isinstance(body["system"], str | list):
+            raise BadRequest("system: Input should be a valid string or list", param="system")
+        if self.url_params.get("method") == "count_tokens":
+            return
+        if not messages:
+            raise BadRequest("messages: at least one message is required", param="messages")
+        if "max_tokens" not in body:
+            raise BadRequest("max_tokens: Field required", param="max_tokens")
+        limit = body["max_tokens"]
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise BadRequest("max_tokens: Input should be an integer >= 1", param="max_tokens")
+        if not isinstance(body.get("stream", False), bool):
+            raise BadRequest("stream: Input should be a valid boolean", param="stream")
+        stop_list(body.get("stop_sequences"), "stop_sequences")
+
     def read_request(self, body: dict[str, Any]) -> RequestInfo:
         messages = dicts(body.get("messages"))
         first_user = next((loose_text(m.get("content")) for m in messages
@@ -119,17 +155,23 @@ class MessagesAdapter(ProtocolAdapter):
         last = max((i for i, m in enumerate(messages) if m.get("role") == "user"
                     and not _has_block(m, ("tool_result",))), default=-1)
         config = body.get("output_config")
-        spec = config.get("format") if isinstance(config, dict) else body.get("output_format")
+        spec = config.get("format") if isinstance(config, dict) else None
+        # `output_format` is the earlier (beta) spelling of the same parameter.
+        spec = body.get("output_format") if spec is None else spec
+        system = loose_text(body.get("system"))
         return request_info(
             body, _last_user_text(body.get("messages")), ends=ends, ends_how=f"messages:{how}",
-            conversation_key=conversation_key(loose_text(body.get("system")), first_user),
+            conversation_key=conversation_key(system, first_user),
             tools=tuple(tool_spec(t["name"], t.get("description"), t.get("input_schema"))
                         for t in dicts(body.get("tools"))
                         if isinstance(t.get("name"), str) and "input_schema" in t),
             tool_calls_since_person=sum(1 for m in messages[last + 1:]
                                         if m.get("role") == "assistant"
                                         and _has_block(m, ("tool_use",))),
-            has_person=last >= 0, structured=is_json_spec(spec))
+            has_person=last >= 0, system_text=system,
+            stop=stops_or_none(body.get("stop_sequences")),
+            parts=(body.get("system"), body.get("messages")),
+            schema=json_schema_of(spec))
 
     def classify(self, ev: SSEEvent) -> Classified:
         obj = json_of(ev)

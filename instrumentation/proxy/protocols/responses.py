@@ -26,19 +26,23 @@ from .base import (
     Classified,
     Kind,
     ProtocolAdapter,
-    RequestInfo,
     SSEEvent,
-    conversation_key,
-    dicts,
     dumps,
     exact_obj,
     field_template,
-    is_json_spec,
     json_of,
     json_str,
+    split_on_field,
+)
+from .checks import BadRequest, flag, positive_int, require_model
+from .view import (
+    RequestInfo,
+    conversation_key,
+    dicts,
+    first_int,
+    json_schema_of,
     loose_text,
     request_info,
-    split_on_field,
     text_of_content,
     tool_spec,
 )
@@ -100,6 +104,23 @@ class ResponsesAdapter(ProtocolAdapter):
         self.offset = 0  # how many events splitting has inserted so far
         self.next_seq = 0  # the sequence number the next event we emit must carry
 
+    def validate(self, body: dict[str, Any]) -> None:
+        require_model(body)
+        items = body.get("input")
+        if items is not None and not isinstance(items, str | list):
+            raise BadRequest("'input' must be a string or an array.", param="input")
+        if body.get("instructions") is not None and not isinstance(body["instructions"],
+                                                                     str | list):
+            raise BadRequest("'instructions' must be a string.", param="instructions")
+        previous = body.get("previous_response_id")
+        if previous is not None and not isinstance(previous, str):
+            raise BadRequest("'previous_response_id' must be a string.",
+                             param="previous_response_id")
+        if isinstance(items, list) and any(not isinstance(i, dict | str) for i in items):
+            raise BadRequest("Each 'input' item must be an object.", param="input")
+        flag(body, "stream")
+        positive_int(body, "max_output_tokens")
+
     def read_request(self, body: dict[str, Any]) -> RequestInfo:
         items = body.get("input")
         listed: list[Any] = [] if items is None else [items] if isinstance(items, str) else (
@@ -136,8 +157,14 @@ class ResponsesAdapter(ProtocolAdapter):
                         if t.get("type") == "function" and isinstance(t.get("name"), str)),
             tool_calls_since_person=sum(1 for i in listed[person + 1:] if isinstance(i, dict)
                                         and i.get("type") in _CALL_ITEMS),
-            has_person=person >= 0, previous_response_id=previous,
-            structured=is_json_spec(text.get("format") if isinstance(text, dict) else None))
+            has_person=person >= 0, previous_response_id=previous, system_text=system,
+            max_tokens=first_int(body, "max_output_tokens"),
+            parts=(body.get("instructions"), items),
+            schema=json_schema_of(text.get("format") if isinstance(text, dict) else None))
+
+    def model_answers(self, body: dict[str, Any]) -> list[str]:
+        return [loose_text(i.get("content")) for i in dicts(body.get("input"))
+                if i.get("role") == "assistant"]
 
     def classify(self, ev: SSEEvent) -> Classified:
         obj = json_of(ev)
