@@ -22,7 +22,7 @@ import logging
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..turns.followups import input_key
@@ -59,6 +59,16 @@ def parse_request(protocol: str, url_params: dict[str, str] | None, body: bytes)
     if not isinstance(obj, dict):
         return Parsed(None, error="must be a JSON object")
     return Parsed(read_view(protocol, obj, url_params), input_key(protocol, obj))
+
+
+def parse_away(protocol: str, url_params: dict[str, str] | None, body: bytes) -> Parsed:
+    """:func:`parse_request` in the parse process: the view without the conversation's parts
+    and tool definitions (the simulated model's; the proxy reads neither), so what comes back
+    is a few objects, not one per message (unpickling those would hold the loop's GIL)."""
+    parsed = parse_request(protocol, url_params, body)
+    if parsed.view is None:
+        return parsed
+    return Parsed(replace(parsed.view, parts=(), tool_defs=None), parsed.input_key)
 
 
 def with_model(protocol: str, url_params: dict[str, str] | None, path: str, body: bytes,
@@ -102,7 +112,7 @@ class BodyParser:
         """The body's view (raises :class:`ParseBusy` when too many large ones wait)."""
         if len(body) < self.off_loop_bytes:
             return parse_request(protocol, url_params, body)
-        result: Parsed = await self._offload(parse_request, protocol, url_params, body)
+        result: Parsed = await self._offload(parse_away, protocol, url_params, body)
         return result
 
     async def with_model(self, protocol: str, url_params: dict[str, str] | None, path: str,
