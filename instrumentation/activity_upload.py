@@ -24,9 +24,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, select
-from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.schema import Event
@@ -34,21 +33,14 @@ from flowtrial.study.storage import Database, WriteBatch
 
 from .activitywatch import SOURCE, ActivityWatchError, participant_working_apps
 from .aw_sync import POLICY_PATH, UPLOAD_PATH, capture_policy
-from .proxy.ingest import IngestBusy, ingest_of
+from .proxy.hooks import Call, guarded_route
+from .proxy.ingest import ingest_of
 from .proxy.ingest_jobs import activity_job
-from .proxy.responses import error, json_response, proxy_state, refused, too_large, unauthorized
-from .proxy.responses import unavailable as db_unavailable
-from .request_body import BodyTooLarge, read_body
+from .proxy.responses import json_response
 
 __all__ = ["activity_paths", "activity_routes", "activity_summary", "ingest_upload"]
 
 _E = Event.__table__  # type: ignore[attr-defined]
-
-
-def busy(exc: IngestBusy) -> Response:
-    resp = error(exc.status, exc.message, "rate_limit_error", exc.code)
-    resp.headers.update(exc.headers())
-    return resp
 
 
 def _iso(ns: int | None) -> str | None:
@@ -88,57 +80,26 @@ async def ingest_upload(state: Any, database: Database, config: StudyConfig, pid
 def activity_routes(database: Database, config: StudyConfig) -> list[BaseRoute]:
     """The capture-policy and activity-upload routes (mounted in the proxy)."""
 
-    async def participant(request: Request) -> Any:
-        st = proxy_state(request)
-        st.requests += 1
-        p = st.auth.cached(request.headers) or await st.auth.authenticate(request.headers)
-        if p is None:
-            st.errors += 1
-            return unauthorized()
-        if (standing := st.auth.refusal(p.id)) is not None:
-            st.errors += 1
-            return refused(standing)
-        return p
-
-    async def policy(request: Request) -> Response:
-        p = await participant(request)
-        if isinstance(p, Response):
-            return p
-        apps = await asyncio.to_thread(participant_working_apps, database, p.id)
+    async def policy(call: Call) -> Response:
+        assert call.participant is not None
+        apps = await asyncio.to_thread(participant_working_apps, database, call.participant.id)
         return json_response(200, capture_policy(config, apps))
 
-    async def upload(request: Request) -> Response:
-        p = await participant(request)
-        if isinstance(p, Response):
-            return p
-        st = proxy_state(request)
-        if not st.recorder.gate.ok:
-            return db_unavailable(st)
+    async def activity(call: Call) -> Response:
+        """GET: what is held; POST: an upload (the hooks answer 401/403/413/429/503)."""
+        assert call.participant is not None
+        pid = call.participant.id
+        if call.request.method == "GET":
+            return json_response(200, {"held": await asyncio.to_thread(
+                activity_summary, database, pid)})
         try:
-            body = await read_body(request, st.max_body_bytes)
-            receipt = await ingest_upload(st, database, config, p.id, body)
-        except IngestBusy as exc:
-            return busy(exc)
-        except BodyTooLarge:
-            st.errors += 1
-            return too_large(st.max_body_bytes)
+            receipt = await ingest_upload(call.state, database, config, pid, call.body)
         except ActivityWatchError as exc:
-            st.errors += 1
-            return error(422, str(exc), code="not_an_export")
+            return call.error(422, str(exc), code="not_an_export")
         return json_response(200, receipt)
 
-    async def held(request: Request) -> Response:
-        p = await participant(request)
-        if isinstance(p, Response):
-            return p
-        return json_response(200, {"held": await asyncio.to_thread(
-            activity_summary, database, p.id)})
-
-    async def activity(request: Request) -> Response:
-        return await (held(request) if request.method == "GET" else upload(request))
-
-    return [Route(POLICY_PATH, policy, methods=["GET"]),
-            Route(UPLOAD_PATH, activity, methods=["GET", "POST"])]
+    return [guarded_route(POLICY_PATH, policy, ["GET"]),
+            guarded_route(UPLOAD_PATH, activity, ["GET", "POST"])]
 
 
 def activity_paths() -> dict[str, Any]:

@@ -323,7 +323,7 @@ def continue_routes(
             return _error(413, f"request body larger than the proxy's limit of {limit} bytes "
                                "(proxy.max_body_bytes)", "request_too_large")
         except IngestBusy as exc:
-            resp = _error(exc.status, exc.message, exc.code)
+            resp = _error(exc.status, exc.message, exc.code or "ingest_busy")
             resp.headers.update(exc.headers())
             return resp
         except Exception as exc:  # noqa: BLE001 - reported to the client, nothing claimed

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from sqlalchemy.exc import OperationalError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -36,10 +34,10 @@ from starlette.routing import BaseRoute, Route
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.storage import Database, RecordWriter
 
-from ..request_body import BodyTooLarge, read_body
-from .auth import CREDENTIAL_HEADERS, PATH_KEY, ParticipantInfo, separate_identity
+from .auth import CREDENTIAL_HEADERS, PATH_KEY
 from .extensions import AppContext, ProxyExtension, builtin_extensions
 from .health import RETRY_AFTER_S
+from .hooks import Call, Needs, guarded, guarded_route
 from .openapi import health_paths
 from .protocols import (
     FAMILIES,
@@ -50,17 +48,12 @@ from .protocols import (
     match_route,
     shape_for,
 )
-from .protocols.gemini import GEMINI
 from .relay import Exchange
 from .responses import (
     error,
     foreign_response_message,
     json_response,
     proxy_state,
-    refused,
-    too_large,
-    unauthorized,
-    unavailable,
 )
 from .routing import UpstreamRouter
 from .runtime_tuning import ProxyTuning, give_way
@@ -68,7 +61,6 @@ from .state import ProxyState, close_writer, make_writer
 from .upstream import (
     CYCLE_HEADER,
     Upstream,
-    UpstreamError,
     forwardable_request_headers,
 )
 from .websocket import serve_responses_socket
@@ -92,181 +84,98 @@ def _strip_path_key(scope: dict[str, Any]) -> None:
     scope["raw_path"] = scope["path"].encode()
 
 
-def _credentials(request: Request, adapter: ProtocolAdapter) -> tuple[Any, str | None]:
-    """The request's headers (a Gemini ``?key=`` moved into ``x-goog-api-key``: one place
-    to find, forward and redact it) and its ``/p/<key>/`` path key."""
-    headers: Any = request.headers
-    if adapter.family is GEMINI and "x-goog-api-key" not in headers and (
-            key := request.query_params.get("key")):
-        headers = {**headers, "x-goog-api-key": key}
-    return headers, request.scope.get(PATH_KEY)
+#: The model routes and token counts forward the caller's provider key under pass-through.
+_FORWARDING = Needs(own_credential=True)
 
 
-async def _participant(st: ProxyState, headers: Any, path_key: str | None,
-                       adapter: ProtocolAdapter) -> ParticipantInfo | Response:
-    """The participant, or the protocol's 401: unknown key, or (pass-through) no identity
-    apart from the credential that would be forwarded."""
-    participant = st.auth.cached(headers, path_key) or await st.auth.authenticate(
-        headers, path_key)
-    if participant is None:
-        st.errors += 1
-        return unauthorized(adapter)
-    up = st.upstreams.for_family(adapter.family.name)
-    if up is not None and up.credentials == "participant" and not separate_identity(
-            headers, path_key):
-        st.errors += 1
-        return error(401, "this study forwards your own provider credential: send your "
-                          "flowtrial key in the x-flowtrial-key header or use the base URL "
-                          "with /p/<your flowtrial key>", code="invalid_api_key",
-                     adapter=adapter)
-    if (standing := st.auth.refusal(participant.id)) is not None:
-        st.errors += 1
-        return refused(standing, adapter)
-    return participant
+def _invalid_json(call: Call, what: str) -> Response:
+    return call.error(400, f"the request body {what}", code="invalid_json")
 
 
 def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
-    async def endpoint(request: Request) -> Any:
-        st = proxy_state(request)
-        st.requests += 1
-        adapter = adapter_cls()
+    async def handler(call: Call) -> Any:
+        """A model request, past the hooks (:mod:`.hooks`): parsed, checked, exchanged."""
+        st, request, adapter, participant = call.state, call.request, call.adapter, \
+            call.participant
+        assert adapter is not None and participant is not None
         params = request.scope.get(ROUTE_PARAMS)
         if params is not None:
             adapter.url_params = {**params, "alt": request.query_params.get("alt", "")}
-        if not st.recorder.gate.ok:
-            return unavailable(st, adapter)
-        headers, path_key = _credentials(request, adapter)
-        participant = await _participant(st, headers, path_key, adapter)
-        if isinstance(participant, Response):
-            return participant
-        try:
-            body = await read_body(request, st.max_body_bytes)
-        except BodyTooLarge:
-            st.errors += 1
-            return too_large(st.max_body_bytes, adapter)
+        body = call.body
         t_request = time.monotonic_ns()
         await give_way()  # reading a large body must not hold up a due first token
-        try:
-            obj = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            st.errors += 1
-            return error(400, f"the request body is not valid JSON: {exc}",
-                          code="invalid_json", adapter=adapter)
-        except RecursionError:
-            st.errors += 1
-            return error(400, "the request body is JSON nested too deeply to read",
-                          code="invalid_json", adapter=adapter)
-        if not isinstance(obj, dict):
-            st.errors += 1
-            return error(400, "the request body must be a JSON object", code="invalid_json",
-                          adapter=adapter)
-        if await st.turns.foreign_response(participant.id, obj.get("previous_response_id")):
-            st.errors += 1  # another participant's conversation is not to be continued
-            return error(404, foreign_response_message(obj["previous_response_id"]),
-                         code="previous_response_not_found", param="previous_response_id",
-                         adapter=adapter)
-        info = adapter.read_request(obj)
-        exchange = Exchange(st, adapter, participant, body, info, headers, t_request,
+        parsed = await st.parser.parse(adapter.name, params and adapter.url_params, body)
+        if parsed.view is None:
+            return _invalid_json(call, parsed.error or "is not valid JSON")
+        info = parsed.view
+        if await st.turns.foreign_response(participant.id, info.previous_response_id):
+            # another participant's conversation is not to be continued
+            return call.error(404, foreign_response_message(info.previous_response_id),
+                              code="previous_response_not_found", param="previous_response_id")
+        exchange = Exchange(st, adapter, participant, body, info, call.headers, t_request,
                             request.scope.get("query_string", b"").decode("latin-1"),
-                            request.url.path, path_key)
-        joins = st.turns.arrive(exchange.rec, obj, body, headers)
+                            request.url.path, call.path_key)
+        joins = st.turns.arrive_view(exchange.rec, info, parsed.input_key, body, call.headers)
         if joins is not None:  # a continuation: its turn may be another process's
             await st.turns.reconcile(exchange.rec, joins)
         return exchange
 
-    endpoint.__name__ = f"proxy_{adapter_cls.name}"
-    return endpoint
+    handler.__name__ = f"proxy_{adapter_cls.name}"
+    return guarded(handler, adapter_cls, _FORWARDING)
 
 
-async def models(request: Request) -> Response:
+async def _models(call: Call) -> Response:
     """The arm-neutral model list, from the upstream (for the mock, its list); Gemini's
     ``GET /v1beta/models`` from the Gemini upstream."""
-    st = proxy_state(request)
-    st.requests += 1
-    gemini = request.url.path.startswith("/v1beta/")
-    adapter = GeminiAdapter() if gemini else None
-    headers, path_key = _credentials(request, adapter or GeminiAdapter())
-    if await st.auth.authenticate(headers, path_key) is None:
-        st.errors += 1
-        return unauthorized(adapter)
+    path = call.request.url.path
+    gemini = path.startswith("/v1beta/")
     families = ("gemini",) if gemini else ("openai", "anthropic")
-    upstream = next((u for f in families if (u := st.upstreams.for_family(f))), None)
+    upstream = next((u for f in families if (u := call.state.upstreams.for_family(f))), None)
     if upstream is None:
-        return error(501, "no upstream configured", "upstream_error", "no_upstream",
-                     adapter=adapter)
-    got = await _relay_whole(st, upstream, headers, adapter, lambda fwd: (
-        upstream.request("GET", request.url.path, fwd, b"") if gemini
-        else upstream.models(fwd)))
-    if isinstance(got, Response):
-        return got
-    reply, body = got
+        return call.error(501, "no upstream configured", "upstream_error", "no_upstream")
+    reply, body = await _relay_whole(upstream, call.headers, lambda fwd: (
+        upstream.request("GET", path, fwd, b"") if gemini else upstream.models(fwd)))
     return Response(body, reply.status, media_type=reply.content_type or "application/json")
 
 
-async def _relay_whole(st: ProxyState, upstream: Any, headers: Any,
-                       adapter: ProtocolAdapter | None, call: Any) -> Any:
+async def _relay_whole(upstream: Any, headers: Any, call: Any) -> Any:
     """A non-cycle request passed upstream whole: the participant's credential goes along
-    under pass-through; (reply, body), or the protocol's error when the upstream fails."""
+    under pass-through; (reply, body). An UpstreamError is the hooks' to answer."""
     forwarded = forwardable_request_headers(headers)
     if upstream.credentials == "participant":
         forwarded.update({h: v for h in CREDENTIAL_HEADERS if (v := headers.get(h))})
+    reply = await call(forwarded)
     try:
-        reply = await call(forwarded)
-        try:
-            body = b"".join([c async for c in reply.body])
-        finally:
-            await reply.close()
-    except UpstreamError as exc:
-        st.errors += 1
-        code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-        return error(exc.status, exc.message, "upstream_error", code, adapter=adapter)
+        body = b"".join([c async for c in reply.body])
+    finally:
+        await reply.close()
     return reply, body
 
 
-def _count_tokens(adapter_cls: type[ProtocolAdapter]) -> Any:
-    async def endpoint(request: Request) -> Response:
-        """A token count (``POST /v1/messages/count_tokens``, Gemini's ``:countTokens``):
-        passed to the protocol's upstream as is. Not a cycle: it answers no prompt, so
-        there is nothing to shape (docs/internals/protocols.md)."""
-        st = proxy_state(request)
-        st.requests += 1
-        adapter = adapter_cls()
-        headers, path_key = _credentials(request, adapter)
-        participant = await _participant(st, headers, path_key, adapter)
-        if isinstance(participant, Response):
-            return participant
-        try:
-            body = await read_body(request, st.max_body_bytes)
-        except BodyTooLarge:
-            st.errors += 1
-            return too_large(st.max_body_bytes, adapter)
-        try:  # forwarded as is, but only a JSON object (the protocol's shape) goes upstream
-            ok = isinstance(json.loads(body), dict)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            ok = False
-        if not ok:
-            st.errors += 1
-            return error(400, f"the request body must be a JSON object ({adapter.name} token "
-                               "count request)", code="invalid_json", adapter=adapter)
-        family = adapter.family.name
-        upstream = st.upstreams.for_family(family)
-        if upstream is None:
-            return error(501, f"this proxy has no upstream for {adapter.name}: add "
+async def _count_tokens(call: Call) -> Response:
+    """A token count (``POST /v1/messages/count_tokens``, Gemini's ``:countTokens``): passed
+    to the protocol's upstream as is. Not a cycle: it answers no prompt, so there is nothing
+    to shape (docs/internals/protocols.md)."""
+    adapter, body, request = call.adapter, call.body, call.request
+    assert adapter is not None
+    # Forwarded as is, but only a JSON object (the protocol's shape) goes upstream; a large
+    # one is checked off the loop (.body_parser).
+    if (await call.state.parser.parse(adapter.name, None, body)).view is None:
+        return _invalid_json(call, f"must be a JSON object ({adapter.name} token count "
+                                   "request)")
+    family = adapter.family.name
+    upstream = call.state.upstreams.for_family(family)
+    if upstream is None:
+        return call.error(501, f"this proxy has no upstream for {adapter.name}: add "
                                f"[upstream.{family}] to the study file", "upstream_error",
-                          "no_upstream", adapter=adapter)
-        path = adapter.upstream_path(request.url.path, request.url.query)
-        got = await _relay_whole(st, upstream, headers, adapter,
-                                 lambda fwd: upstream.request("POST", path, fwd, body))
-        if isinstance(got, Response):
-            return got
-        reply, out = got
-        headers_out = {k: v for k, v in reply.headers
-                       if k.lower() not in ("content-type", CYCLE_HEADER)}
-        return Response(out, reply.status, headers=headers_out,
-                        media_type=reply.content_type or "application/json")
-
-    endpoint.__name__ = f"count_tokens_{adapter_cls.name}"
-    return endpoint
+                          "no_upstream")
+    path = adapter.upstream_path(request.url.path, request.url.query)
+    reply, out = await _relay_whole(upstream, call.headers,
+                                    lambda fwd: upstream.request("POST", path, fwd, body))
+    headers_out = {k: v for k, v in reply.headers
+                   if k.lower() not in ("content-type", CYCLE_HEADER)}
+    return Response(out, reply.status, headers=headers_out,
+                    media_type=reply.content_type or "application/json")
 
 
 async def root(request: Request) -> Response:
@@ -357,19 +266,7 @@ class ProxyApp(Starlette):
                 if route[1]:
                     scope[ROUTE_PARAMS] = route[1]
                 scope["app"] = self
-                request = Request(scope, receive, send)
-                try:
-                    response = await endpoint(request)
-                except ClientDisconnect:  # gone mid-body (or timed out: front_door)
-                    response = _client_gone(request)
-                except OperationalError as exc:  # a database read (key, arm) failed
-                    st = self.state.proxy
-                    st.recorder.gate.trip(exc)
-                    response = unavailable(st, shape_for(scope["path"]))
-                except Exception:  # noqa: BLE001 - a bug before the exchange: answer 500
-                    log.exception("request to %s failed", scope["path"])
-                    response = error(500, "flowtrial proxy error: see the proxy's log",
-                                      "server_error", "proxy_error")
+                response = await endpoint(Request(scope, receive, send))  # guarded: no raise
                 await response(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
@@ -428,6 +325,7 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
                     await ext.shutdown(state)
                 if state.ingest is not None:  # uploads' processes (.ingest)
                     await asyncio.to_thread(state.ingest.close)
+                await asyncio.to_thread(state.parser.close)  # large bodies' (.body_parser)
                 await state.recorder.gate.close()  # rows held through an outage: a last try
                 await router.stop()
                 state.arms.close()
@@ -442,11 +340,12 @@ def create_proxy_app(database: Database, config: StudyConfig, *,
                                for path in (a.routes or (a.path,))]
     routes += [
         Route("/", root, methods=["GET", "HEAD"]),
-        Route("/v1/messages/count_tokens", _count_tokens(MessagesAdapter), methods=["POST"]),
-        Route("/v1beta/models/{model}:countTokens", _count_tokens(GeminiAdapter),
-              methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1beta/models", models, methods=["GET"]),
+        guarded_route("/v1/messages/count_tokens", _count_tokens, adapter=MessagesAdapter,
+                      needs=_FORWARDING),
+        guarded_route("/v1beta/models/{model}:countTokens", _count_tokens,
+                      adapter=GeminiAdapter, needs=_FORWARDING),
+        guarded_route("/v1/models", _models, ["GET"]),
+        guarded_route("/v1beta/models", _models, ["GET"], adapter=GeminiAdapter),
         Route("/flowtrial/v1/health", health, methods=["GET"]),
     ]
     paths = health_paths()

@@ -170,8 +170,7 @@ class Cycle:
         rec = self.rec
         rec.status = "upstream_error"
         rec.error = self.scrub().text(exc.message)
-        code = "upstream_timeout" if exc.status == 504 else "upstream_error"
-        return self.adapter.error_event(rec.error, "server_error", code)
+        return self.adapter.error_event(rec.error, "server_error", exc.code("upstream_error"))
 
     def _cut_short(self) -> bytes:
         """The upstream ended cleanly but early (a close-delimited body cut, a chunked body

@@ -34,6 +34,7 @@ from flowtrial.study.storage import WriteBatch, utcnow
 from ..request_body import unstorable_value
 from ..upload_caps import UploadCaps, cap_payload
 from .ingest import IngestBusy
+from .refusal import Refusal
 from .state import ProxyState
 
 __all__ = ["ClientEvent", "EventBatch", "EventsRejected", "accept_events", "check_cycles",
@@ -63,16 +64,12 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-class EventsRejected(Exception):
+class EventsRejected(Refusal):
     """A batch that cannot be written; ``param`` names the offending field."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
                  code: str = "invalid_events") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
+        super().__init__(status, message, code, param)
 
     def __reduce__(self) -> Any:  # crosses the ingest process boundary
         return (EventsRejected, (self.status, self.message, self.param, self.code))

@@ -20,27 +20,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
 from flowtrial.study.config import StudyConfig
 from flowtrial.study.extras import available, install_hint
 from flowtrial.study.storage import Database
 
-from ..request_body import BodyTooLarge, read_body
-from .events_api import EventsRejected, accept_events
-from .ingest import IngestBusy
+from .events_api import accept_events
+from .hooks import Call, guarded_route
 from .openapi import admin_paths, continue_paths, document_paths, events_paths, openapi_routes
-from .responses import (
-    error,
-    json_response,
-    proxy_state,
-    refused,
-    too_large,
-    unauthorized,
-    unavailable,
-)
+from .responses import json_response
 from .state import ProxyState
 
 log = logging.getLogger(__name__)
@@ -104,34 +94,11 @@ class Extension:
         return None
 
 
-async def _events(request: Request) -> Response:
-    """``POST /flowtrial/v1/events``: see :mod:`flowtrial.instrumentation.proxy.events_api`."""
-    st = proxy_state(request)
-    st.requests += 1
-    if not st.recorder.gate.ok:
-        return unavailable(st)
-    participant = await st.auth.authenticate(request.headers)
-    if participant is None:
-        st.errors += 1
-        return unauthorized()
-    if (standing := st.auth.refusal(participant.id)) is not None:
-        st.errors += 1
-        return refused(standing)
-    try:
-        body = await read_body(request, st.max_body_bytes)
-        n = await accept_events(st, participant.id, body)
-    except BodyTooLarge:
-        st.errors += 1
-        return too_large(st.max_body_bytes)
-    except EventsRejected as exc:
-        st.errors += 1
-        return error(exc.status, exc.message, "invalid_request_error", exc.code, exc.param)
-    except IngestBusy as exc:
-        st.errors += 1
-        resp = error(exc.status, exc.message, "rate_limit_error" if exc.status == 429
-                     else "server_error", exc.code)
-        resp.headers.update(exc.headers())
-        return resp
+async def _events(call: Call) -> Response:
+    """``POST /flowtrial/v1/events``: see :mod:`flowtrial.instrumentation.proxy.events_api`
+    (its refusals, and ingest's 429/503, are answered by the hooks)."""
+    assert call.participant is not None
+    n = await accept_events(call.state, call.participant.id, call.body)
     return json_response(200, {"accepted": n})
 
 
@@ -141,7 +108,7 @@ class EventsApi(Extension):
     name = "events"
 
     def routes(self, ctx: AppContext) -> list[BaseRoute]:
-        return [Route("/flowtrial/v1/events", _events, methods=["POST"])]
+        return [guarded_route("/flowtrial/v1/events", _events)]
 
     def openapi(self) -> dict[str, Any]:
         return events_paths()

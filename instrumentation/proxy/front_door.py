@@ -40,8 +40,8 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from flowtrial.study.config import ProxySection
 
+from .protocols import shape_for
 from .protocols.base import openai_error
-from .protocols.messages import MessagesAdapter
 
 __all__ = ["FrontDoorStats", "GuardedHttpProtocol", "Limits", "PreauthRegistry",
            "guarded_protocol"]
@@ -113,6 +113,7 @@ class FrontDoorStats:
     body_timeouts: int = 0
     connections_refused: int = 0
     preauth_evicted: int = 0
+    malformed: int = 0
     max_connections: int = 0
     _last_log: float = field(default=0.0, repr=False)
     _unlogged: int = field(default=0, repr=False)
@@ -167,8 +168,19 @@ class PreauthRegistry:
         return len(self._all)
 
 
-def _error_response(status: int, message: str, code: str, anthropic: bool) -> bytes:
-    body = (MessagesAdapter().error_body(message, "invalid_request_error", code) if anthropic
+def _request_path(head: bytes) -> str:
+    """The path of a request line (without query or ``/p/<key>``), for the error's shape."""
+    parts = head.split(b"\r\n", 1)[0].split(b" ")
+    path = parts[1].split(b"?", 1)[0].decode("latin-1") if len(parts) > 1 else "/"
+    if path.startswith("/p/"):
+        path = "/" + path[3:].partition("/")[2]
+    return path
+
+
+def _error_response(status: int, message: str, code: str, path: str) -> bytes:
+    """A whole HTTP/1.1 answer in the shape of the protocol served on ``path``."""
+    adapter = shape_for(path)
+    body = (adapter.error_body(message, "invalid_request_error", code) if adapter
             else openai_error(message, "invalid_request_error", code))
     return b"".join([STATUS_LINE[status], b"content-type: application/json\r\n",
                      b"content-length: ", str(len(body)).encode(), b"\r\n",
@@ -187,6 +199,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._preauth = preauth
         self._address = ""
         self._head = bytearray()  # request line + headers, held until their blank line
+        self._line = b""  # the start of the last head given to the parser (the error's path)
         self._scanned = 0  # how much of _head has been searched for the blank line
         self._fed_tail = b""  # the last bytes handed to the parser (a blank line may straddle)
         self._in_head = True
@@ -248,6 +261,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._too_large()
             return
         whole = bytes(self._head)
+        self._line = whole[:256]
         self._head.clear()
         self._scanned = 0
         self._fed_tail = whole[-3:]
@@ -319,6 +333,23 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._stats.body_timeouts += 1
         self._timed_out("body", "body_timeout_s", self._limits.body_timeout_s)
 
+    def _path(self) -> str:
+        """The path of the request being received (what has arrived of its head)."""
+        if self._in_head:
+            return _request_path(bytes(self._head[:256]) or self._line)
+        return str(self.scope.get("path", ""))
+
+    def send_400_response(self, msg: str) -> None:
+        """Malformed framing (request line, headers, chunk sizes): uvicorn's plain-text 400
+        replaced by the protocol's error shape, counted for the health endpoint."""
+        self._stats.malformed += 1
+        self._unset_keepalive_if_required()
+        self.transport.write(_error_response(
+            400, "the request is not valid HTTP/1.1 (its request line, headers or chunked "
+                 "framing could not be parsed): fix the client, or what sits between it and "
+                 "the proxy", "invalid_http_request", self._path()))
+        self.transport.close()
+
     def _timed_out(self, what: str, setting: str, seconds: float) -> None:
         self._timer = None
         self._reject(408, f"the request {what} did not arrive within {seconds:g} s "
@@ -334,11 +365,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._unset_keepalive_if_required()
         cycle = None if self._in_head else self.cycle  # the request being received, if any
         if cycle is None or not cycle.response_started:  # else the app has begun its answer
-            if self._in_head:
-                anthropic = b" /v1/messages" in bytes(self._head[:64])
-            else:
-                anthropic = str(self.scope.get("path", "")).startswith("/v1/messages")
-            self.transport.write(_error_response(status, message, code, anthropic))
+            self.transport.write(_error_response(status, message, code, self._path()))
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True  # the app's receive() now says http.disconnect
             cycle.message_event.set()

@@ -54,6 +54,7 @@ from flowtrial.study.storage import Database, RecordWriter, WriteBatch, write_ro
 
 from ..upload_caps import UploadCaps
 from .ingest_jobs import JobContext, row_bytes, stored_since, worker_init
+from .refusal import Refusal
 
 __all__ = ["MAX_BULK_ROWS_FACTOR", "Ingest", "IngestBusy", "ingest_of"]
 
@@ -68,21 +69,20 @@ WARMING_THREAD_BYTES = 64 * 1024
 _PRELOAD = ["flowtrial.instrumentation.proxy.ingest_jobs",
             "flowtrial.instrumentation.proxy.events_api",
             "flowtrial.instrumentation.telemetry.ingest",
-            "flowtrial.instrumentation.continue_data"]
+            "flowtrial.instrumentation.continue_data",
+            "flowtrial.instrumentation.proxy.body_parser"]
 _ctx_lock = threading.Lock()
 _mp_context: Any = None
 
 
-class IngestBusy(Exception):
+class IngestBusy(Refusal):
     """Ingest refuses an upload for now: 503 (saturated) or 429 (this participant's share or
     daily quota); the uploader should retry after ``retry_after`` seconds."""
 
     def __init__(self, status: int, code: str, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+        super().__init__(status, message, code)
         self.retry_after = retry_after
+        self.type_ = "rate_limit_error" if status == 429 else "server_error"
 
     def headers(self) -> dict[str, str]:
         return {"retry-after": str(self.retry_after)}

@@ -97,7 +97,8 @@ def _row(self: CycleRecord, capture: str) -> dict[str, Any]:
     if target is not None and lates:
         violation_ms = max(0.0, max(lates) / 1e6)
     content, bad_content = storable("".join(self.content_parts))
-    prompt, bad_prompt = storable(self.prompt_text)
+    # Not scanned when not stored: a 10 MB prompt's scan holds the GIL (and the loop).
+    prompt, bad_prompt = storable(self.prompt_text) if capture != "none" else ("", False)
     # Every column field is stored as it is; the rest are computed here.
     row: dict[str, Any] = {name: getattr(self, name) for name in _COPIED}
     row.update({

@@ -41,6 +41,7 @@ from typing import Any
 from ..tokens import count_tokens
 from .arms import NoAssignmentError
 from .auth import CREDENTIAL_HEADERS, ParticipantInfo, client_secrets
+from .body_parser import ParseBusy
 from .cycle import Cycle
 from .protocols.base import ProtocolAdapter, RequestInfo, SSEParser
 from .shaping import RELEASE_SPIN_NS, sleep_until
@@ -228,7 +229,12 @@ class Exchange:
         if route.model is not None and route.model != self.info.model:
             # The arm's model replaces the client's (a JSON body re-written, or the URL).
             rec.served_model = route.model
-            path, body = adapter.with_model(path, body, route.model)
+            try:  # a large body is rewritten off the loop (.body_parser)
+                path, body = await st.parser.with_model(
+                    adapter.name, adapter.url_params or None, path, body, route.model)
+            except ParseBusy as exc:
+                await self._fail(503, exc.message, "server_error", "parse_busy")
+                return
         headers = forwardable_request_headers(self.headers)
         if upstream.credentials == "participant":
             headers.update(self._own_credential())
@@ -236,8 +242,7 @@ class Exchange:
         try:
             reply = await upstream.request("POST", path, headers, body)
         except UpstreamError as exc:
-            code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-            await self._fail(exc.status, exc.message, "upstream_error", code)
+            await self._fail(exc.status, exc.message, "upstream_error", exc.code())
             return
         try:
             if reply.status >= 400:
@@ -353,8 +358,7 @@ class Exchange:
                     rec.t_upstream_first_ns = _now()
                 head += chunk
         except UpstreamError as exc:
-            code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-            await self._fail(exc.status, exc.message, "upstream_error", code)
+            await self._fail(exc.status, exc.message, "upstream_error", exc.code())
             return
         if not head.lstrip().startswith(_SSE_STARTS):
             await self._fail(502, "upstream answered a streaming request with "
@@ -390,8 +394,7 @@ class Exchange:
                     rec.t_upstream_first_ns = _now()
                 chunks.append(chunk)
         except UpstreamError as exc:
-            code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-            await self._fail(exc.status, exc.message, "upstream_error", code)
+            await self._fail(exc.status, exc.message, "upstream_error", exc.code())
             return
         body = b"".join(chunks)
         ready = rec.t_upstream_last_ns = _now()

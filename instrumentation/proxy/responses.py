@@ -27,10 +27,12 @@ def json_response(status: int, body: bytes | dict[str, Any],
 
 def error(status: int, message: str, type_: str = "invalid_request_error",
           code: str | None = None, param: str | None = None,
-          adapter: ProtocolAdapter | None = None) -> Response:
+          adapter: ProtocolAdapter | None = None,
+          headers: dict[str, str] | None = None) -> Response:
+    """An error answer in ``adapter``'s protocol shape (None: OpenAI's)."""
     body = (adapter.error_body(message, type_, code, param) if adapter
             else openai_error(message, type_, code, param))
-    return json_response(status, body)
+    return json_response(status, body, headers)
 
 
 def unauthorized(adapter: ProtocolAdapter | None = None) -> Response:
@@ -62,10 +64,7 @@ def proxy_state(request: Request) -> ProxyState:
 
 def unavailable(st: ProxyState, adapter: ProtocolAdapter | None = None) -> Response:
     """503 + Retry-After while the database gate is tripped (:mod:`.health`): a request the
-    proxy could not record is refused rather than served."""
-    st.errors += 1
+    proxy could not record is refused rather than served. (Counted by the Counting hook.)"""
     st.recorder.gate.refused += 1
-    body = (adapter.error_body(UNAVAILABLE_MESSAGE, "server_error", "database_unavailable")
-            if adapter else openai_error(UNAVAILABLE_MESSAGE, "server_error",
-                                         "database_unavailable"))
-    return json_response(503, body, {"retry-after": str(RETRY_AFTER_S)})
+    return error(503, UNAVAILABLE_MESSAGE, "server_error", "database_unavailable", adapter=adapter,
+                 headers={"retry-after": str(RETRY_AFTER_S)})

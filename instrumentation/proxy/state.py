@@ -13,8 +13,10 @@ from flowtrial.study.keys import conversation_secret
 from flowtrial.study.storage import Database, RecordWriter, create_db_engine
 
 from ..turns.tracker import TurnTracker, turn_rules
+from . import shared_counts
 from .arms import ArmResolver
 from .auth import Authenticator
+from .body_parser import BodyParser
 from .ingest import Ingest
 from .quiet_gc import QuietCollector
 from .recorder import Recorder
@@ -71,9 +73,11 @@ class ProxyState:
         self.requests = 0
         self.errors = 0
         self.open_cycles: dict[str, str] = {}  # cycle id -> participant id (in flight)
-        self.websockets: dict[str, int] = {}  # participant id -> open WebSockets
+        # participant id -> open WebSockets, summed over --workers (.shared_counts)
+        self.websockets = shared_counts.counts()
         self._idle: asyncio.Event | None = None
         self.collector: QuietCollector | None = None  # set by the app's lifespan
+        self.parser = BodyParser()  # large model request bodies, parsed off the loop
         self.ingest: Ingest | None = None  # uploads' off-loop path, made on first use (.ingest)
 
     # -- open cycles (event API ownership checks, graceful shutdown) ----------------------

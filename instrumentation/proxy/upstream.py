@@ -79,6 +79,10 @@ class UpstreamError(Exception):
         self.status = status
         self.message = message
 
+    def code(self, otherwise: str = "upstream_unreachable") -> str:
+        """The error code the client is given: one mapping for every way in."""
+        return {501: "no_upstream", 504: "upstream_timeout"}.get(self.status, otherwise)
+
 
 class UpstreamConfigError(FlowtrialError):
     """The study's upstream cannot be used (e.g. its key variable is not set)."""

@@ -220,8 +220,7 @@ class SocketTurn:
             rec.upstream = self.conn.upstream_name
             message = cycle.scrub().text(exc.message)
             rec.status, rec.http_status, rec.error = "upstream_error", exc.status, message
-            code = {501: "no_upstream", 504: "upstream_timeout"}.get(exc.status,
-                                                                     "upstream_unreachable")
+            code = exc.code()
             await cycle.finish_stream(ws_error(message, "server_error", code, exc.status))
             return
         create = self.message
@@ -286,7 +285,7 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         else:
             await send({"type": "websocket.close", "code": 1008})
         return
-    open_now = state.websockets.get(participant.id, 0)
+    open_now = state.websockets.total(participant.id)  # across --workers
     if open_now >= state.config.proxy.max_websockets_per_participant:
         state.errors += 1
         body = openai_error(f"this participant already has {open_now} WebSocket connections "
@@ -298,15 +297,11 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         else:
             await send({"type": "websocket.close", "code": 1008})
         return
-    state.websockets[participant.id] = open_now + 1
+    state.websockets.add(participant.id, 1)
     try:
         await _serve(state, participant, headers, receive, send, up, path_key)
     finally:
-        left = state.websockets.get(participant.id, 1) - 1
-        if left > 0:
-            state.websockets[participant.id] = left
-        else:
-            state.websockets.pop(participant.id, None)
+        state.websockets.add(participant.id, -1)
 
 
 async def _serve(state: ProxyState, participant: Any, headers: Headers, receive: Any,
@@ -440,5 +435,5 @@ async def _warmup(conn: _Connection, message: dict[str, Any]) -> None:
             await conn.send(scrub.raw(frame))
     except UpstreamError as exc:
         conn.state.errors += 1
-        code = "upstream_timeout" if exc.status == 504 else "upstream_unreachable"
-        await conn.send(ws_error(scrub.text(exc.message), "server_error", code, exc.status))
+        await conn.send(ws_error(scrub.text(exc.message), "server_error", exc.code(),
+                                 exc.status))

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING
 
 from flowtrial.study.config import StudyConfig
 
+from . import shared_counts
+
 if TYPE_CHECKING:
     from .extensions import ProxyExtension
 
@@ -56,6 +58,7 @@ def _worker_main(db: str, config: StudyConfig, sock: socket.socket, k: int,
     from .state import close_writer, make_writer
 
     os.setpgid(0, 0)  # out of the terminal's process group: signals come via the supervisor
+    shared_counts.attach(k)  # its part of the caps counted across workers
     # Fresh database handles: connections must never be shared across a fork.
     database = open_db(db)
     writer = make_writer(database)
@@ -98,6 +101,7 @@ def run_workers(db: str, config: StudyConfig, sock: socket.socket, n: int, *,
     Returns the exit code: 0 after a clean stop.
     """
     page_secret = os.urandom(32)
+    shared_counts.share_across(n)  # mapped before the forks: every worker sees one table
     children: dict[int, tuple[int, float]] = {}  # pid -> (worker index, start time)
     stopping = False
 

@@ -42,7 +42,8 @@ from flowtrial.study.turns import (
     turn_id_for,
 )
 
-from .classify import Context, classify, features
+from ..proxy.protocols import RequestInfo, read_view
+from .classify import Context, classify, features_of
 from .clients import client_identity
 from .followups import input_key
 
@@ -123,12 +124,19 @@ class TurnTracker:
         """Classify the request and file it into a turn (sets the record's fields). For a
         continuation, the turn it would join were it another process's, to pass to
         :meth:`reconcile` before the upstream call (None: nothing to check)."""
-        f = features(rec.protocol, dict(body), self.secret)
+        obj = dict(body)
+        return self.arrive_view(rec, read_view(rec.protocol, obj),
+                                input_key(rec.protocol, obj), raw, headers)
+
+    def arrive_view(self, rec: _Rec, view: RequestInfo, new_input: str | None, raw: bytes,
+                    headers: Mapping[str, str]) -> OpenTurn | None:
+        """:meth:`arrive` for a body already read (its view and input key: a large body is
+        read off the loop, :mod:`flowtrial.instrumentation.proxy.body_parser`)."""
+        f = features_of(rec.protocol, view, self.secret)
         now = rec.t_request_ns + self._offset
         pid = rec.participant_id
         identity = client_identity(headers.get("user-agent"), headers)
         client = identity.agent
-        new_input = input_key(rec.protocol, dict(body))
         conversation = f.conversation_key
         if f.previous_response_id is not None:  # a Responses chain keeps its conversation
             chain = self._chains.get(f.previous_response_id)

@@ -10,6 +10,7 @@ import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -139,3 +140,81 @@ def test_workers_out_of_range_is_a_clear_error(tmp_path: Path, capsys) -> None:
     study, db, _ = setup_study(tmp_path)
     code, err = run_main(["--study", str(study), "--db", str(db), "--workers", "0"], capsys)
     assert code == 2 and "--workers 0 is out of range: use 1-64" in err
+
+
+def test_shared_counts_hold_across_forked_processes() -> None:
+    """Each worker writes only its own part; every worker reads the sum; a restarted worker
+    starts its part empty (what a dead one held is gone with it)."""
+    from flowtrial.instrumentation.proxy.shared_counts import SharedCounts
+
+    table = SharedCounts(2, slots=64)
+    table.attach(0)
+    table.add("p01", 2)
+    pid = os.fork()
+    if pid == 0:  # worker 1
+        table.attach(1)
+        ok = table.add("p01", 3) and table.total("p01") == 5 and table.total("p02") == 0
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert table.total("p01") == 5  # the child's increments are visible here
+    table.add("p01", -5)  # never below zero in this part
+    assert table.total("p01") == 3
+    table.attach(1)  # worker 1 restarted
+    assert table.total("p01") == 0
+    keys = [f"k{i}" for i in range(64)]
+    assert all(table.add(k, 1) for k in keys)  # a full part ...
+    assert not table.add("one-more", 1) and table.total("one-more") == 0  # ... says so
+    assert sum(table.total(k) for k in keys) == 64  # no key counted under another's slot
+
+
+def _ws_status(host: str, port: int, key: str, socks: list[Any]) -> str:
+    """Open a Responses WebSocket (kept open in ``socks``); the handshake's status."""
+    import base64
+    import socket
+
+    s = socket.create_connection((host, port), timeout=10)
+    socks.append(s)
+    nonce = base64.b64encode(os.urandom(16)).decode()
+    s.sendall(("GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+               "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+               f"Sec-WebSocket-Key: {nonce}\r\nAuthorization: Bearer {key}\r\n\r\n").encode())
+    return s.recv(200).split(b" ", 2)[1].decode()
+
+
+def test_websockets_per_participant_hold_across_workers(tmp_path: Path) -> None:
+    """``proxy.max_websockets_per_participant`` is one cap for all workers, not one each: with
+    one worker stopped (SIGSTOP) the other takes every connection, so the sockets held by
+    worker A are seen by worker B."""
+    study, db, key = setup_study(tmp_path, PER_PROMPT.replace(
+        "[upstream.mock]", "[proxy]\nmax_websockets_per_participant = 3\n[upstream.mock]"))
+    proc, url = start_proxy(study, db, "--workers", "2")
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    socks: list[Any] = []
+    a = b = 0
+    try:
+        wait_healthy(url)
+        a, b = sorted(_wait_children(proc.pid, 2))
+        os.kill(b, signal.SIGSTOP)  # every connection now goes to worker a
+        assert [_ws_status(host, int(port), key, socks) for _ in range(4)] == [
+            "101", "101", "101", "429"]
+        os.kill(b, signal.SIGCONT)
+        os.kill(a, signal.SIGSTOP)  # now to worker b, which holds none of the three
+        assert [_ws_status(host, int(port), key, socks) for _ in range(2)] == ["429", "429"]
+        os.kill(a, signal.SIGCONT)
+        for s in socks:
+            s.close()
+        socks.clear()
+        deadline = time.monotonic() + 10  # closed sockets are counted down by their worker
+        while _ws_status(host, int(port), key, socks) != "101":
+            assert time.monotonic() < deadline
+            socks.pop().close()
+            time.sleep(0.2)
+    finally:
+        for pid in (a, b):
+            if pid:
+                os.kill(pid, signal.SIGCONT)
+        for s in socks:
+            s.close()
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)

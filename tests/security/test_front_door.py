@@ -82,6 +82,40 @@ def test_anthropic_path_gets_anthropic_shaped_431(tmp_path: Path) -> None:
         assert body["type"] == "error" and "max_header_bytes" in body["error"]["message"]
 
 
+@pytest.mark.parametrize(("request_bytes", "shape"), [
+    (b"GARBAGE\x01 / HTTP/1.1\r\nHost: x\r\n\r\n", "openai"),  # a broken request line
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n", "openai"),
+    (b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+     b"zz\r\nhello\r\n0\r\n\r\n", "anthropic"),  # a chunk size that is no number
+    (b"POST /p/ft_x/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+     b"Content-Length: 2\r\n\r\nab", "anthropic"),  # two lengths: refused, not guessed
+])
+def test_malformed_framing_gets_the_protocols_error_shape(tmp_path: Path, request_bytes: bytes,
+                                                          shape: str) -> None:
+    """uvicorn would answer plain text; the proxy answers JSON in the protocol's error shape
+    (OpenAI's, Anthropic's on the Messages paths), closes, and counts it."""
+    s = study(tmp_path)
+    with proxy(s) as px:
+        c = raw(px)
+        c.sendall(request_bytes)
+        answer = read_response(c)
+        c.close()
+        assert status_of(answer) == 400, answer[:300]
+        head, _, raw_body = answer.partition(b"\r\n\r\n")
+        assert b"content-type: application/json" in head.lower()
+        body = json.loads(raw_body)
+        if shape == "anthropic":
+            assert body["type"] == "error"
+            assert body["error"]["type"] == "invalid_request_error"
+            message = body["error"]["message"]
+        else:
+            assert body["error"]["code"] == "invalid_http_request"
+            message = body["error"]["message"]
+        assert "not valid HTTP/1.1" in message
+        assert health(px)["front_door"]["malformed"] == 1
+        still_serving(px, s, [])
+
+
 def test_large_legal_headers_trickled_are_parsed_once_and_served(tmp_path: Path) -> None:
     """60 KiB of headers in 600 small writes (under the 64 KiB limit) is a valid request: it
     is answered, and quickly (the head is handed to the parser whole, not 600 times)."""

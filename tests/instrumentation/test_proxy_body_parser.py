@@ -1,0 +1,102 @@
+"""Large model request bodies are parsed off the token loop (:mod:`.body_parser`): served and
+classified the same, refused in the protocol's shape when broken or when too many wait, and
+the loop keeps its timers while a 20 MB body is read."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+
+from flowtrial.instrumentation.proxy.app import create_proxy_app
+from flowtrial.instrumentation.proxy.body_parser import OFF_LOOP_BYTES, BodyParser, parse_request
+from tests.instrumentation.servers import run_asgi_server
+
+
+def _chat(n: int, stream: bool = False) -> bytes:
+    return json.dumps({"model": "m", "stream": stream, "messages": [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"}
+        for i in range(n)]}).encode()
+
+
+def test_a_large_body_is_served_and_classified_as_a_small_one_would_be(make_study: Any) -> None:
+    s = make_study()
+    app = create_proxy_app(s.database, s.config)
+    key = {"authorization": f"Bearer {s.key}", "content-type": "application/json"}
+    big = _chat(20_001)  # ~0.6 MB: parsed in the process
+    assert len(big) > OFF_LOOP_BYTES
+    with run_asgi_server(app) as url:
+        r = httpx.post(url + "/v1/chat/completions", content=big, headers=key, timeout=60)
+        assert r.status_code == 200, r.text
+        parser = app.state.proxy.parser
+        assert parser.offloaded == 1
+        # Broken JSON that is large: the same 400 as a small one, in OpenAI's shape...
+        r = httpx.post(url + "/v1/chat/completions", content=big[:-1], headers=key, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+        assert "not valid JSON" in r.json()["error"]["message"]
+        # ... and Anthropic's on the Messages path (a JSON array is no request either).
+        r = httpx.post(url + "/v1/messages", content=b"[" + b"1," * OFF_LOOP_BYTES + b"1]",
+                       headers=key, timeout=60)
+        assert r.status_code == 400 and r.json()["type"] == "error"
+        assert "must be a JSON object" in r.json()["error"]["message"]
+        assert parser.offloaded == 3
+        # Saturated: the client gets 503 + Retry-After; nothing else waits.
+        parser.max_waiting = 0
+        r = httpx.post(url + "/v1/chat/completions", content=big, headers=key, timeout=60)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "parse_busy"
+        small = httpx.post(url + "/v1/chat/completions", content=_chat(3), headers=key)
+        assert small.status_code == 200
+    rows = s.database.engine.connect().exec_driver_sql(
+        "SELECT request_kind, input_key FROM cycles ORDER BY t_request_ns").all()
+    view = parse_request("chat", None, big)
+    assert rows[0][1] == view.input_key and rows[0][1] is not None
+    assert len(rows) == 2  # the large one and the small one; refusals are not cycles
+
+
+def test_the_loop_keeps_its_timers_while_a_20_mb_body_is_parsed() -> None:
+    """The worst shape (340k short messages, 20 MB): on the loop it stalls every timer for
+    the parse; off the loop the longest stall is a small fraction of it."""
+    body = _chat(340_000)
+
+    async def longest_stall(work: Any) -> tuple[float, float]:
+        stalls: list[float] = []
+        done = asyncio.Event()
+
+        async def tick() -> None:
+            while not done.is_set():
+                t = time.perf_counter()
+                await asyncio.sleep(0.002)
+                stalls.append(time.perf_counter() - t - 0.002)
+
+        ticker = asyncio.create_task(tick())
+        await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        await work()
+        took = time.perf_counter() - t0
+        done.set()
+        await ticker
+        return max(stalls), took
+
+    async def main() -> tuple[tuple[float, float], tuple[float, float]]:
+        parser = BodyParser()
+        await parser.parse("chat", None, _chat(20_000))  # the process is up
+        try:
+            async def on_loop() -> None:
+                parse_request("chat", None, body)
+
+            async def off_loop() -> None:
+                assert (await parser.parse("chat", None, body)).view is not None
+
+            return await longest_stall(on_loop), await longest_stall(off_loop)
+        finally:
+            await asyncio.to_thread(parser.close)
+
+    (on_stall, on_took), (off_stall, off_took) = asyncio.run(main())
+    print(f"\non the loop: stall {on_stall * 1e3:.0f} ms (parse {on_took * 1e3:.0f} ms); "
+          f"off the loop: stall {off_stall * 1e3:.0f} ms (round trip {off_took * 1e3:.0f} ms)")
+    assert on_stall > 0.2  # the problem is real on this machine
+    assert off_stall < on_stall / 4, (on_stall, off_stall)

@@ -1,0 +1,114 @@
+"""Per-request concerns as one list of hooks (:mod:`flowtrial.instrumentation.proxy.hooks`): a
+route added the documented way — ``guarded_route`` in an extension — gets authentication,
+consent, the body limit, counting, the database gate and protocol-shaped errors without
+writing any of them, and the shipped routes run the same list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from sqlalchemy.exc import OperationalError
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from flowtrial.instrumentation.aw_sync import POLICY_PATH, UPLOAD_PATH
+from flowtrial.instrumentation.proxy import hooks
+from flowtrial.instrumentation.proxy.app import create_proxy_app
+from flowtrial.instrumentation.proxy.extensions import AppContext, Extension
+from flowtrial.instrumentation.proxy.hooks import Call, Refusal, guarded_route
+from flowtrial.instrumentation.proxy.protocols import MessagesAdapter
+from flowtrial.instrumentation.proxy.responses import json_response
+from flowtrial.instrumentation.proxy.upstream import UpstreamError
+from flowtrial.study.participation import withdraw
+from tests.instrumentation.servers import run_asgi_server
+
+LIMIT = 4096
+
+
+async def thing(call: Call) -> Response:
+    """A new way in: it only does its own work (or fails the way the body asks)."""
+    assert call.participant is not None
+    failing = {b"timeout": UpstreamError(504, "the upstream did not answer in 1 s"),
+               b"refuse": Refusal(422, "not a thing: send a thing", "not_a_thing", "thing"),
+               b"bug": RuntimeError("a bug with a secret ft_abc in its message"),
+               b"db": OperationalError("SELECT 1", {}, Exception("disk I/O error"))}
+    if call.body in failing:
+        raise failing[call.body]
+    return json_response(200, {"participant": call.participant.id, "bytes": len(call.body)})
+
+
+class Things(Extension):
+    name = "things"
+
+    def routes(self, ctx: AppContext) -> list[BaseRoute]:
+        return [guarded_route("/flowtrial/v1/things", thing),  # OpenAI's error shape
+                guarded_route("/flowtrial/v1/anthropic-things", thing, adapter=MessagesAdapter)]
+
+
+def _counts(url: str) -> tuple[int, int]:
+    h = httpx.get(url + "/flowtrial/v1/health").json()
+    return h["requests"], h["errors"]
+
+
+def test_a_new_route_gets_auth_limits_counting_and_protocol_shaped_errors(make_study: Any
+                                                                          ) -> None:
+    s = make_study({"proxy": {"max_body_bytes": LIMIT}}, participants=("p01", "p02"))
+    app = create_proxy_app(s.database, s.config, extensions=[Things()])
+    key = {"authorization": f"Bearer {s.keys['p01']}"}
+    with run_asgi_server(app) as url:
+        post = lambda body, headers=key, path="/flowtrial/v1/things": httpx.post(  # noqa: E731
+            url + path, content=body, headers=headers)
+        r = post(b"hello")
+        assert r.status_code == 200 and r.json() == {"participant": "p01", "bytes": 5}
+        requests0, errors0 = _counts(url)
+
+        # Authentication: no key, an unknown key (OpenAI's shape; Anthropic's where asked).
+        r = post(b"x", {})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = post(b"x", {"x-api-key": "ft_not_a_key"}, "/flowtrial/v1/anthropic-things")
+        assert r.status_code == 401 and r.json()["type"] == "error"
+        assert r.json()["error"]["type"] == "authentication_error"  # Anthropic's own type
+        # The body limit: 413 naming the setting, by Content-Length and when streamed.
+        r = post(b"a" * (LIMIT + 1))
+        assert r.status_code == 413 and "proxy.max_body_bytes" in r.json()["error"]["message"]
+        r = post(iter([b"a" * 1024] * 8))  # chunked: no Content-Length to refuse by
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        # Error mapping: upstream timeout, a refusal naming its field, a bug (no traceback).
+        r = post(b"timeout")
+        assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
+        r = post(b"refuse", path="/flowtrial/v1/anthropic-things")
+        assert r.status_code == 422 and r.json()["error"]["message"].startswith("not a thing")
+        r = post(b"refuse")
+        assert r.json()["error"]["param"] == "thing"
+        r = post(b"bug")
+        assert r.status_code == 500 and r.json()["error"]["code"] == "proxy_error"
+        assert "ft_abc" not in r.text and "Traceback" not in r.text
+        # Consent: a withdrawn participant is refused once the proxy has re-read who is.
+        withdraw(s.database, "p02")
+        app.state.proxy.auth.refresh()
+        r = post(b"x", {"authorization": f"Bearer {s.keys['p02']}"})
+        assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+        # Counting: every request counted, every refusal an error; nothing written by hand.
+        requests1, errors1 = _counts(url)
+        assert (requests1 - requests0, errors1 - errors0) == (9, 9)
+        # Recording: a failed database read trips the gate (its probe reopens it once the
+        # database answers, here at once) and is answered 503 + Retry-After.
+        r = post(b"db")
+        assert r.status_code == 503 and r.headers["retry-after"]
+        assert r.json()["error"]["code"] == "database_unavailable"
+        assert app.state.proxy.recorder.gate.trips == 1
+
+
+def test_every_shipped_way_in_runs_the_one_list(make_study: Any) -> None:
+    """The model routes, token counts, model lists, the event API and activity uploads are
+    guarded endpoints running the same HOOKS, in the documented order."""
+    assert [h.name for h in hooks.HOOKS] == ["counting", "recording", "authentication",
+                                            "body_limit", "error_mapping"]
+    s = make_study()
+    app = create_proxy_app(s.database, s.config)
+    guarded = {r.path for r in app.routes
+               if isinstance(r, Route) and getattr(r.endpoint, "hooks", None) is hooks.HOOKS}
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+            "/v1/messages/count_tokens", "/v1beta/models/{model}:countTokens", "/v1/models",
+            "/v1beta/models", "/flowtrial/v1/events", POLICY_PATH, UPLOAD_PATH} <= guarded
