@@ -121,10 +121,10 @@ def _turn_open_at(conn: Connection, pid: str, ts_ns: int) -> int:
     return ts_ns
 
 
-def _insert_turns(conn: Connection, participants: tuple[str, ...], since_ns: int | None) -> int:
+def _insert_turns(conn: Connection, participants: tuple[str, ...], since_ns: int | None) -> None:
     """Write the turns of ``participants`` from ``since_ns`` on, in one INSERT … SELECT (no
     row passes through Python), each with its gap to the person's next turn (NULL for the
-    person's last); returns the turns written."""
+    person's last)."""
     t = telemetry_turns(conn.dialect.name, participants, since_ns).subquery()
     gap = func.lead(t.c.start_ns).over(partition_by=t.c.pid, order_by=t.c.start_ns)
     ident = (t.c.pid + ":" + t.c.agent + ":" + cast(t.c.start_ns, String))
@@ -135,7 +135,7 @@ def _insert_turns(conn: Connection, participants: tuple[str, ...], since_ns: int
                  t.c.first_call_ns, t.c.wait_ns, func.coalesce(t.c.calls, 0),
                  func.coalesce(t.c.decided, 0), func.coalesce(t.c.accepted, 0),
                  t.c.decide_s, gap - t.c.start_ns)
-    return int(conn.execute(TT_T.insert().from_select(cols, sel)).rowcount or 0)
+    conn.execute(TT_T.insert().from_select(cols, sel))
 
 
 def refresh_team_turns(conn: Connection, pid: str, since_ns: int) -> int:
@@ -143,7 +143,10 @@ def refresh_team_turns(conn: Connection, pid: str, since_ns: int) -> int:
     written. The turn before keeps its row; only its gap to the next turn is updated."""
     lo = _turn_open_at(conn, pid, since_ns)
     conn.execute(delete(TT_T).where(TT.participant_id == pid, TT.start_ns >= lo))
-    n = _insert_turns(conn, (pid,), lo)
+    _insert_turns(conn, (pid,), lo)
+    # Counted, not the driver's rowcount: psycopg reports -1 for INSERT … SELECT.
+    n = int(conn.execute(select(func.count()).where(
+        TT.participant_id == pid, TT.start_ns >= lo)).scalar_one())
     prev = conn.execute(select(TT.id, TT.start_ns).where(
         TT.participant_id == pid, TT.start_ns < lo).order_by(TT.start_ns.desc()).limit(1)).first()
     if prev is not None:
@@ -154,12 +157,14 @@ def refresh_team_turns(conn: Connection, pid: str, since_ns: int) -> int:
     return n
 
 
-def rebuild_team_turns(conn: Connection, chunk: int = 25) -> int:
+def rebuild_team_turns(conn: Connection) -> int:
     """Every person's turns from scratch (after an import, or a generated team), in bulk SQL:
-    ``chunk`` people per statement (each an index range of the events), so the database's
-    sort stays a few people wide however long the study ran."""
+    one statement per person, each an index range of the events (``participant_id,
+    ts_ns``: SQLite would otherwise pick the ``kind`` index and read everyone's events), so
+    the database's sort stays one person wide however long the study ran."""
     pids = [str(p) for p in conn.execute(select(EV.participant_id).where(
         EV.source == "otel").distinct()).scalars()]
     conn.execute(delete(TT_T))
-    return sum(_insert_turns(conn, tuple(pids[i:i + chunk]), None)
-               for i in range(0, len(pids), chunk))
+    for pid in pids:
+        _insert_turns(conn, (pid,), 0)
+    return int(conn.execute(select(func.count()).select_from(TT_T)).scalar_one())
