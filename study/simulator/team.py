@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy.engine import Connection
+from sqlmodel import SQLModel
 
+from ..schema import Event
 from ..storage import Database, utcnow
 from ..team import ensure_members
 from ..team_turns import rebuild_team_turns
@@ -33,6 +35,7 @@ AGENTS = (("claude_code", "claude-sonnet-4"), ("codex", "gpt-5"), ("gemini_cli",
 COLUMNS = ("participant_id", "cycle_id", "kind", "ts_ns", "duration_s", "source",
            "payload_json", "dedupe_key", "received_at")
 Row = tuple[Any, ...]
+EVENTS = SQLModel.metadata.tables[str(Event.__tablename__)]
 
 
 def _payloads(agent: str, model: str) -> dict[str, str]:
@@ -125,10 +128,17 @@ def _received(db: Database) -> Any:
 
 def simulate_team(db: Database, people: int, weeks: int, turns_per_day: int = 2,
                   seed: int = 0, batch: int = 50_000, days_per_week: int = 5,
-                  rebuild: bool = True, focus_share: float = 0.0) -> int:
+                  rebuild: bool = True, focus_share: float = 0.0,
+                  defer_indexes: bool = False) -> int:
     """Write the generated team into ``db`` (an observe study); returns the events written.
-    ``rebuild`` then builds every turn in bulk SQL (the receiver does it batch by batch)."""
+    ``rebuild`` then builds every turn in bulk SQL (the receiver does it batch by batch).
+    ``defer_indexes`` drops the events' secondary indexes for the load and builds them
+    after it (one sort each instead of millions of B-tree inserts: a generated year)."""
     ensure_members(db, dict.fromkeys(f"t-{i:016x}" for i in range(1, people + 1)))
+    indexes = list(EVENTS.indexes) if defer_indexes else []
+    with db.engine.begin() as conn:
+        for ix in indexes:
+            conn.exec_driver_sql(f"DROP INDEX IF EXISTS {ix.name}")
     rows: list[Row] = []
     n = 0
     for r in team_events(people, weeks, turns_per_day, seed, days_per_week, focus_share,
@@ -141,6 +151,8 @@ def simulate_team(db: Database, people: int, weeks: int, turns_per_day: int = 2,
             rows = []
     with db.engine.begin() as conn:
         insert_events(conn, rows)
+        for ix in indexes:
+            ix.create(conn)
         if rebuild:
             rebuild_team_turns(conn)
     return n + len(rows)
