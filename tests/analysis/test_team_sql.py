@@ -142,3 +142,51 @@ def test_turns_kept_up_batch_by_batch_equal_the_bulk_rebuild(new_db) -> None:
     pd.testing.assert_frame_equal(kept, stored_turns(db))
     assert kept["gap_ns"].isna().sum() == 3  # each person's last turn only
     assert dict(zip(COLUMNS, rows[0], strict=True))["source"] == "otel"
+
+
+def test_reconcile_pairs_each_proxy_turn_once_with_the_nearest_telemetry_turn(new_db) -> None:
+    """The candidates come from one SQL join; the pairing must be the one-to-one nearest
+    match in time order, as computed here turn by turn in Python."""
+    from flowtrial.analysis.team import MATCH_TOLERANCE_S, reconcile
+    from flowtrial.study.schema import Turn
+
+    db = observe_db(new_db, "team.db")
+    simulate_team(db, 3, 1, turns_per_day=4, seed=11)
+    tel = stored_turns(db).merge(_first_calls(db), on=["participant_id", "start_ns"])
+    rng = np.random.default_rng(2)
+    proxy = []
+    for i, r in enumerate(tel[tel["participant_id"] != "t-0000000000000003"].itertuples()):
+        for k in range(1 + (i % 3 == 0)):  # every third turn has a farther decoy too
+            proxy.append({"id": f"p{i}-{k}", "participant_id": r.participant_id,
+                          "arm": "a", "protocol": "openai", "mono_anchor_ns": 0,
+                          "wall_anchor_ns": 0, "first_cycle_id": "c",
+                          "t_start_ns": int(r.first_call_ns + rng.uniform(-0.5, 0.5) * NS
+                                            + k * 1.2 * NS),
+                          "started_at": pd.Timestamp("2026-01-05", tz="UTC").to_pydatetime(),
+                          "wait_ms": float(rng.uniform(1000, 9000))})
+    with db.engine.begin() as conn:
+        conn.execute(Turn.__table__.insert(), proxy)  # type: ignore[attr-defined]
+        got = reconcile(conn, TeamQuery("telemetry", dialect=db.engine.dialect.name))
+    taken: set[str] = set()
+    want = []
+    for r in tel.sort_values(["participant_id", "start_ns"]).itertuples():
+        near = [(abs(p["t_start_ns"] - r.first_call_ns), p["id"], p["wait_ms"]) for p in proxy
+                if p["participant_id"] == r.participant_id and p["id"] not in taken
+                and abs(p["t_start_ns"] - r.first_call_ns) <= MATCH_TOLERANCE_S * NS]
+        best = min(near) if near else None
+        if best:
+            taken.add(best[1])
+        want.append((best[1] if best else None, best[2] / 1000 if best else None))
+    assert len(got) == len(tel) == 3 * 5 * 4
+    assert [None if pd.isna(x) else x for x in got["proxy_turn_id"]] == [w[0] for w in want]
+    matched = got["proxy_turn_id"].notna()
+    assert matched.sum() == 2 * 5 * 4  # the third person has no proxy turns
+    np.testing.assert_allclose(got.loc[matched, "wait_s"], [w[1] for w in want if w[0]])
+    np.testing.assert_allclose(got.loc[matched, "diff_s"], got.loc[matched, "telemetry_span_s"]
+                               - got.loc[matched, "proxy_wait_s"])
+
+
+def _first_calls(db: Database) -> pd.DataFrame:
+    with db.engine.connect() as conn:
+        return pd.read_sql(text("SELECT participant_id, start_ns, first_call_ns "
+                                "FROM team_turns"), conn)
