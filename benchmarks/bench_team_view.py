@@ -85,8 +85,12 @@ def render(url: str) -> dict[str, Any]:
     out["rss_sql_mb"] = rss_mb()
     os.environ["FLOWTRIAL_DASHBOARD_DB"] = url
     os.environ["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"
+    c = Clock()
+    import altair  # noqa: F401 - paid once per dashboard process, not per page
     from streamlit.testing.v1 import AppTest
 
+    import flowtrial.dashboards.ui  # noqa: F401
+    out["imports"] = str(c)
     at = AppTest.from_file(str(APP), default_timeout=1800)
     for page in ("pages/overview.py", "pages/team.py"):
         c = Clock()
@@ -189,6 +193,7 @@ def main() -> None:
                                         ).stdout.splitlines()[-1])
         print(f"first render in a fresh process ({load()}):")
         print(f"  floor: one full scan of team_turns  {out['floor']}")
+        print(f"  {'imports (once per process)':34s} {out.get('imports')}")
         for k in ("team_weekly", "team_wait_bins", "team_agents"):
             print(f"  {k:34s} {out[k][0]}  {out[k][1]:8,} rows")
         for k in ("pages/overview.py", "pages/team.py"):
