@@ -31,7 +31,7 @@ from sqlalchemy.sql.selectable import Subquery
 from sqlmodel import SQLModel
 
 from flowtrial.study.schema import Cycle, Event, TeamTurn, Turn
-from flowtrial.study.team_turns import person_decision
+from flowtrial.study.team_turns import person_decision, telemetry_turns
 
 __all__ = [
     "DECISION_KINDS",
@@ -288,24 +288,23 @@ RECONCILE_COLUMNS = ["pid", "agent", "prompt_ns", "telemetry_wait_s", "telemetry
 
 def reconcile(conn: Any, q: TeamQuery) -> pd.DataFrame:
     """Telemetry turns beside the proxy's turns, where both exist (one study with the proxy
-    in the path *and* the agents' telemetry). Per telemetry turn (``team_turns``, filtered
-    by ``q``'s participants and time range on the turn's start): its wait (prompt → final
+    in the path *and* the agents' telemetry). Per telemetry turn (computed from the events,
+    filtered by ``q``'s participants and time range on the turn's start): its wait (prompt → final
     answer), its span (first request's start → final answer: what the proxy can see), the
     proxy turn it matches (same person, the proxy's start within :data:`MATCH_TOLERANCE_S`
     of the first request's start; each proxy turn once), the proxy's wait, ``diff_s`` =
     span − proxy wait, and ``wait_s``: the proxy's when matched (its clock is the one that
     shaped the wait), else the telemetry's. Real seconds.
 
-    The database pairs each turn with its candidates (one join on person and tolerance); only
-    those pairs come back, and the one-to-one choice among them is made here."""
-    tel = select(TT.participant_id.label("pid"), TT.agent, TT.start_ns, TT.first_call_ns,
-                 TT.end_ns, TT.wait_ns)
-    if q.participants:
-        tel = tel.where(TT.participant_id.in_(q.participants))
+    The database builds the turns and pairs each with its candidates (one join on person and
+    tolerance); only those pairs come back, and the one-to-one choice among them is made here."""
+    # From the events (in SQL), not team_turns: a study with the proxy keeps no team_turns.
+    e = telemetry_turns(q.dialect, q.participants).subquery()
+    tel = select(e.c.pid, e.c.agent, e.c.start_ns, e.c.first_call_ns, e.c.end_ns, e.c.wait_ns)
     if q.start_ns is not None:
-        tel = tel.where(TT.start_ns >= q.start_ns)
+        tel = tel.where(e.c.start_ns >= q.start_ns)
     if q.end_ns is not None:
-        tel = tel.where(TT.start_ns < q.end_ns)
+        tel = tel.where(e.c.start_ns < q.end_ns)
     t = tel.subquery()
     start = TU.wall_anchor_ns + (TU.t_start_ns - TU.mono_anchor_ns)
     p = (select(TU.id, TU.participant_id.label("ppid"), start.label("pstart"), TU.wait_ms)
