@@ -99,7 +99,9 @@ def telemetry_turns(dialect: str, participants: tuple[str, ...] = (),
 
 #: How far back :func:`refresh_team_turns` first looks for the turn open at a batch's first
 #: record (a person's turns are seconds to minutes long): only if no turn starts in that day
-#: does it read the person's whole history.
+#: does it read the person's whole history. The price: a turn of one agent still receiving
+#: records over a day after its prompt, while another agent of the same person had a prompt
+#: that day, is not rebuilt by that batch (a full rebuild does it).
 LOOKBACK_NS = 86_400 * NS
 
 
