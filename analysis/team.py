@@ -171,10 +171,14 @@ def team_weekly(conn: Any, q: TeamQuery) -> pd.DataFrame:
                    func.sum(w.c.wait_ns), func.sum(active), func.sum(w.c.decided),
                    func.sum(w.c.accepted), func.sum(w.c.decide_s), func.sum(w.c.calls))
             .group_by("who", "week"))
-    # Switches during waits: focus_out events inside a wait (index on participant, ts).
+    # Switches during waits: focus_out events inside a wait. Driven by the focus events (only
+    # people with capture have any); a wait holding one starts at most the longest wait
+    # before it, which bounds each lookup to a short index range of (participant, start).
+    longest = int(conn.execute(select(func.max(w.c.end_ns - w.c.start_ns))).scalar() or 0)
     sw = (select(who, week, func.count(EV.id))
           .select_from(w.join(EVENT_T, and_(EV.participant_id == w.c.pid,
-                                            EV.ts_ns >= w.c.start_ns, EV.ts_ns <= w.c.end_ns)))
+                                            EV.ts_ns >= w.c.start_ns, EV.ts_ns <= w.c.end_ns,
+                                            w.c.start_ns >= EV.ts_ns - longest)))
           .where(EV.kind == "focus_out").group_by("who", "week"))
     # Focus capture present: the person had any focus or AFK events that week.
     cap_week = _week(EV.ts_ns)
@@ -182,10 +186,13 @@ def team_weekly(conn: Any, q: TeamQuery) -> pd.DataFrame:
     cap = (select(EV.participant_id.label("cpid"), cap_week.label("cweek"))
            .where(EV.kind.in_(CAPTURE_KINDS)).group_by(EV.participant_id, cap_week)
            .subquery())
-    captured = (select(who, week, func.count(w.c.pid.distinct()))
-                .select_from(w.join(cap, and_(cap.c.cpid == w.c.pid,
-                                              cap.c.cweek == _week(w.c.start_ns))))
-                .group_by("who", "week"))
+    # The (group, week, person) triples first (one pass over the waits), then the few
+    # captured (person, week) pairs matched to them: not every wait against every week.
+    pw = select(who, week, w.c.pid.label("p")).distinct().subquery()
+    captured = (select(pw.c.who, pw.c.week, func.count(pw.c.p.distinct()))
+                .select_from(pw.join(cap, and_(cap.c.cpid == pw.c.p,
+                                               cap.c.cweek == pw.c.week)))
+                .group_by(pw.c.who, pw.c.week))
     cols = ["who", "week", "waits", "people", "wait_ns", "active_ns", "decided", "accepted",
             "decide_s", "calls"]
     df = pd.DataFrame([tuple(r) for r in conn.execute(main)], columns=cols)
@@ -281,38 +288,65 @@ RECONCILE_COLUMNS = ["pid", "agent", "prompt_ns", "telemetry_wait_s", "telemetry
 
 def reconcile(conn: Any, q: TeamQuery) -> pd.DataFrame:
     """Telemetry turns beside the proxy's turns, where both exist (one study with the proxy
-    in the path *and* the agents' telemetry). Per telemetry turn: its wait (prompt → final
+    in the path *and* the agents' telemetry). Per telemetry turn (computed from the events,
+    filtered by ``q``'s participants and time range on the turn's start): its wait (prompt → final
     answer), its span (first request's start → final answer: what the proxy can see), the
     proxy turn it matches (same person, the proxy's start within :data:`MATCH_TOLERANCE_S`
     of the first request's start; each proxy turn once), the proxy's wait, ``diff_s`` =
     span − proxy wait, and ``wait_s``: the proxy's when matched (its clock is the one that
-    shaped the wait), else the telemetry's. Real seconds."""
-    w = telemetry_turns(q.dialect, q.participants).subquery()
-    tel = pd.DataFrame([tuple(r) for r in conn.execute(
-        select(w.c.pid, w.c.agent, w.c.start_ns, w.c.first_call_ns, w.c.end_ns,
-               w.c.wait_ns).order_by(w.c.pid, w.c.start_ns))],
-        columns=["pid", "agent", "prompt_ns", "first_ns", "end_ns", "wait_ns"])
+    shaped the wait), else the telemetry's. Real seconds.
+
+    The database builds the turns and pairs each with its candidates (one join on person and
+    tolerance); only those pairs come back, and the one-to-one choice among them is made here."""
+    # From the events (in SQL), not team_turns: a study with the proxy keeps no team_turns.
+    e = telemetry_turns(q.dialect, q.participants).subquery()
+    tel = select(e.c.pid, e.c.agent, e.c.start_ns, e.c.first_call_ns, e.c.end_ns, e.c.wait_ns)
+    if q.start_ns is not None:
+        tel = tel.where(e.c.start_ns >= q.start_ns)
+    if q.end_ns is not None:
+        tel = tel.where(e.c.start_ns < q.end_ns)
+    t = tel.subquery()
     start = TU.wall_anchor_ns + (TU.t_start_ns - TU.mono_anchor_ns)
-    tq = select(TU.id, TU.participant_id, start, TU.wait_ms).where(TU.wait_ms.is_not(None))
-    if q.participants:
-        tq = tq.where(TU.participant_id.in_(q.participants))
-    prox = pd.DataFrame([tuple(r) for r in conn.execute(tq)],
-                        columns=["id", "pid", "start_ns", "wait_ms"])
-    out = []
+    p = (select(TU.id, TU.participant_id.label("ppid"), start.label("pstart"), TU.wait_ms)
+         .where(TU.wait_ms.is_not(None)).subquery())
+    tol = int(MATCH_TOLERANCE_S * NS)
+    near = and_(p.c.ppid == t.c.pid, p.c.pstart >= t.c.first_call_ns - tol,
+                p.c.pstart <= t.c.first_call_ns + tol)
+    rows = conn.execute(select(*t.c, p.c.id, p.c.pstart, p.c.wait_ms)
+                        .select_from(t.outerjoin(p, near))
+                        .order_by(t.c.pid, t.c.start_ns, t.c.agent))
+    return pd.DataFrame(_pair(rows, q.time_scale), columns=RECONCILE_COLUMNS)
+
+
+def _pair(rows: Any, scale: float) -> list[tuple[Any, ...]]:
+    """One row per telemetry turn: the nearest proxy turn not yet taken, in time order."""
+    out: list[tuple[Any, ...]] = []
     taken: set[str] = set()
-    tol = MATCH_TOLERANCE_S * NS
-    for r in tel.itertuples(index=False):
-        cand = prox[(prox["pid"] == r.pid) & ~prox["id"].isin(taken)
-                    & ((prox["start_ns"] - r.first_ns).abs() <= tol)]
-        match = None
-        if len(cand):
-            match = cand.loc[(cand["start_ns"] - r.first_ns).abs().idxmin()]
-            taken.add(str(match["id"]))
-        span = (r.end_ns - r.first_ns) / NS * q.time_scale
-        proxy_wait = float(match["wait_ms"]) / 1000 * q.time_scale if match is not None else None
-        tel_wait = float(r.wait_ns) / NS * q.time_scale
-        out.append((r.pid, r.agent, int(r.prompt_ns), tel_wait, span,
-                    None if match is None else str(match["id"]), proxy_wait,
-                    None if proxy_wait is None else span - proxy_wait,
-                    tel_wait if proxy_wait is None else proxy_wait))
-    return pd.DataFrame(out, columns=RECONCILE_COLUMNS)
+    turn: tuple[Any, ...] | None = None
+    cands: list[tuple[float, str, float]] = []
+
+    def close() -> None:
+        if turn is None:
+            return
+        pid, agent, prompt, first, end, wait = turn
+        free = [c for c in cands if c[1] not in taken]
+        match = min(free) if free else None
+        if match is not None:
+            taken.add(match[1])
+        span = (end - first) / NS * scale if first is not None else float("nan")
+        proxy = match[2] / 1000 * scale if match is not None else None
+        tel_wait = float(wait) / NS * scale
+        out.append((pid, agent, int(prompt), tel_wait, span,
+                    None if match is None else match[1], proxy,
+                    None if proxy is None else span - proxy,
+                    tel_wait if proxy is None else proxy))
+
+    for r in rows:
+        key = tuple(r[:6])
+        if key != turn:
+            close()
+            turn, cands = key, []
+        if r[6] is not None:
+            cands.append((abs(float(r[7]) - float(r[3])), str(r[6]), float(r[8])))
+    close()
+    return out

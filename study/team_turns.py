@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Select, and_, case, cast, delete, func, select, update
+from sqlalchemy import JSON, Select, String, and_, case, cast, delete, func, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement
 from sqlmodel import SQLModel
@@ -97,43 +97,76 @@ def telemetry_turns(dialect: str, participants: tuple[str, ...] = (),
             .having(answer.is_not(None)))
 
 
+#: How far back :func:`refresh_team_turns` first looks for the turn open at a batch's first
+#: record (a person's turns are seconds to minutes long): only if no turn starts in that day
+#: does it read the person's whole history. The price: a turn of one agent still receiving
+#: records over a day after its prompt, while another agent of the same person had a prompt
+#: that day, is not rebuilt by that batch (a full rebuild does it).
+LOOKBACK_NS = 86_400 * NS
+
+
 def _turn_open_at(conn: Connection, pid: str, ts_ns: int) -> int:
-    """The earliest start of a turn (any agent of ``pid``) still open at ``ts_ns``."""
-    latest = (select(func.max(EV.ts_ns).label("t"))
-              .where(EV.participant_id == pid, EV.source == "otel",
-                     EV.kind == "turn_start", EV.ts_ns <= ts_ns)
-              .group_by(json_field(EV.payload_json, "agent", conn.dialect.name)).subquery())
-    lo = conn.execute(select(func.min(latest.c.t))).scalar()
-    return int(lo) if lo is not None else ts_ns
+    """The earliest start of a turn (any agent of ``pid``) still open at ``ts_ns``: the
+    latest prompt of each agent at or before ``ts_ns``, looked for in the last
+    :data:`LOOKBACK_NS` first (an index range on the person's events), then in all."""
+    for floor in (ts_ns - LOOKBACK_NS, None):
+        parts = [EV.participant_id == pid, EV.source == "otel", EV.kind == "turn_start",
+                 EV.ts_ns <= ts_ns]
+        if floor is not None:
+            parts.append(EV.ts_ns >= floor)
+        latest = (select(func.max(EV.ts_ns).label("t")).where(*parts)
+                  .group_by(json_field(EV.payload_json, "agent", conn.dialect.name))
+                  .subquery())
+        lo = conn.execute(select(func.min(latest.c.t))).scalar()
+        if lo is not None:
+            return int(lo)
+    return ts_ns
+
+
+def _insert_turns(conn: Connection, participants: tuple[str, ...], since_ns: int | None) -> None:
+    """Write the turns of ``participants`` from ``since_ns`` on, in one INSERT … SELECT (no
+    row passes through Python), each with its gap to the person's next turn (NULL for the
+    person's last)."""
+    t = telemetry_turns(conn.dialect.name, participants, since_ns).subquery()
+    gap = func.lead(t.c.start_ns).over(partition_by=t.c.pid, order_by=t.c.start_ns)
+    ident = (t.c.pid + ":" + t.c.agent + ":" + cast(t.c.start_ns, String))
+    cols = ["id", "participant_id", "agent", "model", "week", "start_ns", "end_ns",
+            "first_call_ns", "wait_ns", "calls", "decided", "accepted", "decide_s", "gap_ns"]
+    sel = select(ident, t.c.pid, t.c.agent, t.c.model,
+                 (t.c.start_ns + MONDAY_SHIFT_NS) // WEEK_NS, t.c.start_ns, t.c.end_ns,
+                 t.c.first_call_ns, t.c.wait_ns, func.coalesce(t.c.calls, 0),
+                 func.coalesce(t.c.decided, 0), func.coalesce(t.c.accepted, 0),
+                 t.c.decide_s, gap - t.c.start_ns)
+    conn.execute(TT_T.insert().from_select(cols, sel))
 
 
 def refresh_team_turns(conn: Connection, pid: str, since_ns: int) -> int:
     """Rebuild ``pid``'s turns from the one open at ``since_ns`` on; returns the turns
     written. The turn before keeps its row; only its gap to the next turn is updated."""
     lo = _turn_open_at(conn, pid, since_ns)
-    rows = [dict(r._mapping) for r in conn.execute(
-        telemetry_turns(conn.dialect.name, (pid,), lo).order_by("start_ns"))]
     conn.execute(delete(TT_T).where(TT.participant_id == pid, TT.start_ns >= lo))
-    for i, r in enumerate(rows):
-        r["gap_ns"] = rows[i + 1]["start_ns"] - r["start_ns"] if i + 1 < len(rows) else None
-        r["id"] = f"{pid}:{r['agent']}:{r['start_ns']}"
-        r["participant_id"] = r.pop("pid")
-        r["week"] = (int(r["start_ns"]) + MONDAY_SHIFT_NS) // WEEK_NS
-        for c in ("calls", "decided", "accepted"):
-            r[c] = int(r[c] or 0)
-    if rows:
-        conn.execute(TT_T.insert(), rows)
+    _insert_turns(conn, (pid,), lo)
+    # Counted, not the driver's rowcount: psycopg reports -1 for INSERT … SELECT.
+    n = int(conn.execute(select(func.count()).where(
+        TT.participant_id == pid, TT.start_ns >= lo)).scalar_one())
     prev = conn.execute(select(TT.id, TT.start_ns).where(
         TT.participant_id == pid, TT.start_ns < lo).order_by(TT.start_ns.desc()).limit(1)).first()
     if prev is not None:
-        nxt = rows[0]["start_ns"] if rows else None
+        nxt = conn.execute(select(func.min(TT.start_ns)).where(
+            TT.participant_id == pid, TT.start_ns >= lo)).scalar()
         conn.execute(update(TT_T).where(TT.id == prev[0]).values(
             gap_ns=None if nxt is None else int(nxt) - int(prev[1])))
-    return len(rows)
+    return n
 
 
 def rebuild_team_turns(conn: Connection) -> int:
-    """Every person's turns from scratch (after an import, or a generated team)."""
+    """Every person's turns from scratch (after an import, or a generated team), in bulk SQL:
+    one statement per person, each an index range of the events (``participant_id,
+    ts_ns``: SQLite would otherwise pick the ``kind`` index and read everyone's events), so
+    the database's sort stays one person wide however long the study ran."""
     pids = [str(p) for p in conn.execute(select(EV.participant_id).where(
         EV.source == "otel").distinct()).scalars()]
-    return sum(refresh_team_turns(conn, pid, 0) for pid in pids)
+    conn.execute(delete(TT_T))
+    for pid in pids:
+        _insert_turns(conn, (pid,), 0)
+    return int(conn.execute(select(func.count()).select_from(TT_T)).scalar_one())
