@@ -17,6 +17,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "logistic_slopes": {"truth": "logistic_slopes"},
     "hazard": {"truth": "hazard", "intercept_sd": 0.5},
     "hazard_unbal": {"truth": "hazard", "intercept_sd": 0.5, "unbalanced": True},
+    "sigmoid": {"truth": "sigmoid", "intercept_sd": 0.5},
+    "weibull_frailty": {"truth": "weibull_frailty", "intercept_sd": 0.5},
     # threshold (median personal ψ = PSI)
     "hinge": {"truth": "hinge", "intercept_sd": 0.5},
     "hinge_strong": {"truth": "hinge_slopes", "slope_sd": 0.8},
@@ -49,6 +51,8 @@ def family_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, An
         row.update(found=bool(out["found"]), reason=out["reason"], psi=p["median_psi_s"],
                    ci=p["ci_s"], tau=p["tau"], tau_ci=p["tau_ci"],
                    shape_ok=(p.get("shape") or {}).get("lognormal_like"),
+                   shape_gain=(p.get("shape") or {}).get("loglik_gain_two_groups"),
+                   kappa=p.get("slope_sd"), p_kappa=p.get("p_slope_sd_zero"),
                    best_alt=(out.get("alternatives") or {}).get("best"),
                    p_threshold=(out.get("alternatives") or {}).get("p_value"))
     row["seconds"] = time.perf_counter() - t0
