@@ -176,7 +176,8 @@ def fit_personal_threshold(
     data = _data(df)
     model = RandomBreakpointModel(data, nodes, detection=detection_share)
     best = max((maximize(model, s) for s in starts(data)), key=lambda f: f.loglik)
-    model, best, nodes, slope = _with_random_slope(data, detection_share, model, best, nodes)
+    model, best, nodes, slope = _with_random_slope(data, detection_share, model, best,
+                                                   nodes, workers)
     check_nodes = CHECK_NODES if len(nodes) == 2 else SLOPE_CHECK_NODES
     se = wald_se(model, best.theta)
     crit = float(chi2.ppf(level, 1))
@@ -261,23 +262,31 @@ def fit_personal_threshold(
 
 
 def _with_random_slope(data: CycleData, detection: float, model: RandomBreakpointModel,
-                       best: Fit, nodes: tuple[int, ...]
+                       best: Fit, nodes: tuple[int, ...], workers: int | None
                        ) -> tuple[RandomBreakpointModel, Fit, tuple[int, ...], float]:
     """Do people's slopes above the breakpoint differ? The hinge refitted with a random slope
-    (`SLOPE_NODES`) against the same hinge without it at the same nodes, by the boundary LR
-    test (½χ²₀ + ½χ²₁). When it rejects at `SLOPE_ALPHA` the random-slope fit replaces the
-    main fit (otherwise slope differences push the median threshold up). Returns (model, fit,
-    nodes, p of κ = 0)."""
-    rs_model = RandomBreakpointModel(data, SLOPE_NODES, detection=detection)
-    plain = maximize(RandomBreakpointModel(data, SLOPE_NODES[:2], detection=detection),
-                     best.theta)
-    rs = max((maximize(rs_model, np.r_[best.theta, k]) for k in (0.3, 0.8)),
-             key=lambda f: f.loglik)
+    (`SLOPE_NODES`) against the same hinge without it at the same nodes (two worker jobs), by
+    the boundary LR test (½χ²₀ + ½χ²₁). When it rejects at `SLOPE_ALPHA` the random-slope fit
+    replaces the main fit (otherwise slope differences push the median threshold up).
+    Returns (model, fit, nodes, p of κ = 0)."""
+    plain, rs = run_jobs(_slope_job, [(data, detection, best, False),
+                                      (data, detection, best, True)], workers)
     lr = max(0.0, 2 * (rs.loglik - plain.loglik))
     p = 1.0 if lr <= 0 else 0.5 * float(chi2.sf(lr, 1))
     if p < SLOPE_ALPHA:
-        return rs_model, rs, SLOPE_NODES, p
+        return RandomBreakpointModel(data, SLOPE_NODES, detection=detection), rs, SLOPE_NODES, p
     return model, best, nodes, p
+
+
+def _slope_job(data: CycleData, detection: float, best: Fit, random_slope: bool) -> Fit:
+    """The hinge at `SLOPE_NODES` from the main fit, with (the better of κ starts 0.3 and 0.8)
+    or without the random slope (runs on a worker process)."""
+    if not random_slope:
+        return maximize(RandomBreakpointModel(data, SLOPE_NODES[:2], detection=detection),
+                        best.theta)
+    model = RandomBreakpointModel(data, SLOPE_NODES, detection=detection)
+    return max((maximize(model, np.r_[best.theta, k]) for k in (0.3, 0.8)),
+               key=lambda f: f.loglik)
 
 
 def estimate_detection_share(counted: pd.Series, all_switches: pd.Series) -> float:

@@ -59,18 +59,18 @@ def family_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, An
     return row
 
 
-def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    """Exact binomial CI for k successes in n."""
-    from scipy.stats import beta
-
-    a = (1 - level) / 2
-    lo = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
-    hi = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
-    return lo, hi
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score 95 % CI for k successes in n."""
+    if n == 0:
+        return math.nan, math.nan
+    p = k / n
+    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
 
 
 def family_table(results: list[dict[str, Any]], console: Any) -> None:
-    """Per family and size: false-threshold or found rate (Clopper-Pearson 95 % CI), ψ̂
+    """Per family and size: false-threshold or found rate (Wilson 95 % CI), ψ̂
     bias, CI and τ coverage (threshold families), time per analysis."""
     from rich.table import Table
 
@@ -86,7 +86,7 @@ def family_table(results: list[dict[str, Any]], console: Any) -> None:
                 continue
             good = [r for r in rows if "error" not in r]
             k = sum(r["found"] for r in good)
-            lo, hi = clopper_pearson(k, len(good)) if good else (math.nan, math.nan)
+            lo, hi = wilson(k, len(good)) if good else (math.nan, math.nan)
             thr = rows[0]["threshold_truth"]
             cover = tau_c = bias = "—"
             if thr and good and fam != "bimodal":

@@ -208,3 +208,18 @@ def test_headline_of_a_no_threshold_study_names_the_steady_rise() -> None:
     assert line.startswith("No flow threshold reported: switching rises steadily with the "
                            "wait: each extra second of waiting adds about 1.5 %")
     assert "p = 0.65 > 0.05" in line and line.endswith(").")
+
+
+def test_headline_when_the_monotone_curve_wins() -> None:
+    """The spline alternative's finding, through the verdict, reads as one plain sentence."""
+    from flowtrial.analysis.report_sections import threshold_headline
+
+    data = _data(simulate_switch_data("flat", 10, 40, seed=2))
+    theta = np.array([-3.0, 0.3, 0.2, 0.5, 1.0, 1.5])
+    test = {**TEST, "p_value": 0.4, "label": "monotone smooth curve in log wait",
+            "summary": describe_alternative("spline", theta, data)}
+    _, reason = personal_verdict(PERSONAL, POOLED, WAITS, test=test)
+    line = threshold_headline({"found": False, "reason": reason, "personal": {}}, "idle wait")
+    assert line.startswith("No flow threshold reported: switching rises smoothly with the "
+                           "wait, without a breakpoint: for the typical person from ")
+    assert "monotone smooth curve" in line and "p = 0.4 > 0.05" in line
