@@ -42,10 +42,18 @@ AnyModel = RandomBreakpointModel | HazardModel | SplineModel
 #: Quadrature nodes of the test's fits (the same for the data and every replicate, so the
 #: test is calibrated whatever the quadrature error of the statistic).
 TEST_NODES = (12, 5)
+#: With a random slope above the breakpoint (a 6-entry hinge θ): 5 nodes for the slope.
+SLOPE_TEST_NODES = (12, 5, 5)
+
+
+def hinge_nodes(theta: np.ndarray | None) -> tuple[int, ...]:
+    """The test hinge's nodes: with the random slope when the main fit has one (θ has κ), so
+    the hinge is tested as it is reported and, like the spline, lets people's rises differ."""
+    return SLOPE_TEST_NODES if theta is not None and len(theta) > 5 else TEST_NODES
 
 
 def make_model(kind: str, data: CycleData, detection: float,
-               nodes: tuple[int, int] = TEST_NODES) -> AnyModel:
+               nodes: tuple[int, ...] = TEST_NODES) -> AnyModel:
     """The model object of ``kind`` ("hinge", "slopes", "hazard" or "spline")."""
     if kind == "hazard":
         return HazardModel(data, nodes, detection=detection)
@@ -108,7 +116,8 @@ def _replicate(kind: str, theta_alt: np.ndarray, theta_hinge: np.ndarray, data: 
         return 0.0  # nothing to fit: neither model can win
     sim = CycleData(x=data.x, y=y, starts=data.starts, n_participants=data.n_participants)
     alt = best_fit(make_model(kind, sim, detection), [theta_alt])
-    hinge = best_fit(make_model("hinge", sim, detection), hinge_starts(sim, theta_hinge))
+    hinge = best_fit(make_model("hinge", sim, detection, hinge_nodes(theta_hinge)),
+                     hinge_starts(sim, theta_hinge))
     return hinge.loglik - alt.loglik
 
 
@@ -141,7 +150,8 @@ def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | 
     parametric bootstrap from that alternative (module docstring)."""
     fits = {k: best_fit(make_model(k, data, detection), alternative_starts(k, data))
             for k in ALTERNATIVES}
-    hinge = best_fit(make_model("hinge", data, detection), hinge_starts(data, hinge_theta))
+    nodes = hinge_nodes(hinge_theta)
+    hinge = best_fit(make_model("hinge", data, detection, nodes), hinge_starts(data, hinge_theta))
     best = max(ALTERNATIVES, key=lambda k: fits[k].loglik)
     stat = hinge.loglik - fits[best].loglik
     seeds = np.random.SeedSequence(seed).generate_state(n_boot)
@@ -153,7 +163,7 @@ def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | 
         loglik={"hinge": hinge.loglik, **{k: f.loglik for k, f in fits.items()}},
         params={"hinge": [float(t) for t in hinge.theta],
                 **{k: [float(t) for t in f.theta] for k, f in fits.items()}},
-        stat=float(stat), p_value=float(p), n_boot=n_boot, nodes=list(TEST_NODES),
+        stat=float(stat), p_value=float(p), n_boot=n_boot, nodes=list(nodes),
         summary=describe_alternative(best, fits[best].theta, data), null_stats=null)
 
 

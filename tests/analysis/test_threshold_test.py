@@ -223,3 +223,15 @@ def test_headline_when_the_monotone_curve_wins() -> None:
     assert line.startswith("No flow threshold reported: switching rises smoothly with the "
                            "wait, without a breakpoint: for the typical person from ")
     assert "monotone smooth curve" in line and "p = 0.4 > 0.05" in line
+
+
+def test_a_random_slope_hinge_is_tested_with_its_random_slope() -> None:
+    """When the main fit has κ (people's rises differ), the test's hinge has it too, in the
+    data's fit and in every null replicate."""
+    data = _data(simulate_switch_data("hinge_slopes", 10, 30, psi_s=6.0, seed=2))
+    res = threshold_test(data, 1.0, np.array([-3.0, 0.3, 1.5, math.log(6.0), 0.3, 0.6]),
+                         n_boot=1, seed=1, workers=1)
+    assert res.nodes == [12, 5, 5] and len(res.params["hinge"]) == 6
+    plain = threshold_test(data, 1.0, None, n_boot=1, seed=1, workers=1)
+    assert plain.nodes == [12, 5] and len(plain.params["hinge"]) == 5
+    assert res.loglik["hinge"] >= plain.loglik["hinge"] - 1e-6  # nested: never worse
