@@ -69,7 +69,7 @@ def alternative_starts(kind: str, data: CycleData) -> list[np.ndarray]:
         lam = -math.log(1 - p) / float(np.exp(data.x).mean())
         return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, math.log(lam), 0.0, 0.3])]
     if kind == "spline":
-        return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, 0.3, 0.7, 0.7, 0.7])]
+        return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, 0.3, 1.0, 1.0])]
     return [np.array([math.log(p / (1 - p)), 0.3, 0.5, float(data.x.mean()), 0.3])]
 
 
