@@ -86,7 +86,7 @@ class HazardModel:
 
     kind = "hazard"
 
-    def __init__(self, data: CycleData, nodes: tuple[int, int] = (12, 7), *,
+    def __init__(self, data: CycleData, nodes: tuple[int, ...] = (12, 7), *,
                  detection: float = 1.0) -> None:
         if not 0 < detection <= 1:
             raise AnalysisInputError(f"detection share {detection!r} must be in (0, 1]")
