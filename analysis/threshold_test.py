@@ -178,7 +178,7 @@ def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
     if kind == "spline":
         lo, hi = np.quantile(data.x, [0.25, 0.75])
         p_lo, p_hi = expit(SplineModel(data).curve(theta, np.array([lo, hi])))
-        return (f"switching rises smoothly with the wait, without a breakpoint: for the typical "
+        return (f"switching rises steadily with the wait, without a breakpoint: for the typical "
                 f"person from {_pct(100 * p_lo)} % at {math.exp(lo):.3g} s to "
                 f"{_pct(100 * p_hi)} % at {math.exp(hi):.3g} s (a monotone curve in log wait)")
     if kind == "hazard":

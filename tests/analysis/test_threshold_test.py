@@ -223,7 +223,7 @@ def test_headline_when_the_monotone_curve_wins() -> None:
             "summary": describe_alternative("spline", theta, data)}
     _, reason = personal_verdict(PERSONAL, POOLED, WAITS, test=test)
     line = threshold_headline({"found": False, "reason": reason, "personal": {}}, "idle wait")
-    assert line.startswith("No flow threshold reported: switching rises smoothly with the "
+    assert line.startswith("No flow threshold reported: switching rises steadily with the "
                            "wait, without a breakpoint: for the typical person from ")
     assert "monotone smooth curve" in line and "p = 0.4 > 0.05" in line
 
