@@ -42,7 +42,10 @@ SLOPE_ALPHA = 0.05
 #: The shape check: thresholds are called log-normal-like unless two equal groups of people
 #: (thresholds e^(c ± τ), same number of parameters) fit better by more than this much
 #: log-likelihood; otherwise percentiles of the threshold distribution are not printed.
-SHAPE_MARGIN = 2.0
+#: Chosen from the family benchmark at 30 × 80 (docs/concepts/analysis.md#measured-error-rates):
+#: under log-normal thresholds the gain reached 3.5 (2.0 flagged 2 of 8 studies), under
+#: bimodal thresholds (ψ/√6 and ψ·√6) it was 6.6 and 15.
+SHAPE_MARGIN = 4.0
 _K = {"hinge": 5, "hinge_tau0": 4, "smooth": 3, "flat": 2}
 
 
