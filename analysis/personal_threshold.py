@@ -34,10 +34,18 @@ from .workers import run_jobs
 ProgressFn = Callable[[int, int], None]
 DEFAULT_NODES = (24, 7)
 CHECK_NODES = (48, 11)  # the quadrature check: twice the breakpoint nodes
+#: Nodes (z, v, s) of the hinge with a random slope above the breakpoint, and of its check.
+SLOPE_NODES = (16, 5, 5)
+SLOPE_CHECK_NODES = (24, 7, 7)
+#: The random slope is kept when the boundary LR test of κ = 0 rejects at this level.
+SLOPE_ALPHA = 0.05
 #: The shape check: thresholds are called log-normal-like unless two equal groups of people
 #: (thresholds e^(c ± τ), same number of parameters) fit better by more than this much
 #: log-likelihood; otherwise percentiles of the threshold distribution are not printed.
-SHAPE_MARGIN = 2.0
+#: Chosen from the family benchmark at 30 × 80 (docs/concepts/analysis.md#measured-error-rates):
+#: under log-normal thresholds the gain reached 3.5 (2.0 flagged 2 of 8 studies), under
+#: bimodal thresholds (ψ/√6 and ψ·√6) it was 6.6 and 15.
+SHAPE_MARGIN = 4.0
 _K = {"hinge": 5, "hinge_tau0": 4, "smooth": 3, "flat": 2}
 
 
@@ -53,6 +61,8 @@ class PersonalThresholdResult:
     p_tau_zero: float
     sigma_u: float
     slope_b: float
+    slope_sd: float
+    p_slope_sd_zero: float
     intercept_a: float
     wald_ci_s: list[float] | None
     loglik: dict[str, float]
@@ -125,7 +135,7 @@ def pooled_start(data: CycleData) -> np.ndarray:
     return np.array([a[j], 0.3, max(b[j], 0.1), grid[j], 0.3])
 
 
-def _job(kind: str, data: CycleData, detection: float, nodes: tuple[int, int],
+def _job(kind: str, data: CycleData, detection: float, nodes: tuple[int, ...],
          best: Fit, arg: Any) -> Any:
     """One independent refit (runs on a worker process)."""
     kinds = {"end": "hinge", "check": "hinge", "tau0": "hinge_tau0",
@@ -151,7 +161,7 @@ def fit_personal_threshold(
     df: pd.DataFrame,
     *,
     detection_share: float = 1.0,
-    nodes: tuple[int, int] = DEFAULT_NODES,
+    nodes: tuple[int, ...] = DEFAULT_NODES,
     level: float = 0.95,
     node_check: bool = True,
     workers: int | None = None,
@@ -161,13 +171,17 @@ def fit_personal_threshold(
 
     ``detection_share`` d: the share of real switches the switch rule counts (known, or
     estimated with `estimate_detection_share`); P(counted) = d·expit(η). ``node_check``
-    refits with `CHECK_NODES` quadrature nodes and reports the relative changes."""
+    refits with finer quadrature nodes and reports the relative changes. When people's slopes
+    above the breakpoint differ (`_with_random_slope`), every fit has the random slope."""
     if not 0 < detection_share <= 1:
         raise AnalysisInputError(
             f"detection share {detection_share!r} must be in (0, 1]; 1 = every switch counted")
     data = _data(df)
     model = RandomBreakpointModel(data, nodes, detection=detection_share)
     best = max((maximize(model, s) for s in starts(data)), key=lambda f: f.loglik)
+    model, best, nodes, slope = _with_random_slope(data, detection_share, model, best,
+                                                   nodes, workers)
+    check_nodes = CHECK_NODES if len(nodes) == 2 else SLOPE_CHECK_NODES
     se = wald_se(model, best.theta)
     crit = float(chi2.ppf(level, 1))
     # τ's lower end uses the boundary mixture ½χ²₀ + ½χ²₁ (its quantile at `level` is the
@@ -191,7 +205,7 @@ def fit_personal_threshold(
         ("two_groups", data, detection_share, nodes, best, None),
     ]
     if node_check:
-        jobs.append(("check", data, detection_share, CHECK_NODES, best, None))
+        jobs.append(("check", data, detection_share, check_nodes, best, None))
     out = run_jobs(_job, jobs, workers, on_done=progress)
     c_lo, c_hi, t_lo, t_hi, tau0, smooth, flat, two = out[:8]
     tau_lr = max(0.0, 2 * (best.loglik - tau0.loglik))
@@ -208,7 +222,7 @@ def fit_personal_threshold(
     if node_check:
         f2: Fit = out[8]
         check = {
-            "nodes": list(CHECK_NODES),
+            "nodes": list(check_nodes),
             "rel_change_median_psi": float(math.expm1(f2.theta[3] - best.theta[3])),
             "abs_change_tau": float(f2.theta[4] - best.theta[4]),
             "loglik_change": float(f2.loglik - best.loglik),
@@ -232,6 +246,8 @@ def fit_personal_threshold(
         p_tau_zero=p_tau,
         sigma_u=float(best.theta[1]),
         slope_b=float(best.theta[2]),
+        slope_sd=float(best.theta[5]) if best.theta.size > 5 else 0.0,
+        p_slope_sd_zero=slope,
         intercept_a=float(best.theta[0]),
         wald_ci_s=wald,
         loglik=ll,
@@ -246,6 +262,34 @@ def fit_personal_threshold(
         n_participants=data.n_participants,
         n_switches=int(data.y.sum()),
     )
+
+
+def _with_random_slope(data: CycleData, detection: float, model: RandomBreakpointModel,
+                       best: Fit, nodes: tuple[int, ...], workers: int | None
+                       ) -> tuple[RandomBreakpointModel, Fit, tuple[int, ...], float]:
+    """Do people's slopes above the breakpoint differ? The hinge refitted with a random slope
+    (`SLOPE_NODES`) against the same hinge without it at the same nodes (two worker jobs), by
+    the boundary LR test (½χ²₀ + ½χ²₁). When it rejects at `SLOPE_ALPHA` the random-slope fit
+    replaces the main fit (otherwise slope differences push the median threshold up).
+    Returns (model, fit, nodes, p of κ = 0)."""
+    plain, rs = run_jobs(_slope_job, [(data, detection, best, False),
+                                      (data, detection, best, True)], workers)
+    lr = max(0.0, 2 * (rs.loglik - plain.loglik))
+    p = 1.0 if lr <= 0 else 0.5 * float(chi2.sf(lr, 1))
+    if p < SLOPE_ALPHA:
+        return RandomBreakpointModel(data, SLOPE_NODES, detection=detection), rs, SLOPE_NODES, p
+    return model, best, nodes, p
+
+
+def _slope_job(data: CycleData, detection: float, best: Fit, random_slope: bool) -> Fit:
+    """The hinge at `SLOPE_NODES` from the main fit, with (the better of κ starts 0.3 and 0.8)
+    or without the random slope (runs on a worker process)."""
+    if not random_slope:
+        return maximize(RandomBreakpointModel(data, SLOPE_NODES[:2], detection=detection),
+                        best.theta)
+    model = RandomBreakpointModel(data, SLOPE_NODES, detection=detection)
+    return max((maximize(model, np.r_[best.theta, k]) for k in (0.3, 0.8)),
+               key=lambda f: f.loglik)
 
 
 def estimate_detection_share(counted: pd.Series, all_switches: pd.Series) -> float:

@@ -4,14 +4,15 @@ The pooled hinge (`analysis.threshold`) estimates ψ*, the onset of the populati
 switch curve, which lies below the typical person's threshold whenever people differ. This
 module estimates the typical person directly:
 
-    logit p_ij = a + σ_u·v_i + b·(log w_ij − c − τ·z_i)₊,    z_i, v_i ~ N(0, 1)
+    logit p_ij = a + σ_u·v_i + b·e^(κ·s_i)·(log w_ij − c − τ·z_i)₊,    z_i, v_i, s_i ~ N(0, 1)
 
 so person i has threshold ψ_i = e^(c + τ·z_i): e^c is the **median personal threshold** and τ
-the between-person log-sd. When the switch rule misses a known (or estimated) share of
+the between-person log-sd; κ lets people's rise above their threshold differ (optional: a
+third node count turns it on). When the switch rule misses a known (or estimated) share of
 switches, P(counted switch) = d·expit(η) with detection share d.
 
 Fitting: marginal maximum likelihood; each person's likelihood is integrated over (z, v) by
-Gauss–Hermite quadrature (product rule, `nodes` = (n_z, n_v)), maximised by L-BFGS-B with the
+Gauss–Hermite quadrature (product rule, `nodes` = (n_z, n_v[, n_s])), maximised by L-BFGS-B with the
 analytic gradient (the posterior-weighted score). Intervals are profile-likelihood intervals
 (the signed root of the profile LR is found by secant steps from the Wald guess), which keep
 their coverage where Wald intervals do not (random intercepts, small τ). τ = 0 is tested by
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from scipy.optimize import minimize
@@ -29,7 +31,7 @@ from scipy.special import expit, logsumexp
 
 from . import AnalysisInputError
 
-PARAMS = ("a", "sigma_u", "b", "c", "tau")
+PARAMS = ("a", "sigma_u", "b", "c", "tau", "kappa")
 _BOUNDS = [(-15.0, 15.0), (0.0, 5.0), (-20.0, 40.0), (None, None), (0.0, 3.0)]
 
 
@@ -84,7 +86,7 @@ class HazardModel:
 
     kind = "hazard"
 
-    def __init__(self, data: CycleData, nodes: tuple[int, int] = (12, 7), *,
+    def __init__(self, data: CycleData, nodes: tuple[int, ...] = (12, 7), *,
                  detection: float = 1.0) -> None:
         if not 0 < detection <= 1:
             raise AnalysisInputError(f"detection share {detection!r} must be in (0, 1]")
@@ -156,11 +158,16 @@ class RandomBreakpointModel:
     (τ is the slopes' sd; c is the pivot wait at which intercept and slope are uncorrelated,
     so the three of σ_u, τ, c span any intercept–slope covariance).
 
+    With three node counts ``nodes`` = (n_z, n_v, n_s) and n_s > 1 the hinge also gets a
+    random slope above the breakpoint (issue 27): person i rises with slope b·e^(κ·s_i),
+    s_i ~ N(0, 1), and θ gains a sixth entry κ (the slopes' log-sd). Without it, people's
+    slope differences load onto τ and push the median threshold up (+114 % in issue 27).
+
     The (cycles × nodes) work arrays are allocated once: allocating them per evaluation
     made the kernel map and unmap fresh pages every time (half the run time was system
     time)."""
 
-    def __init__(self, data: CycleData, nodes: tuple[int, int] = (24, 7), *,
+    def __init__(self, data: CycleData, nodes: tuple[int, ...] = (24, 7), *,
                  detection: float = 1.0, kind: str = "hinge",
                  dtype: type = np.float64) -> None:
         if not 0 < detection <= 1:
@@ -169,7 +176,8 @@ class RandomBreakpointModel:
         self.kind = kind
         self.detection = float(detection)
         # "hinge_tau0": everyone shares the breakpoint, so z drops out (one node).
-        nz, nv = nodes if kind in ("hinge", "slopes") else (1, nodes[1])
+        nz, nv = nodes[:2] if kind in ("hinge", "slopes") else (1, nodes[1])
+        ns = nodes[2] if len(nodes) > 2 and kind.startswith("hinge") else 1
         if kind == "hinge_tau0":
             kind = self.kind = "hinge"
         self.z, lwz = gh_nodes(nz)
@@ -178,7 +186,9 @@ class RandomBreakpointModel:
             kind = self.kind = "hinge"
             self.z, lwz = np.array([-1.0, 1.0]), np.log([0.5, 0.5])
         self.v, lwv = gh_nodes(nv)
-        self.log_w = (lwz[:, None] + lwv[None, :]).ravel()  # (Q,) with Q = nz·nv
+        self.s, lws = gh_nodes(ns)
+        # Node order (z, s, v): the (Q,) axis reshapes to (n_z, n_s, n_v).
+        self.log_w = (lwz[:, None, None] + lws[None, :, None] + lwv[None, None, :]).ravel()
         n = data.x.size
         # float32 work arrays gave the same estimates (to 1e-4) but were not faster here (the
         # float64 accumulation casts); sums over cycles are float64 either way.
@@ -192,9 +202,16 @@ class RandomBreakpointModel:
         # identified, and e^c would overflow under a flat truth).
         self.bounds = list(_BOUNDS)
         self.bounds[3] = (float(data.x.min()), float(data.x.max()))
-        q = self.z.size * self.v.size
+        if ns > 1:
+            self.bounds.append((0.0, 2.0))  # κ
+        q = self.log_w.size
         self._buf: list[np.ndarray] = [np.empty((n, q), dtype=dtype) for _ in range(3)]
         self.n_evals = 0
+
+    @property
+    def n_params(self) -> int:
+        """5, or 6 with the random slope above the breakpoint (κ)."""
+        return len(self.bounds)
 
     def _hinge_basis(self, c: float, tau: float) -> tuple[np.ndarray, np.ndarray | None]:
         x = self.d.x
@@ -208,16 +225,18 @@ class RandomBreakpointModel:
         return np.zeros((x.size, 1)), None
 
     def nll(self, theta: np.ndarray, need_grad: bool = True) -> tuple[float, np.ndarray]:
-        """(−ℓ, −∂ℓ/∂θ) at θ = (a, σ_u, b, c, τ)."""
+        """(−ℓ, −∂ℓ/∂θ) at θ = (a, σ_u, b, c, τ[, κ])."""
         self.n_evals += 1
-        a, su, b, c, tau = (float(t) for t in theta)
+        a, su, b, c, tau = (float(t) for t in theta[:5])
+        kappa = float(theta[5]) if self.n_params == 6 else 0.0
         h, active = self._hinge_basis(c, tau)
-        lin = h * (b + tau * self.z)[None, :] if self.kind == "slopes" else b * h
+        es = np.exp(kappa * self.s)  # people's slope factors at the s nodes
+        lin = (h * (b + tau * self.z)[None, :] if self.kind == "slopes" else b * h)
         n, nz = lin.shape
-        nv = self.v.size
+        ns, nv = self.s.size, self.v.size
         eta, m, ll = self._buf
-        np.add((a + lin)[:, :, None], su * self.v[None, None, :],
-               out=eta.reshape(n, nz, nv))
+        np.add((a + lin[:, :, None] * es[None, None, :])[:, :, :, None],
+               su * self.v[None, None, None, :], out=eta.reshape(n, nz, ns, nv))
         d = self.detection
         # P(observed y) with P1 = expit(±η): y=1: d·P1; y=0: 1 − d·p = d·P1 + (1 − d).
         # (np.log of expit is ~2x faster here than scipy's log_expit; η never nears −700.)
@@ -234,7 +253,7 @@ class RandomBreakpointModel:
         tot = logsumexp(per, axis=1)
         f = -float(tot.sum())
         if not need_grad:
-            return f, np.zeros(5)
+            return f, np.zeros(self.n_params)
         post = np.exp(per - tot[:, None]).astype(self.dtype)  # posterior node weights
         # Score dℓ/dη = ±d·P1·(1 − P1)/P(y)  (= y − p when d = 1).
         score = np.subtract(1.0, p1, out=ll)
@@ -246,19 +265,23 @@ class RandomBreakpointModel:
         post_rows = p1  # P1 is no longer needed: reuse its memory
         np.take(post, self.person_of_row, axis=0, out=post_rows)
         score *= post_rows  # posterior-weighted score per cycle and node
-        r3 = score.reshape(n, nz, nv)
-        rz = r3.sum(axis=2, dtype=np.float64)  # (N, nz)
-        g = np.zeros(5)
+        r4 = score.reshape(n, nz, ns, nv)
+        rzs = r4.sum(axis=3, dtype=np.float64)  # (N, nz, ns)
+        rz = rzs.sum(axis=2)  # (N, nz)
+        r1 = rzs @ es  # (N, nz): weighted by the slope factor
+        g = np.zeros(self.n_params)
         g[0] = rz.sum()
-        g[1] = float(r3.sum(axis=(0, 1), dtype=np.float64) @ self.v)
-        g[2] = float((rz * h).sum())
+        g[1] = float(r4.sum(axis=(0, 1, 2), dtype=np.float64) @ self.v)
+        g[2] = float((r1 * h).sum())
         if self.kind == "slopes":
             g[4] = float((rz * h).sum(axis=0) @ self.z)
             g[3] = -float(rz.sum(axis=0) @ (b + tau * self.z))
         if active is not None:
-            rin = rz * active
+            rin = r1 * active
             g[3] = -b * float(rin.sum())
             g[4] = -b * float(rin.sum(axis=0) @ self.z)
+        if self.n_params == 6:
+            g[5] = b * float(((rzs @ (self.s * es)) * h).sum())
         return f, -g
 
 
@@ -270,23 +293,38 @@ class Fit:
     n_evals: int
 
 
-def maximize(model: RandomBreakpointModel | HazardModel, start: np.ndarray,
+class LikelihoodModel(Protocol):
+    """What `maximize` needs of a model: its kind, bounds and (−ℓ, −∇ℓ)."""
+
+    kind: str
+    bounds: list[tuple[float | None, float | None]]
+    n_evals: int
+
+    def nll(self, theta: np.ndarray, need_grad: bool = True) -> tuple[float, np.ndarray]: ...
+
+
+def maximize(model: LikelihoodModel, start: np.ndarray,
              fixed: dict[int, float] | None = None,
              bounds: list[tuple[float | None, float | None]] | None = None) -> Fit:
     """L-BFGS-B on the free parameters (those not in ``fixed``) from ``start``."""
     fixed = fixed or {}
     bounds = bounds or model.bounds
+    n_par = len(bounds)
     theta = np.asarray(start, float).copy()
+    if theta.size < n_par:  # a 5-parameter start for the random-slope hinge: κ from 0.3
+        theta = np.r_[theta, np.full(n_par - theta.size, 0.3)]
+    theta = theta[:n_par]
     for k, val in fixed.items():
         theta[k] = val
-    free = [k for k in range(5) if k not in fixed]
-    if model.kind not in ("hinge", "slopes", "hazard"):
+    free = [k for k in range(n_par) if k not in fixed]
+    if model.kind not in ("hinge", "slopes", "hazard", "spline"):
         # c and τ do not enter; b is absent from the flat model
         free = [k for k in free if k not in (3, 4) and not (model.kind == "flat" and k == 2)]
     elif model.kind == "hazard":  # no breakpoint
         free = [k for k in free if k != 3]
-    for k in (1, 4):
-        # At σ_u = 0 or τ = 0 the gradient in them is exactly 0 (symmetric nodes): a start
+    sds = getattr(model, "sd_params", (1, 4, 5))
+    for k in sds:
+        # At σ_u = 0, τ = 0 or κ = 0 the gradient in them is exactly 0 (symmetric nodes): a start
         # there would never leave the boundary even when the maximum lies inside.
         if k in free:
             theta[k] = max(theta[k], 0.05)
@@ -308,7 +346,7 @@ def maximize(model: RandomBreakpointModel | HazardModel, start: np.ndarray,
     for j, k in enumerate(free):
         # A line search can overshoot onto σ_u = 0 or τ = 0 and stay there (zero gradient):
         # restart from inside and keep the better maximum.
-        if k in (1, 4) and x[j] < 1e-6:
+        if k in sds and x[j] < 1e-6:
             t0 = x.copy()
             t0[j] = 0.3
             x2, ll2, ok2 = run(t0)
@@ -333,17 +371,17 @@ def hessian(model: RandomBreakpointModel, theta: np.ndarray, free: list[int]) ->
 
 def wald_se(model: RandomBreakpointModel, theta: np.ndarray) -> np.ndarray:
     """Wald standard errors of θ (NaN where the information is singular)."""
-    free = [0, 1, 2, 3, 4]
+    free = list(range(theta.size))
     # A parameter at its lower bound 0 has no two-sided derivative; nudge it inside.
     t = theta.copy()
-    for k in (1, 4):
+    for k in (1, 4, 5)[: theta.size - 3]:
         t[k] = max(t[k], 2e-3)
     info = hessian(model, t, free)
     try:
         cov = np.linalg.inv(info)
         se = np.sqrt(np.where(np.diag(cov) > 0, np.diag(cov), np.nan))
     except np.linalg.LinAlgError:
-        se = np.full(5, np.nan)
+        se = np.full(theta.size, np.nan)
     return se
 
 

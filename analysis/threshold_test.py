@@ -7,7 +7,9 @@ the same random-effect flexibility (two person-level effects each):
 * ``slopes``: logistic in log wait, people differing in intercept and slope (correlated:
   they are independent at a fitted pivot wait);
 * ``hazard``: a background chance plus a constant hazard per second of waiting, people
-  differing in background and rate (memoryless switching).
+  differing in background and rate (memoryless switching);
+* ``spline``: a monotone smooth curve in log wait (non-negative I-spline increments,
+  `spline_model`), people differing in level and in the scale of their rise.
 
 The statistic is T = ℓ_hinge − max_k ℓ_k (marginal log-likelihoods at `TEST_NODES`). Its null
 distribution comes from the best-fitting alternative itself, at the study's own design: the
@@ -27,23 +29,36 @@ import numpy as np
 from scipy.special import expit
 
 from .rb_model import CycleData, Fit, HazardModel, RandomBreakpointModel, maximize
+from .spline_model import SplineModel
 from .workers import run_jobs
 
-ALTERNATIVES = ("slopes", "hazard")
+ALTERNATIVES = ("slopes", "hazard", "spline")
 ALT_LABELS = {
     "slopes": "logistic in log wait (people differ in intercept and slope)",
     "hazard": "background + constant hazard per second of waiting (people differ in rate)",
+    "spline": "monotone smooth curve in log wait (people differ in level and rise)",
 }
+AnyModel = RandomBreakpointModel | HazardModel | SplineModel
 #: Quadrature nodes of the test's fits (the same for the data and every replicate, so the
 #: test is calibrated whatever the quadrature error of the statistic).
 TEST_NODES = (12, 5)
+#: With a random slope above the breakpoint (a 6-entry hinge θ): 5 nodes for the slope.
+SLOPE_TEST_NODES = (12, 5, 5)
+
+
+def hinge_nodes(theta: np.ndarray | None) -> tuple[int, ...]:
+    """The test hinge's nodes: with the random slope when the main fit has one (θ has κ), so
+    the hinge is tested as it is reported and, like the spline, lets people's rises differ."""
+    return SLOPE_TEST_NODES if theta is not None and len(theta) > 5 else TEST_NODES
 
 
 def make_model(kind: str, data: CycleData, detection: float,
-               nodes: tuple[int, int] = TEST_NODES) -> RandomBreakpointModel | HazardModel:
-    """The model object of ``kind`` ("hinge", "slopes" or "hazard")."""
+               nodes: tuple[int, ...] = TEST_NODES) -> AnyModel:
+    """The model object of ``kind`` ("hinge", "slopes", "hazard" or "spline")."""
     if kind == "hazard":
         return HazardModel(data, nodes, detection=detection)
+    if kind == "spline":
+        return SplineModel(data, nodes, detection=detection)
     return RandomBreakpointModel(data, nodes, detection=detection, kind=kind)
 
 
@@ -53,10 +68,12 @@ def alternative_starts(kind: str, data: CycleData) -> list[np.ndarray]:
     if kind == "hazard":
         lam = -math.log(1 - p) / float(np.exp(data.x).mean())
         return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, math.log(lam), 0.0, 0.3])]
+    if kind == "spline":
+        return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, 0.3, 1.0, 1.0])]
     return [np.array([math.log(p / (1 - p)), 0.3, 0.5, float(data.x.mean()), 0.3])]
 
 
-def best_fit(model: RandomBreakpointModel | HazardModel, starts: list[np.ndarray]) -> Fit:
+def best_fit(model: AnyModel, starts: list[np.ndarray]) -> Fit:
     """The best of L-BFGS-B runs from several starts (the likelihoods are not concave)."""
     fits = [maximize(model, s) for s in starts]
     return max(fits, key=lambda f: f.loglik)
@@ -75,13 +92,16 @@ def hinge_starts(data: CycleData, theta: np.ndarray | None) -> list[np.ndarray]:
 def simulate_alternative(kind: str, theta: np.ndarray, data: CycleData, detection: float,
                          rng: np.random.Generator) -> np.ndarray:
     """Switch flags drawn from a fitted alternative at the data's own design."""
-    a, su, b, _, tau = (float(t) for t in theta)
+    a, su, b, tau = (float(theta[k]) for k in (0, 1, 2, 4))
     sizes = np.diff(np.r_[data.starts, data.x.size])
     v = np.repeat(rng.standard_normal(data.n_participants), sizes)
     z = np.repeat(rng.standard_normal(data.n_participants), sizes)
     if kind == "hazard":
         bg = expit(a + su * v)
         p = 1 - (1 - bg) * np.exp(-np.exp(b + tau * z) * np.exp(data.x))
+    elif kind == "spline":  # θ = (a, σ_u, τ, δ…): b holds the scale's log-sd τ
+        rise = SplineModel(data).curve(theta, data.x) - a
+        p = expit(a + su * v + np.exp(b * z) * rise)
     else:
         p = expit(a + su * v + (b + tau * z) * (data.x - float(theta[3])))
     return (rng.random(data.x.size) < detection * p).astype(float)
@@ -96,7 +116,8 @@ def _replicate(kind: str, theta_alt: np.ndarray, theta_hinge: np.ndarray, data: 
         return 0.0  # nothing to fit: neither model can win
     sim = CycleData(x=data.x, y=y, starts=data.starts, n_participants=data.n_participants)
     alt = best_fit(make_model(kind, sim, detection), [theta_alt])
-    hinge = best_fit(make_model("hinge", sim, detection), hinge_starts(sim, theta_hinge))
+    hinge = best_fit(make_model("hinge", sim, detection, hinge_nodes(theta_hinge)),
+                     hinge_starts(sim, theta_hinge))
     return hinge.loglik - alt.loglik
 
 
@@ -129,7 +150,8 @@ def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | 
     parametric bootstrap from that alternative (module docstring)."""
     fits = {k: best_fit(make_model(k, data, detection), alternative_starts(k, data))
             for k in ALTERNATIVES}
-    hinge = best_fit(make_model("hinge", data, detection), hinge_starts(data, hinge_theta))
+    nodes = hinge_nodes(hinge_theta)
+    hinge = best_fit(make_model("hinge", data, detection, nodes), hinge_starts(data, hinge_theta))
     best = max(ALTERNATIVES, key=lambda k: fits[k].loglik)
     stat = hinge.loglik - fits[best].loglik
     seeds = np.random.SeedSequence(seed).generate_state(n_boot)
@@ -141,7 +163,7 @@ def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | 
         loglik={"hinge": hinge.loglik, **{k: f.loglik for k, f in fits.items()}},
         params={"hinge": [float(t) for t in hinge.theta],
                 **{k: [float(t) for t in f.theta] for k, f in fits.items()}},
-        stat=float(stat), p_value=float(p), n_boot=n_boot, nodes=list(TEST_NODES),
+        stat=float(stat), p_value=float(p), n_boot=n_boot, nodes=list(nodes),
         summary=describe_alternative(best, fits[best].theta, data), null_stats=null)
 
 
@@ -152,7 +174,13 @@ def _pct(x: float) -> str:
 
 def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
     """The no-threshold finding in words, with its size at the typical person."""
-    a, _, b, _, _ = (float(t) for t in theta)
+    a, b = float(theta[0]), float(theta[2])
+    if kind == "spline":
+        lo, hi = np.quantile(data.x, [0.25, 0.75])
+        p_lo, p_hi = expit(SplineModel(data).curve(theta, np.array([lo, hi])))
+        return (f"switching rises steadily with the wait, without a breakpoint: for the typical "
+                f"person from {_pct(100 * p_lo)} % at {math.exp(lo):.3g} s to "
+                f"{_pct(100 * p_hi)} % at {math.exp(hi):.3g} s (a monotone curve in log wait)")
     if kind == "hazard":
         lam = math.exp(b)
         return (f"switching rises steadily with the wait: each extra second of waiting adds "

@@ -45,11 +45,12 @@ def _sim_logit_eta(
 
 
 Truth = Literal["hinge", "smooth", "flat", "logistic_slopes", "hazard", "hinge_slopes",
-                "bimodal"]
+                "bimodal", "sigmoid", "weibull_frailty"]
 TRUTHS: tuple[str, ...] = ("hinge", "smooth", "flat", "logistic_slopes", "hazard",
-                           "hinge_slopes", "bimodal")
+                           "hinge_slopes", "bimodal", "sigmoid", "weibull_frailty")
 #: Truths without a threshold: a test that reports one under them makes a false claim.
-NO_THRESHOLD_TRUTHS = frozenset({"smooth", "flat", "logistic_slopes", "hazard"})
+NO_THRESHOLD_TRUTHS = frozenset({"smooth", "flat", "logistic_slopes", "hazard", "sigmoid",
+                                 "weibull_frailty"})
 
 
 def _prompt_counts(rng: np.random.Generator, n_participants: int, n_prompts: int,
@@ -99,6 +100,11 @@ def simulate_switch_data(
       second of waiting, P = 1 − (1 − p_low)·exp(−λᵢ·w), λᵢ = λ·exp(rate_sd·zᵢ) with λ
       such that the median person reaches p_high at the longest wait (uᵢ shifts the
       background on the logit scale); no threshold;
+    * sigmoid: a smooth S-shaped rise with no breakpoint, logit p = logit(p_low) + uᵢ +
+      sᵢ·R·Φ((log w − log ψ)/1.2), R = logit(p_high) − logit(p_low) (slope_sd 0.4 when 0);
+    * weibull_frailty: an increasing hazard with gamma frailty, P = 1 − (1 − p_low)·
+      exp(−(Gᵢ·λ·w)^1.5), Gᵢ ~ Gamma(2, 1/2) (mean 1), λ such that the median person reaches
+      p_high at the longest wait; no threshold (a family the estimator was not built for);
     * flat:   logit p = logit(p_flat) + uᵢ (the null; p_flat ≈ the default hinge's mean rate).
     ``unbalanced`` gives participants different numbers of prompts (`_prompt_counts`).
     """
@@ -109,6 +115,8 @@ def simulate_switch_data(
     if truth == "logistic_slopes":
         intercept_sd = intercept_sd or 0.6
         slope_sd = slope_sd or 0.5
+    if truth == "sigmoid":
+        slope_sd = slope_sd or 0.4
     rng = np.random.default_rng(seed)
     w_min, w_max = wait_range_s
     zs = rng.standard_normal(n_participants)
@@ -124,7 +132,9 @@ def simulate_switch_data(
     # Drawn after the waits, and only when used, so the older truths keep their seeds' data.
     s_i = (np.exp(slope_sd * rng.standard_normal(n_participants)) if slope_sd > 0
            else np.ones(n_participants))
-    if truth == "hazard":
+    if truth in ("sigmoid", "weibull_frailty"):
+        p = _smooth_family_p(truth, logw, pid, u_i, s_i, rng, p_low, p_high, psi_s, w_max)
+    elif truth == "hazard":
         lam = -math.log((1 - p_high) / (1 - p_low)) / w_max * np.exp(rate_sd * zs)
         base = _expit(math.log(p_low / (1 - p_low)) + u_i)
         p = 1 - (1 - base[pid]) * np.exp(-lam[pid] * np.exp(logw))
@@ -146,6 +156,22 @@ def simulate_switch_data(
             "true_psi_s": psi_i[pid],
         }
     )
+
+
+def _smooth_family_p(truth: str, logw: np.ndarray, pid: np.ndarray, u_i: np.ndarray,
+                     s_i: np.ndarray, rng: np.random.Generator, p_low: float, p_high: float,
+                     psi_s: float, w_max: float) -> np.ndarray:
+    """Switch probabilities of the "sigmoid" and "weibull_frailty" truths (no threshold)."""
+    from scipy.stats import norm
+
+    lo = math.log(p_low / (1 - p_low))
+    if truth == "sigmoid":
+        rise = (math.log(p_high / (1 - p_high)) - lo) * norm.cdf((logw - math.log(psi_s)) / 1.2)
+        return np.asarray(_expit(lo + u_i[pid] + s_i[pid] * rise))
+    g = rng.gamma(2.0, 0.5, size=u_i.size)
+    lam = (-math.log((1 - p_high) / (1 - p_low))) ** (1 / 1.5) / w_max
+    base = _expit(lo + u_i)
+    return np.asarray(1 - (1 - base[pid]) * np.exp(-(g[pid] * lam * np.exp(logw)) ** 1.5))
 
 
 def population_onset_psi(

@@ -86,6 +86,8 @@ def fit_personal_and_test(frame: pd.DataFrame, *, detection_share: float = 1.0,
                                       progress=progress, node_check=node_check)
     theta = np.array([personal.intercept_a, personal.sigma_u, personal.slope_b,
                       math.log(personal.median_psi_s), personal.tau])
+    if len(personal.nodes) > 2:  # people's slopes above the breakpoint differ: test that hinge
+        theta = np.r_[theta, personal.slope_sd]
     test = threshold_test(_data(frame), detection_share, theta, n_boot=n_test, seed=seed,
                           workers=workers, progress=progress)
     return personal, test

@@ -50,7 +50,7 @@ import os
 import sys
 import time
 import tomllib
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -323,12 +323,16 @@ def run_families(args: argparse.Namespace, console: Any) -> int:
         for f in args.from_jsonl:
             results += [json.loads(line) for line in f.read_text().splitlines() if line]
     else:
-        jobs = [(f, p, k, args.first_seed + i, cfg) for p, k in sizes for f in names
-                for i in range(args.seeds)]
-        jobs.sort(key=lambda j: -j[1] * j[2])
+        # Seed-major order within a size, so a run stopped early covers every family evenly.
+        jobs = [(f, p, k, args.first_seed + i, cfg) for p, k in sizes
+                for i in range(args.seeds) for f in names]
+        # Loaded before the workers fork: they run the code as it was at the start.
+        import flowtrial.analysis.threshold_verdict  # noqa: F401
+
         t0 = time.perf_counter()
         with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-            for res in pool.map(family_study, jobs):
+            for fut in as_completed([pool.submit(family_study, j) for j in jobs]):
+                res = fut.result()
                 results.append(res)
                 if args.jsonl:
                     with args.jsonl.open("a") as fh:

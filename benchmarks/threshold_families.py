@@ -17,6 +17,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "logistic_slopes": {"truth": "logistic_slopes"},
     "hazard": {"truth": "hazard", "intercept_sd": 0.5},
     "hazard_unbal": {"truth": "hazard", "intercept_sd": 0.5, "unbalanced": True},
+    "sigmoid": {"truth": "sigmoid", "intercept_sd": 0.5},
+    "weibull_frailty": {"truth": "weibull_frailty", "intercept_sd": 0.5},
     # threshold (median personal ψ = PSI)
     "hinge": {"truth": "hinge", "intercept_sd": 0.5},
     "hinge_strong": {"truth": "hinge_slopes", "slope_sd": 0.8},
@@ -49,24 +51,26 @@ def family_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, An
         row.update(found=bool(out["found"]), reason=out["reason"], psi=p["median_psi_s"],
                    ci=p["ci_s"], tau=p["tau"], tau_ci=p["tau_ci"],
                    shape_ok=(p.get("shape") or {}).get("lognormal_like"),
+                   shape_gain=(p.get("shape") or {}).get("loglik_gain_two_groups"),
+                   kappa=p.get("slope_sd"), p_kappa=p.get("p_slope_sd_zero"),
                    best_alt=(out.get("alternatives") or {}).get("best"),
                    p_threshold=(out.get("alternatives") or {}).get("p_value"))
     row["seconds"] = time.perf_counter() - t0
     return row
 
 
-def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    """Exact binomial CI for k successes in n."""
-    from scipy.stats import beta
-
-    a = (1 - level) / 2
-    lo = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
-    hi = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
-    return lo, hi
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score 95 % CI for k successes in n."""
+    if n == 0:
+        return math.nan, math.nan
+    p = k / n
+    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
 
 
 def family_table(results: list[dict[str, Any]], console: Any) -> None:
-    """Per family and size: false-threshold or found rate (Clopper-Pearson 95 % CI), ψ̂
+    """Per family and size: false-threshold or found rate (Wilson 95 % CI), ψ̂
     bias, CI and τ coverage (threshold families), time per analysis."""
     from rich.table import Table
 
@@ -82,7 +86,7 @@ def family_table(results: list[dict[str, Any]], console: Any) -> None:
                 continue
             good = [r for r in rows if "error" not in r]
             k = sum(r["found"] for r in good)
-            lo, hi = clopper_pearson(k, len(good)) if good else (math.nan, math.nan)
+            lo, hi = wilson(k, len(good)) if good else (math.nan, math.nan)
             thr = rows[0]["threshold_truth"]
             cover = tau_c = bias = "—"
             if thr and good and fam != "bimodal":

@@ -31,11 +31,14 @@ def _data(df: pd.DataFrame) -> CycleData:
                                  df["participant_id"].to_numpy())
 
 
+@pytest.mark.parametrize("nodes", [(12, 5), (12, 5, 5)])
 @pytest.mark.parametrize("detection", [1.0, 0.7])
-def test_gradient_matches_finite_differences(detection: float) -> None:
-    df = simulate_switch_data("hinge", 8, 40, psi_s=6.0, intercept_sd=0.5, seed=3)
-    model = RandomBreakpointModel(_data(df), (12, 5), detection=detection)
-    theta = np.array([-2.5, 0.4, 1.3, math.log(5.0), 0.3])
+def test_gradient_matches_finite_differences(detection: float, nodes: tuple[int, ...]
+                                             ) -> None:
+    """With three node counts the hinge has a random slope (θ gains κ): its gradient too."""
+    df = simulate_switch_data("hinge_slopes", 8, 40, psi_s=6.0, intercept_sd=0.5, seed=3)
+    model = RandomBreakpointModel(_data(df), nodes, detection=detection)
+    theta = np.array([-2.5, 0.4, 1.3, math.log(5.0), 0.3, 0.6])[:model.n_params]
     _, grad = model.nll(theta)
     num = approx_fprime(theta, lambda t: model.nll(t, need_grad=False)[0], 1e-6)
     assert np.allclose(grad, num, rtol=1e-4, atol=1e-3)
@@ -58,6 +61,41 @@ def test_likelihood_matches_brute_force_integration() -> None:
         lik = np.prod(np.where(y[:, None, None] == 1, p, 1 - p), axis=0)  # (v, z)
         ll += math.log(float(w @ lik @ w))
     assert -f == pytest.approx(ll, abs=2e-3)
+
+
+def test_random_slope_likelihood_matches_brute_force_integration() -> None:
+    """The three-effect likelihood (threshold z, intercept v, slope s) against a midpoint
+    rule over a (v, z, s) grid. (The slope factor e^(κs) needs more s nodes than the fits
+    use: 9 nodes are off by 0.006 here, 15 by 1e-4.)"""
+    df = simulate_switch_data("hinge_slopes", 3, 20, psi_s=6.0, seed=8)
+    a, su, b, c, tau, kappa = -2.0, 0.5, 1.4, math.log(6.0), 0.4, 0.7
+    f, _ = RandomBreakpointModel(_data(df), (24, 7, 15)).nll(
+        np.array([a, su, b, c, tau, kappa]))
+    grid = np.linspace(-6, 6, 97)
+    w = np.exp(-grid**2 / 2) / math.sqrt(2 * math.pi) * (grid[1] - grid[0])
+    ll = 0.0
+    for _, g in df.groupby("participant_id"):
+        x, y = np.log(g["wait_s"].to_numpy()), g["switched"].to_numpy()
+        hinge = np.maximum(0, x[:, None, None, None] - c - tau * grid[None, None, :, None])
+        eta = (a + su * grid[None, :, None, None]
+               + b * np.exp(kappa * grid[None, None, None, :]) * hinge)
+        p = expit(eta)
+        lik = np.prod(np.where(y[:, None, None, None] == 1, p, 1 - p), axis=0)  # (v, z, s)
+        ll += math.log(float(np.einsum("i,j,k,ijk->", w, w, w, lik)))
+    assert -f == pytest.approx(ll, abs=2e-3)
+
+
+def test_random_slope_removes_the_slope_bias() -> None:
+    """People's slopes above ψ = 6 s differ strongly: without a random slope the median
+    threshold is pushed up; with it (κ) it is found near 6 s and κ near the truth 0.8."""
+    data = _data(simulate_switch_data("hinge_slopes", 30, 80, psi_s=6.0, intercept_sd=0.5,
+                                      seed=1000))
+    start = pooled_start(data)
+    plain = maximize(RandomBreakpointModel(data, (12, 5)), start)
+    rs = maximize(RandomBreakpointModel(data, (12, 5, 5)), np.r_[start, 0.8])
+    assert math.exp(plain.theta[3]) > 9.0
+    assert 4.5 < math.exp(rs.theta[3]) < 8.0 and 0.4 < rs.theta[5] < 1.2
+    assert rs.loglik > plain.loglik + 5
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,11 @@ from scipy.optimize import approx_fprime
 from scipy.special import expit
 
 from flowtrial.analysis.rb_model import CycleData, HazardModel, RandomBreakpointModel, maximize
+from flowtrial.analysis.spline_model import SplineModel, ispline_basis
 from flowtrial.analysis.threshold_test import (
     alternative_starts,
     describe_alternative,
+    make_model,
     simulate_alternative,
     threshold_test,
 )
@@ -29,13 +31,16 @@ def _data(df) -> CycleData:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("detection", [1.0, 0.7])
-@pytest.mark.parametrize("kind", ["slopes", "hazard"])
+@pytest.mark.parametrize("kind", ["slopes", "hazard", "spline"])
 def test_alternative_gradients_match_finite_differences(kind: str, detection: float) -> None:
     data = _data(simulate_switch_data("hazard", 8, 40, seed=3, intercept_sd=0.5))
     if kind == "hazard":
-        model: RandomBreakpointModel | HazardModel = HazardModel(data, (12, 5),
-                                                                 detection=detection)
+        model: RandomBreakpointModel | HazardModel | SplineModel = HazardModel(
+            data, (12, 5), detection=detection)
         theta = np.array([-3.0, 0.4, -4.0, 0.0, 0.5])
+    elif kind == "spline":
+        model = SplineModel(data, (12, 5), detection=detection)
+        theta = np.array([-2.5, 0.4, 0.3, 1.0, 2.0])
     else:
         model = RandomBreakpointModel(data, (12, 5), detection=detection, kind="slopes")
         theta = np.array([-2.0, 0.4, 0.8, 1.0, 0.3])
@@ -61,20 +66,40 @@ def test_hazard_likelihood_matches_brute_force_integration() -> None:
     assert -f == pytest.approx(ll, abs=2e-3)
 
 
-@pytest.mark.parametrize("kind", ["slopes", "hazard"])
+@pytest.mark.parametrize("kind", ["slopes", "hazard", "spline"])
 def test_simulated_alternative_is_recovered(kind: str) -> None:
     """Data drawn from a fitted alternative give back its parameters (the bootstrap's null
     generator and the fit agree on what θ means)."""
     base = _data(simulate_switch_data("flat", 80, 60, seed=1))
-    theta = (np.array([-3.2, 0.5, -4.0, 0.0, 0.5]) if kind == "hazard"
-             else np.array([-1.5, 0.5, 0.9, 1.5, 0.4]))
+    theta = {"hazard": np.array([-3.2, 0.5, -4.0, 0.0, 0.5]),
+             "slopes": np.array([-1.5, 0.5, 0.9, 1.5, 0.4]),
+             "spline": np.array([-3.0, 0.5, 0.3, 1.0, 2.0])}[kind]
     y = simulate_alternative(kind, theta, base, 1.0, np.random.default_rng(2))
     sim = CycleData(base.x, y, base.starts, base.n_participants)
-    model = (HazardModel(sim, (12, 5)) if kind == "hazard"
-             else RandomBreakpointModel(sim, (12, 5), kind="slopes"))
+    model = make_model(kind, sim, 1.0)
     fit = maximize(model, alternative_starts(kind, sim)[0])
     assert fit.theta[0] == pytest.approx(theta[0], abs=0.4)
     assert fit.theta[2] == pytest.approx(theta[2], abs=0.3)
+    if kind == "spline":  # the whole rise, not each increment, is what the data pin down
+        assert fit.theta[3:].sum() == pytest.approx(theta[3:].sum(), rel=0.25)
+
+
+def test_spline_alternative_is_monotone() -> None:
+    """Every I-spline column rises from 0 to 1, so any δ ≥ 0 gives a non-decreasing curve;
+    fitted to data that fall with the wait, the curve stays flat instead of falling."""
+    x = np.linspace(-2.0, 4.5, 400)
+    basis = ispline_basis(x, -1.6, 4.1)
+    assert np.allclose(basis[x <= -1.6], 0.0) and np.allclose(basis[x >= 4.1], 1.0)
+    assert (np.diff(basis, axis=0) >= -1e-12).all()
+    rng = np.random.default_rng(0)
+    for delta in rng.exponential(1.0, (20, 2)):
+        assert (np.diff(basis @ delta) >= -1e-12).all()
+    df = simulate_switch_data("flat", 20, 60, seed=4)
+    falling = _data(df.assign(switched=(df["wait_s"] < 2.0).astype(int)))
+    model = SplineModel(falling, (12, 5))
+    fit = maximize(model, alternative_starts("spline", falling)[0])
+    curve = model.curve(fit.theta, x)
+    assert (np.diff(curve) >= -1e-9).all() and curve[-1] - curve[0] < 0.05
 
 
 def test_truth_families_are_known() -> None:
@@ -89,12 +114,15 @@ def test_truth_families_are_known() -> None:
 
 
 def test_memoryless_switching_loses_to_the_hazard_and_a_threshold_wins() -> None:
-    """Constant-hazard data: the hazard is the best alternative and the hinge gains little;
-    threshold data (everyone's ψ = 8 s): the hinge beats every null replicate."""
+    """Constant-hazard data: the hazard fits better than the logistic, a smooth alternative
+    wins (the monotone spline can also follow a constant hazard's curve) and the hinge gains
+    little; threshold data (everyone's ψ = 8 s): the hinge beats every null replicate."""
     hazard = _data(simulate_switch_data("hazard", 20, 50, seed=5, intercept_sd=0.5))
     res = threshold_test(hazard, 1.0, None, n_boot=3, seed=1, workers=1)
-    assert res.best == "hazard" and res.stat < 2.0
-    assert "each extra second" in res.summary and len(res.null_stats) == 3
+    assert res.best in ("hazard", "spline") and res.stat < 2.0
+    assert res.loglik["hazard"] > res.loglik["slopes"] and len(res.null_stats) == 3
+    assert "each extra second" in describe_alternative("hazard", np.array(
+        res.params["hazard"]), hazard)
     hinge = _data(simulate_switch_data("hinge", 30, 80, psi_sd=0.0, seed=1))
     won = threshold_test(hinge, 1.0, None, n_boot=3, seed=1, workers=1)
     assert won.stat > max(won.null_stats) + 3 and won.p_value == pytest.approx(0.25)
@@ -106,6 +134,8 @@ def test_describe_alternative_in_words() -> None:
     data = _data(simulate_switch_data("flat", 3, 10, seed=1))
     text = describe_alternative("slopes", np.array([-2.0, 0.3, 1.0, 0.0, 0.2]), data)
     assert "100 % with every doubling" in text
+    flat = describe_alternative("spline", np.array([-2.0, 0.3, 0.2, 0.0, 0.0]), data)
+    assert "without a breakpoint" in flat and flat.count("12 %") == 2  # expit(−2) = 11.9 %
 
 
 PERSONAL = {"ci_s": [4.0, 8.0], "slope_b": 1.5,
@@ -181,3 +211,30 @@ def test_headline_of_a_no_threshold_study_names_the_steady_rise() -> None:
     assert line.startswith("No flow threshold reported: switching rises steadily with the "
                            "wait: each extra second of waiting adds about 1.5 %")
     assert "p = 0.65 > 0.05" in line and line.endswith(").")
+
+
+def test_headline_when_the_monotone_curve_wins() -> None:
+    """The spline alternative's finding, through the verdict, reads as one plain sentence."""
+    from flowtrial.analysis.report_sections import threshold_headline
+
+    data = _data(simulate_switch_data("flat", 10, 40, seed=2))
+    theta = np.array([-3.0, 0.3, 0.2, 1.0, 1.5])
+    test = {**TEST, "p_value": 0.4, "label": "monotone smooth curve in log wait",
+            "summary": describe_alternative("spline", theta, data)}
+    _, reason = personal_verdict(PERSONAL, POOLED, WAITS, test=test)
+    line = threshold_headline({"found": False, "reason": reason, "personal": {}}, "idle wait")
+    assert line.startswith("No flow threshold reported: switching rises steadily with the "
+                           "wait, without a breakpoint: for the typical person from ")
+    assert "monotone smooth curve" in line and "p = 0.4 > 0.05" in line
+
+
+def test_a_random_slope_hinge_is_tested_with_its_random_slope() -> None:
+    """When the main fit has κ (people's rises differ), the test's hinge has it too, in the
+    data's fit and in every null replicate."""
+    data = _data(simulate_switch_data("hinge_slopes", 10, 30, psi_s=6.0, seed=2))
+    res = threshold_test(data, 1.0, np.array([-3.0, 0.3, 1.5, math.log(6.0), 0.3, 0.6]),
+                         n_boot=1, seed=1, workers=1)
+    assert res.nodes == [12, 5, 5] and len(res.params["hinge"]) == 6
+    plain = threshold_test(data, 1.0, None, n_boot=1, seed=1, workers=1)
+    assert plain.nodes == [12, 5] and len(plain.params["hinge"]) == 5
+    assert res.loglik["hinge"] >= plain.loglik["hinge"] - 1e-6  # nested: never worse
