@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -37,6 +38,11 @@ DEMO_TASKS = 2
 DEMO_PROMPTS_PER_TASK = 10
 DEMO_TTFT_MS = (1000, 64000)  # log-uniform: three octaves either side of the 8 s threshold
 DB_NAME = "flowtrial.db"
+#: The simulated participants (the demo's own load: 40 SDK clients parsing streams, posting
+#: events, reading the database) run this much nicer than the proxy, whose releases are the
+#: product's promise: on a busy 2-core machine their CPU would otherwise delay first tokens
+#: (docs/researchers/demo.md, "On a busy machine").
+DEMO_LOAD_NICE = 10
 #: Before the run the demo measures this machine's timer floor (``TimerProbe``: the share of
 #: plain 10 ms sleeps that wake more than the proxy's 5 ms tolerance late, over
 #: ``PROBE_S``). On a busy machine it slows the run down: fewer requests per second leave
@@ -243,21 +249,49 @@ def _run_analysis(db_path: Path, out_dir: Path) -> tuple[Path | None, str | None
     return (report if report.exists() else None), None, results
 
 
-def _simulate(database: Any, config: Any, participants: int, tasks: int, prompts: int,
-              seed: int, base_url: str, total: int | None, console: Any) -> Any:
-    """The live simulation against the running proxy, with a progress bar when ``total``."""
+def _niced(fn: Callable[[], Any], by: int) -> Any:
+    """``fn()`` on a thread ``by`` nicer than this process (Linux; elsewhere at the same
+    priority). Threads it starts inherit its nice value; the caller's thread keeps its own,
+    so the analysis afterwards runs at the user's priority."""
+    from flowtrial.instrumentation.proxy.runtime_tuning import lower_thread_priority
+
+    out: list[Any] = []
+    err: list[BaseException] = []
+
+    def run() -> None:
+        lower_thread_priority(by)
+        try:
+            out.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            err.append(exc)
+
+    worker = threading.Thread(target=run, name="flowtrial-demo-participants", daemon=True)
+    worker.start()
+    worker.join()
+    if err:
+        raise err[0]
+    return out[0]
+
+
+def _simulate(database: Any, config: Any, enrolled: tuple[list[str], list[str], int],
+              tasks: int, prompts: int, seed: int, base_url: str, total: int | None,
+              console: Any, nice: int = 0) -> Any:
+    """The live simulation of the ``enrolled`` participants against the running proxy, with
+    a progress bar when ``total``, on a thread ``nice`` nicer than the proxy's process."""
     from flowtrial.live_simulation import simulate_live
 
-    args = (database, config, demo_sim_params(), participants, tasks, prompts, seed)
+    args = (database, config, demo_sim_params(), len(enrolled[0]), tasks, prompts, seed)
     if total is None:
-        return simulate_live(*args, base_url=base_url)
+        return _niced(lambda: simulate_live(*args, base_url=base_url, enrolled=enrolled),
+                      nice)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
         job = bar.add_task("simulated participants at work", total=total)
-        return simulate_live(*args, base_url=base_url,
-                             progress=lambda done, _t: bar.update(job, completed=done))
+        return _niced(lambda: simulate_live(
+            *args, base_url=base_url, enrolled=enrolled,
+            progress=lambda done, _t: bar.update(job, completed=done)), nice)
 
 
 @contextlib.contextmanager
@@ -320,12 +354,14 @@ def run_demo(
     time_scale: float | None = None,
     analyze: bool = True,
     say: Callable[[str], None] | None = None,
+    load_nice: int = DEMO_LOAD_NICE,
 ) -> DemoResult:
     """Run the demo end to end in ``dir`` (replacing an earlier demo there). Without a
     ``time_scale`` it is chosen from this machine's timer floor (:func:`adapted_time_scale`)."""
     from rich.console import Console
 
     from flowtrial.study.config import load_study
+    from flowtrial.study.simulator.records import enroll_simulated
     from flowtrial.study.simulator.summary import study_glance
     from flowtrial.study.storage import init_db
 
@@ -349,9 +385,11 @@ def run_demo(
     database = init_db(db_path, config, text)
     try:
         total = participants * tasks * prompts_per_task
+        # Enrolled before the proxy starts: it claims their draw indices in one transaction.
+        enrolled = enroll_simulated(database, config, participants)
         with proxy_process(study_path, db_path, path / "proxy.log") as base_url:
-            sim = _simulate(database, config, participants, tasks, prompts_per_task, seed,
-                            base_url, total if progress else None, console)
+            sim = _simulate(database, config, enrolled, tasks, prompts_per_task, seed,
+                            base_url, total if progress else None, console, load_nice)
         glance = study_glance(database)
     finally:
         database.dispose()

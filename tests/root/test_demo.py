@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sqlite3
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -115,3 +116,60 @@ def test_the_demo_slows_down_on_a_busy_machine() -> None:
                    cycles=1, violations=0, switch_bands=[], report_path=None,
                    analysis_note=None, replaced=False, elapsed_s=1.0, adaptation=why2)
     assert r.summary_lines()[0] == why2
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+def test_the_participants_run_nicer_than_the_proxy_and_the_analysis() -> None:
+    """The simulated participants (and every thread they start) run DEMO_LOAD_NICE nicer
+    than the demo's process, where the proxy and, afterwards, the analysis run."""
+    import asyncio
+    import os
+    import threading
+
+    from flowtrial.demo import DEMO_LOAD_NICE, _niced
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = nice()
+
+    async def inside() -> tuple[int, int]:
+        return nice(), await asyncio.to_thread(nice)
+
+    loop_nice, worker_nice = _niced(lambda: asyncio.run(inside()), DEMO_LOAD_NICE)
+    assert loop_nice == worker_nice == min(19, before + DEMO_LOAD_NICE)
+    assert nice() == before
+    with pytest.raises(ValueError, match="boom"):  # an error comes back to the caller
+        _niced(lambda: int("boom"), DEMO_LOAD_NICE)
+
+
+def test_participants_enrolled_before_the_proxy_have_their_draws_claimed(
+        tmp_path: Path) -> None:
+    """The demo enrolls its participants before starting the proxy, which claims every
+    enrolled participant's per-prompt draw indices at startup in one transaction: no
+    participant's first request waits for a database write."""
+    from flowtrial.demo import demo_study_text, proxy_process
+    from flowtrial.instrumentation.proxy.draw_indices import INDEX_BLOCK
+    from flowtrial.live_simulation import LiveSimulationError, simulate_live
+    from flowtrial.study.config import load_study
+    from flowtrial.study.simulator import SimParams
+    from flowtrial.study.simulator.records import enroll_simulated
+    from flowtrial.study.storage import init_db
+
+    study = tmp_path / "study.toml"
+    study.write_text(demo_study_text(5), encoding="utf-8")
+    config = load_study(study)
+    db_path = tmp_path / "x.db"
+    database = init_db(db_path, config)
+    enrolled = enroll_simulated(database, config, 3)
+    try:
+        with proxy_process(study, db_path, tmp_path / "proxy.log"):
+            con = sqlite3.connect(db_path)
+            claimed = dict(con.execute("SELECT participant_id, next_index FROM draw_counters"))
+            con.close()
+        assert claimed == {pid: INDEX_BLOCK for pid in enrolled[0]}
+        with pytest.raises(LiveSimulationError, match="3 participants enrolled for 2"):
+            simulate_live(database, config, SimParams(), 2, 1, 1, 5,
+                          base_url="http://127.0.0.1:9", enrolled=enrolled)
+    finally:
+        database.dispose()
