@@ -128,7 +128,7 @@ def run_live(seed: int, a: argparse.Namespace) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         base = {"seed": seed, "mode": "live", "demo_s": wall, "load_start": load0,
                 "load_end": _load(), "time_scale": res.time_scale,
-                "adaptation": res.adaptation, "timer_late_rate": res.timer_late_rate,
+                "timer_late_rate": res.timer_late_rate,
                 "violations": res.violations}
         if res.analysis is None:
             return {**base, "error": res.analysis_note}

@@ -43,13 +43,6 @@ DB_NAME = "flowtrial.db"
 #: product's promise: on a busy 2-core machine their CPU would otherwise delay first tokens
 #: (docs/researchers/demo.md, "On a busy machine").
 DEMO_LOAD_NICE = 10
-#: Before the run the demo measures this machine's timer floor (``TimerProbe``: the share of
-#: plain 10 ms sleeps that wake more than the proxy's 5 ms tolerance late, over
-#: ``PROBE_S``). On a busy machine it slows the run down: fewer requests per second leave
-#: the proxy's event loop more of the CPU share it gets, so fewer releases come late.
-#: (share late or more, time scale), first match; below all of them: DEMO_TIME_SCALE.
-PROBE_S = 2.0
-BUSY_TIME_SCALES = ((0.02, 50.0),)
 
 
 def demo_sim_params() -> Any:
@@ -116,7 +109,6 @@ class DemoResult:
     timer_late_rate: float | None = None  # see study.simulator.timing
     analysis: dict[str, Any] | None = field(default=None, repr=False)
     time_scale: float = DEMO_TIME_SCALE
-    adaptation: str | None = None  # why the time scale is not the default (a busy machine)
 
     @property
     def violation_rate(self) -> float:
@@ -138,7 +130,6 @@ class DemoResult:
     def summary_lines(self) -> list[str]:
         """The short summary the CLI prints."""
         lines = [
-            *([self.adaptation] if self.adaptation else []),
             f"{self.cycles} cycles from {self.participants} simulated participants in "
             f"{self.elapsed_s:.0f} s ({self.dir}).",
             "Switch rate during the wait, by experienced TTFT:",
@@ -188,29 +179,6 @@ def _threshold_line_of(analysis: dict[str, Any] | None) -> str | None:
     if truth:
         return f"{headline} Simulated truth: no threshold ({truth.get('truth_model')} model)."
     return headline
-
-
-def timer_floor(seconds: float = PROBE_S) -> float | None:
-    """The share of plain 10 ms sleeps that woke more than 5 ms late over ``seconds`` (None
-    if the probe could not run): how punctual this machine's timers are right now."""
-    from flowtrial.study.simulator.timing import TimerProbe
-
-    with TimerProbe() as probe:
-        time.sleep(seconds)
-    return probe.rate
-
-
-def adapted_time_scale(late_rate: float | None) -> tuple[float, str | None]:
-    """The demo's time scale for a machine whose timer floor is ``late_rate``, and the one
-    line saying why when it is not the default."""
-    for floor, scale in BUSY_TIME_SCALES:
-        if late_rate is not None and late_rate >= floor:
-            return scale, (
-                f"This machine is busy ({late_rate * 100:.1f} % of 10 ms sleeps woke > 5 ms "
-                f"late in a {PROBE_S:g} s probe): the demo runs at time_scale {scale:g} instead "
-                f"of {DEMO_TIME_SCALE:g} (fewer requests a second leave the proxy more of the "
-                "CPU; it takes longer).")
-    return DEMO_TIME_SCALE, None
 
 
 def _prepare_dir(path: Path, say: Callable[[str], None]) -> bool:
@@ -356,8 +324,9 @@ def run_demo(
     say: Callable[[str], None] | None = None,
     load_nice: int = DEMO_LOAD_NICE,
 ) -> DemoResult:
-    """Run the demo end to end in ``dir`` (replacing an earlier demo there). Without a
-    ``time_scale`` it is chosen from this machine's timer floor (:func:`adapted_time_scale`)."""
+    """Run the demo end to end in ``dir`` (replacing an earlier demo there), at
+    ``time_scale`` (default :data:`DEMO_TIME_SCALE`), the participants ``load_nice`` nicer
+    than the proxy."""
     from rich.console import Console
 
     from flowtrial.study.config import load_study
@@ -372,11 +341,7 @@ def run_demo(
     started = time.perf_counter()
     path = Path(dir)
     replaced = _prepare_dir(path, say)
-    why = None
-    if time_scale is None:
-        time_scale, why = adapted_time_scale(timer_floor())
-        if why:
-            say(why)
+    time_scale = DEMO_TIME_SCALE if time_scale is None else time_scale
     study_path = path / "study.toml"
     text = demo_study_text(seed, time_scale)
     study_path.write_text(text, encoding="utf-8")
@@ -405,5 +370,5 @@ def run_demo(
         report_path=report_path, analysis_note=note, replaced=replaced,
         elapsed_s=time.perf_counter() - started,
         timer_late_rate=sim.extra.get("timer_late_rate"), analysis=results,
-        time_scale=time_scale, adaptation=why,
+        time_scale=time_scale,
     )

@@ -100,22 +100,24 @@ def test_demo_refuses_a_directory_it_did_not_make(tmp_path: Path) -> None:
     assert (mine / "notes.txt").read_text() == "keep me"
 
 
-def test_the_demo_slows_down_on_a_busy_machine() -> None:
-    """The timer floor measured before the run picks the time scale, and the demo says so in
-    one line (quiet: the default, nothing said)."""
-    from flowtrial.demo import DEMO_TIME_SCALE, DemoResult, adapted_time_scale, timer_floor
+def test_a_busy_machine_is_named_in_the_summary() -> None:
+    """The demo keeps its time scale (a slower one does not make a busy machine punctual:
+    docs/researchers/demo.md) and, when the run's own timer probe saw late wake-ups while
+    the proxy flagged cycles, says so under the proxy's count."""
+    from flowtrial.demo import DEMO_TIME_SCALE, DemoResult, demo_study_text
 
-    assert adapted_time_scale(None) == (DEMO_TIME_SCALE, None)
-    assert adapted_time_scale(0.002) == (DEMO_TIME_SCALE, None)
-    busier, why2 = adapted_time_scale(0.065)
-    assert busier < DEMO_TIME_SCALE and why2 is not None
-    assert "6.5 % of 10 ms sleeps woke > 5 ms late" in why2 and f"time_scale {busier:g}" in why2
-    rate = timer_floor(0.3)
-    assert rate is not None and 0.0 <= rate <= 1.0
-    r = DemoResult(dir=Path("d"), study_path=Path("d/s"), db_path=Path("d/db"), participants=1,
-                   cycles=1, violations=0, switch_bands=[], report_path=None,
-                   analysis_note=None, replaced=False, elapsed_s=1.0, adaptation=why2)
-    assert r.summary_lines()[0] == why2
+    assert f"time_scale = {DEMO_TIME_SCALE:g} " in demo_study_text(1)
+
+    def lines(violations: int, late: float | None) -> list[str]:
+        return DemoResult(
+            dir=Path("d"), study_path=Path("d/s"), db_path=Path("d/db"), participants=1,
+            cycles=100, violations=violations, switch_bands=[], report_path=None,
+            analysis_note=None, replaced=False, elapsed_s=1.0, timer_late_rate=late,
+        ).summary_lines()
+
+    busy = [x for x in lines(3, 0.065) if "This machine is busy" in x]
+    assert len(busy) == 1 and "6.5 % of plain 10 ms sleeps woke > 5 ms late" in busy[0]
+    assert not any("busy" in x for x in lines(0, 0.065) + lines(3, 0.0) + lines(3, None))
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
