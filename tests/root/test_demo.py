@@ -25,7 +25,7 @@ def test_demo_end_to_end_and_rerun(tmp_path: Path) -> None:
     result = run_demo(target, participants=12, seed=3, progress=False, say=said.append)
     assert not result.replaced and said == []
     assert (target / "study.toml").exists() and (target / MARKER).exists()
-    assert result.elapsed_s < 120
+    # (No run-time bound here: it is a timing promise, measured by bench_demo_seeds.py.)
 
     con = sqlite3.connect(result.db_path)
     cyc = pd.read_sql("SELECT * FROM cycles", con)
@@ -38,10 +38,12 @@ def test_demo_end_to_end_and_rerun(tmp_path: Path) -> None:
     assert len(parts) == 12 and set(cyc["participant_id"]) == set(parts["id"])
     assert len(cyc) == result.cycles == 12 * DEMO_TASKS * DEMO_PROMPTS_PER_TASK
     assert (cyc["status"] == "ok").all() and cyc["draw_json"].notna().all()
+    target_ttft = cyc["target_ttft_ms"] / 1000 * scale
     real_ttft = cyc["experienced_ttft_ms"] / 1000 * scale
     lo, hi = (x / 1000 for x in DEMO_TTFT_MS)
-    assert real_ttft.min() >= lo and real_ttft.max() < hi * 1.1  # log-uniform lo-hi s
-    assert (real_ttft < 8).any() and (real_ttft > 8).any()  # spans the threshold
+    assert target_ttft.min() >= lo and target_ttft.max() <= hi  # drawn log-uniform lo-hi s
+    assert (real_ttft >= target_ttft - 1e-6 * scale).all()  # never early (late: the check's)
+    assert (target_ttft < 8).any() and (target_ttft > 8).any()  # spans the threshold
     # Shaping targets met: violations under 1 %. With 168 cycles a rate can only be bounded
     # statistically: fail when the count is implausible (one-sided binomial p < 0.01) for a
     # true rate of 1 %, plus what this machine's timer made unavoidable during the run. (On a
