@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 import tempfile
 import time
@@ -107,19 +109,71 @@ def run_virtual(seed: int, a: argparse.Namespace) -> dict[str, Any]:
             "simulate_s": t1 - t0, "analysis_s": t2 - t1}
 
 
+def _load() -> float:
+    """The 1-minute load average (what `uptime` shows first)."""
+    return os.getloadavg()[0]
+
+
 def run_live(seed: int, a: argparse.Namespace) -> dict[str, Any]:
-    """A real `flowtrial demo --seed S` (proxy process + SDK clients), timed end to end."""
+    """A real `flowtrial demo --seed S` (proxy process + SDK clients), timed end to end, with
+    the machine's load before and after and the report's manipulation verdict."""
     from flowtrial.demo import run_demo
 
     with tempfile.TemporaryDirectory() as tmp:
+        load0 = _load()
         t0 = time.perf_counter()
         res = run_demo(Path(tmp) / "demo", a.participants, seed, progress=False,
-                       tasks=a.tasks, prompts_per_task=a.prompts, time_scale=a.time_scale)
+                       tasks=a.tasks, prompts_per_task=a.prompts, time_scale=a.live_time_scale,
+                       say=lambda _m: None)
         wall = time.perf_counter() - t0
+        base = {"seed": seed, "mode": "live", "demo_s": wall, "load_start": load0,
+                "load_end": _load(), "time_scale": res.time_scale,
+                "timer_late_rate": res.timer_late_rate,
+                "violations": res.violations}
         if res.analysis is None:
-            return {"seed": seed, "mode": "live", "error": res.analysis_note, "demo_s": wall}
-        return {"seed": seed, "mode": "live", **score(res.analysis), "demo_s": wall,
-                "violations": res.violations, "console": res._threshold_line()}
+            return {**base, "error": res.analysis_note}
+        man = (res.analysis.get("checks") or {}).get("manipulation") or {}
+        misses = man.get("misses") or {}
+        return {**score(res.analysis), **base,
+                "check": man.get("status"), "missed": misses.get("count"),
+                "n_shaped": man.get("n_shaped"), "check_summary": man.get("summary"),
+                "console": res._threshold_line()}
+
+
+def _seeds(spec: str) -> list[int]:
+    """``1,2`` or ``1-10`` or a mix."""
+    out: list[int] = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score 95 % interval for k successes in n."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def _live_summary(live: list[dict[str, Any]]) -> None:
+    ok = [r for r in live if "error" not in r]
+    n = len(live)
+    if not n:
+        return
+    passed = sum(r.get("check") == "ok" for r in ok)
+    lo, hi = wilson(passed, n)
+    loads = sorted(x for r in live for x in (r["load_start"], r["load_end"]))
+    secs = sorted(r["demo_s"] for r in live)
+    print(f"\nlive demos: manipulation check ok {passed}/{n} (Wilson 95 % CI "
+          f"{lo * 100:.0f}–{hi * 100:.0f} %); threshold found {sum(r['found'] for r in ok)}"
+          f"/{n}, found and covered {sum(r['found'] and r['covers'] for r in ok)}/{n}; "
+          f"load {loads[0]:.1f}–{loads[-1]:.1f}; demo {secs[0]:.0f}–{secs[-1]:.0f} s "
+          f"(median {secs[n // 2]:.0f} s)")
 
 
 def _ci(x: Any) -> str:
@@ -161,7 +215,9 @@ def main() -> None:
                     help="override P(switch) below ψ")
     ap.add_argument("--p-high", type=float, default=None,
                     help="override P(switch) at 4 × ψ")
-    ap.add_argument("--live", default="", help="comma-separated seeds to also run live")
+    ap.add_argument("--live", default="", help="seeds to also run live: 1,2 or 1-10")
+    ap.add_argument("--live-time-scale", type=float, default=None,
+                    help="force the live demos' time scale (default: the demo chooses)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     lo, hi = (int(x) for x in a.ttft_ms.split(","))
@@ -176,11 +232,15 @@ def main() -> None:
     for seed in range(a.first_seed, a.first_seed + a.seeds):
         rows.append(run_virtual(seed, a))
         print(_row(rows[-1]), flush=True)
-    live = [int(s) for s in a.live.split(",") if s.strip()]
-    for seed in live:
+    for seed in _seeds(a.live):
         r = run_live(seed, a)
         rows.append(r)
         print(_row(r) if "error" not in r else f"{seed:>5}    live  {r['error']}", flush=True)
+        if "error" not in r:
+            print(f"      load {r['load_start']:.1f}→{r['load_end']:.1f}, time_scale "
+                  f"{r['time_scale']:g}; {r['check_summary']}", flush=True)
+        if a.json:  # after every demo: a long run's partial results survive
+            a.json.write_text(json.dumps(rows, indent=2, default=str), encoding="utf-8")
     virt = [r for r in rows if r["mode"] == "virtual"]
     n = len(virt)
     if n:
@@ -199,6 +259,7 @@ def main() -> None:
             f"; virtual: found {v['found']}, covers {v['covers']}")
         print(f"live seed {r['seed']}: demo {r['demo_s']:.0f} s, found {r['found']}, "
               f"covers {r['covers']}{same}; violations {r['violations']}/{r['n_cycles']}")
+    _live_summary([r for r in rows if r["mode"] == "live"])
     if a.json:
         a.json.write_text(json.dumps(rows, indent=2, default=str), encoding="utf-8")
 

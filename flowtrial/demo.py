@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -37,13 +38,11 @@ DEMO_TASKS = 2
 DEMO_PROMPTS_PER_TASK = 10
 DEMO_TTFT_MS = (1000, 64000)  # log-uniform: three octaves either side of the 8 s threshold
 DB_NAME = "flowtrial.db"
-#: Before the run the demo measures this machine's timer floor (``TimerProbe``: the share of
-#: plain 10 ms sleeps that wake more than the proxy's 5 ms tolerance late, over
-#: ``PROBE_S``). On a busy machine it slows the run down: fewer requests per second leave
-#: the proxy's event loop more of the CPU share it gets, so fewer releases come late.
-#: (share late or more, time scale), first match; below all of them: DEMO_TIME_SCALE.
-PROBE_S = 2.0
-BUSY_TIME_SCALES = ((0.02, 50.0),)
+#: The simulated participants (the demo's own load: 40 SDK clients parsing streams, posting
+#: events, reading the database) run this much nicer than the proxy, whose releases are the
+#: product's promise: on a busy 2-core machine their CPU would otherwise delay first tokens
+#: (docs/researchers/demo.md, "On a busy machine").
+DEMO_LOAD_NICE = 10
 
 
 def demo_sim_params() -> Any:
@@ -110,7 +109,6 @@ class DemoResult:
     timer_late_rate: float | None = None  # see study.simulator.timing
     analysis: dict[str, Any] | None = field(default=None, repr=False)
     time_scale: float = DEMO_TIME_SCALE
-    adaptation: str | None = None  # why the time scale is not the default (a busy machine)
 
     @property
     def violation_rate(self) -> float:
@@ -132,7 +130,6 @@ class DemoResult:
     def summary_lines(self) -> list[str]:
         """The short summary the CLI prints."""
         lines = [
-            *([self.adaptation] if self.adaptation else []),
             f"{self.cycles} cycles from {self.participants} simulated participants in "
             f"{self.elapsed_s:.0f} s ({self.dir}).",
             "Switch rate during the wait, by experienced TTFT:",
@@ -184,29 +181,6 @@ def _threshold_line_of(analysis: dict[str, Any] | None) -> str | None:
     return headline
 
 
-def timer_floor(seconds: float = PROBE_S) -> float | None:
-    """The share of plain 10 ms sleeps that woke more than 5 ms late over ``seconds`` (None
-    if the probe could not run): how punctual this machine's timers are right now."""
-    from flowtrial.study.simulator.timing import TimerProbe
-
-    with TimerProbe() as probe:
-        time.sleep(seconds)
-    return probe.rate
-
-
-def adapted_time_scale(late_rate: float | None) -> tuple[float, str | None]:
-    """The demo's time scale for a machine whose timer floor is ``late_rate``, and the one
-    line saying why when it is not the default."""
-    for floor, scale in BUSY_TIME_SCALES:
-        if late_rate is not None and late_rate >= floor:
-            return scale, (
-                f"This machine is busy ({late_rate * 100:.1f} % of 10 ms sleeps woke > 5 ms "
-                f"late in a {PROBE_S:g} s probe): the demo runs at time_scale {scale:g} instead "
-                f"of {DEMO_TIME_SCALE:g} (fewer requests a second leave the proxy more of the "
-                "CPU; it takes longer).")
-    return DEMO_TIME_SCALE, None
-
-
 def _prepare_dir(path: Path, say: Callable[[str], None]) -> bool:
     """Make ``path`` an empty demo directory; True if an earlier demo was replaced."""
     if path.exists() and not path.is_dir():
@@ -243,21 +217,49 @@ def _run_analysis(db_path: Path, out_dir: Path) -> tuple[Path | None, str | None
     return (report if report.exists() else None), None, results
 
 
-def _simulate(database: Any, config: Any, participants: int, tasks: int, prompts: int,
-              seed: int, base_url: str, total: int | None, console: Any) -> Any:
-    """The live simulation against the running proxy, with a progress bar when ``total``."""
+def _niced(fn: Callable[[], Any], by: int) -> Any:
+    """``fn()`` on a thread ``by`` nicer than this process (Linux; elsewhere at the same
+    priority). Threads it starts inherit its nice value; the caller's thread keeps its own,
+    so the analysis afterwards runs at the user's priority."""
+    from flowtrial.instrumentation.proxy.runtime_tuning import lower_thread_priority
+
+    out: list[Any] = []
+    err: list[BaseException] = []
+
+    def run() -> None:
+        lower_thread_priority(by)
+        try:
+            out.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            err.append(exc)
+
+    worker = threading.Thread(target=run, name="flowtrial-demo-participants", daemon=True)
+    worker.start()
+    worker.join()
+    if err:
+        raise err[0]
+    return out[0]
+
+
+def _simulate(database: Any, config: Any, enrolled: tuple[list[str], list[str], int],
+              tasks: int, prompts: int, seed: int, base_url: str, total: int | None,
+              console: Any, nice: int = 0) -> Any:
+    """The live simulation of the ``enrolled`` participants against the running proxy, with
+    a progress bar when ``total``, on a thread ``nice`` nicer than the proxy's process."""
     from flowtrial.live_simulation import simulate_live
 
-    args = (database, config, demo_sim_params(), participants, tasks, prompts, seed)
+    args = (database, config, demo_sim_params(), len(enrolled[0]), tasks, prompts, seed)
     if total is None:
-        return simulate_live(*args, base_url=base_url)
+        return _niced(lambda: simulate_live(*args, base_url=base_url, enrolled=enrolled),
+                      nice)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
         job = bar.add_task("simulated participants at work", total=total)
-        return simulate_live(*args, base_url=base_url,
-                             progress=lambda done, _t: bar.update(job, completed=done))
+        return _niced(lambda: simulate_live(
+            *args, base_url=base_url, enrolled=enrolled,
+            progress=lambda done, _t: bar.update(job, completed=done)), nice)
 
 
 @contextlib.contextmanager
@@ -320,12 +322,15 @@ def run_demo(
     time_scale: float | None = None,
     analyze: bool = True,
     say: Callable[[str], None] | None = None,
+    load_nice: int = DEMO_LOAD_NICE,
 ) -> DemoResult:
-    """Run the demo end to end in ``dir`` (replacing an earlier demo there). Without a
-    ``time_scale`` it is chosen from this machine's timer floor (:func:`adapted_time_scale`)."""
+    """Run the demo end to end in ``dir`` (replacing an earlier demo there), at
+    ``time_scale`` (default :data:`DEMO_TIME_SCALE`), the participants ``load_nice`` nicer
+    than the proxy."""
     from rich.console import Console
 
     from flowtrial.study.config import load_study
+    from flowtrial.study.simulator.records import enroll_simulated
     from flowtrial.study.simulator.summary import study_glance
     from flowtrial.study.storage import init_db
 
@@ -336,11 +341,7 @@ def run_demo(
     started = time.perf_counter()
     path = Path(dir)
     replaced = _prepare_dir(path, say)
-    why = None
-    if time_scale is None:
-        time_scale, why = adapted_time_scale(timer_floor())
-        if why:
-            say(why)
+    time_scale = DEMO_TIME_SCALE if time_scale is None else time_scale
     study_path = path / "study.toml"
     text = demo_study_text(seed, time_scale)
     study_path.write_text(text, encoding="utf-8")
@@ -349,9 +350,11 @@ def run_demo(
     database = init_db(db_path, config, text)
     try:
         total = participants * tasks * prompts_per_task
+        # Enrolled before the proxy starts: it claims their draw indices in one transaction.
+        enrolled = enroll_simulated(database, config, participants)
         with proxy_process(study_path, db_path, path / "proxy.log") as base_url:
-            sim = _simulate(database, config, participants, tasks, prompts_per_task, seed,
-                            base_url, total if progress else None, console)
+            sim = _simulate(database, config, enrolled, tasks, prompts_per_task, seed,
+                            base_url, total if progress else None, console, load_nice)
         glance = study_glance(database)
     finally:
         database.dispose()
@@ -367,5 +370,5 @@ def run_demo(
         report_path=report_path, analysis_note=note, replaced=replaced,
         elapsed_s=time.perf_counter() - started,
         timer_late_rate=sim.extra.get("timer_late_rate"), analysis=results,
-        time_scale=time_scale, adaptation=why,
+        time_scale=time_scale,
     )

@@ -187,6 +187,7 @@ def simulate_live(
     base_url: str | None = None,
     progress: ProgressFn | None = None,
     agent_steps: int = 1,
+    enrolled: tuple[list[str], list[str], int] | None = None,
 ) -> SimulationResult:
     """Run simulated participants against the proxy (started in-process unless ``base_url``).
 
@@ -195,6 +196,10 @@ def simulate_live(
     participants observed client-side, ``extra["event_errors"]`` failed event posts.
     With ``agent_steps`` K > 1 (a mock upstream) each prompt is an agent turn of K calls; a
     proxy at ``base_url`` must have ``[upstream] tool_steps = K − 1`` itself.
+    ``enrolled``: ``enroll_simulated``'s (ids, keys, first index) of participants enrolled
+    before the proxy at ``base_url`` started, so that it claimed their per-prompt draw
+    indices at startup in one transaction rather than one write each on their first
+    requests (40 of those at once took 1-2 s on a busy machine: every first token late).
     """
     if n_participants < 1 or tasks < 1 or prompts_per_task < 1:
         raise LiveSimulationError("need at least one participant, task and prompt per task")
@@ -207,7 +212,10 @@ def simulate_live(
             update={"tool_steps": agent_steps - 1})})
     seed = new_seed() if seed is None else seed
     serve_proxy = None if base_url is not None else _require_proxy()
-    ids, keys, _first = enroll_simulated(database, config, n_participants)
+    if enrolled is not None and len(enrolled[0]) != n_participants:
+        raise LiveSimulationError(f"{len(enrolled[0])} participants enrolled for "
+                                  f"{n_participants}")
+    ids, keys, _first = enrolled or enroll_simulated(database, config, n_participants)
     rng_pop, rng_beh, _ = rng_streams(seed)
     pop = draw_population(params, ids, rng_pop)
     beh = draw_behaviour(params, pop, tasks, prompts_per_task, rng_beh)

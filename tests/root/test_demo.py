@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sqlite3
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ def test_demo_end_to_end_and_rerun(tmp_path: Path) -> None:
     result = run_demo(target, participants=12, seed=3, progress=False, say=said.append)
     assert not result.replaced and said == []
     assert (target / "study.toml").exists() and (target / MARKER).exists()
-    assert result.elapsed_s < 120
+    # (No run-time bound here: it is a timing promise, measured by bench_demo_seeds.py.)
 
     con = sqlite3.connect(result.db_path)
     cyc = pd.read_sql("SELECT * FROM cycles", con)
@@ -37,10 +38,12 @@ def test_demo_end_to_end_and_rerun(tmp_path: Path) -> None:
     assert len(parts) == 12 and set(cyc["participant_id"]) == set(parts["id"])
     assert len(cyc) == result.cycles == 12 * DEMO_TASKS * DEMO_PROMPTS_PER_TASK
     assert (cyc["status"] == "ok").all() and cyc["draw_json"].notna().all()
+    target_ttft = cyc["target_ttft_ms"] / 1000 * scale
     real_ttft = cyc["experienced_ttft_ms"] / 1000 * scale
     lo, hi = (x / 1000 for x in DEMO_TTFT_MS)
-    assert real_ttft.min() >= lo and real_ttft.max() < hi * 1.1  # log-uniform lo-hi s
-    assert (real_ttft < 8).any() and (real_ttft > 8).any()  # spans the threshold
+    assert target_ttft.min() >= lo and target_ttft.max() <= hi  # drawn log-uniform lo-hi s
+    assert (real_ttft >= target_ttft - 1e-6 * scale).all()  # never early (late: the check's)
+    assert (target_ttft < 8).any() and (target_ttft > 8).any()  # spans the threshold
     # Shaping targets met: violations under 1 %. With 168 cycles a rate can only be bounded
     # statistically: fail when the count is implausible (one-sided binomial p < 0.01) for a
     # true rate of 1 %, plus what this machine's timer made unavoidable during the run. (On a
@@ -99,19 +102,78 @@ def test_demo_refuses_a_directory_it_did_not_make(tmp_path: Path) -> None:
     assert (mine / "notes.txt").read_text() == "keep me"
 
 
-def test_the_demo_slows_down_on_a_busy_machine() -> None:
-    """The timer floor measured before the run picks the time scale, and the demo says so in
-    one line (quiet: the default, nothing said)."""
-    from flowtrial.demo import DEMO_TIME_SCALE, DemoResult, adapted_time_scale, timer_floor
+def test_a_busy_machine_is_named_in_the_summary() -> None:
+    """The demo keeps its time scale (a slower one does not make a busy machine punctual:
+    docs/researchers/demo.md) and, when the run's own timer probe saw late wake-ups while
+    the proxy flagged cycles, says so under the proxy's count."""
+    from flowtrial.demo import DEMO_TIME_SCALE, DemoResult, demo_study_text
 
-    assert adapted_time_scale(None) == (DEMO_TIME_SCALE, None)
-    assert adapted_time_scale(0.002) == (DEMO_TIME_SCALE, None)
-    busier, why2 = adapted_time_scale(0.065)
-    assert busier < DEMO_TIME_SCALE and why2 is not None
-    assert "6.5 % of 10 ms sleeps woke > 5 ms late" in why2 and f"time_scale {busier:g}" in why2
-    rate = timer_floor(0.3)
-    assert rate is not None and 0.0 <= rate <= 1.0
-    r = DemoResult(dir=Path("d"), study_path=Path("d/s"), db_path=Path("d/db"), participants=1,
-                   cycles=1, violations=0, switch_bands=[], report_path=None,
-                   analysis_note=None, replaced=False, elapsed_s=1.0, adaptation=why2)
-    assert r.summary_lines()[0] == why2
+    assert f"time_scale = {DEMO_TIME_SCALE:g} " in demo_study_text(1)
+
+    def lines(violations: int, late: float | None) -> list[str]:
+        return DemoResult(
+            dir=Path("d"), study_path=Path("d/s"), db_path=Path("d/db"), participants=1,
+            cycles=100, violations=violations, switch_bands=[], report_path=None,
+            analysis_note=None, replaced=False, elapsed_s=1.0, timer_late_rate=late,
+        ).summary_lines()
+
+    busy = [x for x in lines(3, 0.065) if "This machine is busy" in x]
+    assert len(busy) == 1 and "6.5 % of plain 10 ms sleeps woke > 5 ms late" in busy[0]
+    assert not any("busy" in x for x in lines(0, 0.065) + lines(3, 0.0) + lines(3, None))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+def test_the_participants_run_nicer_than_the_proxy_and_the_analysis() -> None:
+    """The simulated participants (and every thread they start) run DEMO_LOAD_NICE nicer
+    than the demo's process, where the proxy and, afterwards, the analysis run."""
+    import asyncio
+    import os
+    import threading
+
+    from flowtrial.demo import DEMO_LOAD_NICE, _niced
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = nice()
+
+    async def inside() -> tuple[int, int]:
+        return nice(), await asyncio.to_thread(nice)
+
+    loop_nice, worker_nice = _niced(lambda: asyncio.run(inside()), DEMO_LOAD_NICE)
+    assert loop_nice == worker_nice == min(19, before + DEMO_LOAD_NICE)
+    assert nice() == before
+    with pytest.raises(ValueError, match="boom"):  # an error comes back to the caller
+        _niced(lambda: int("boom"), DEMO_LOAD_NICE)
+
+
+def test_participants_enrolled_before_the_proxy_have_their_draws_claimed(
+        tmp_path: Path) -> None:
+    """The demo enrolls its participants before starting the proxy, which claims every
+    enrolled participant's per-prompt draw indices at startup in one transaction: no
+    participant's first request waits for a database write."""
+    from flowtrial.demo import demo_study_text, proxy_process
+    from flowtrial.instrumentation.proxy.draw_indices import INDEX_BLOCK
+    from flowtrial.live_simulation import LiveSimulationError, simulate_live
+    from flowtrial.study.config import load_study
+    from flowtrial.study.simulator import SimParams
+    from flowtrial.study.simulator.records import enroll_simulated
+    from flowtrial.study.storage import init_db
+
+    study = tmp_path / "study.toml"
+    study.write_text(demo_study_text(5), encoding="utf-8")
+    config = load_study(study)
+    db_path = tmp_path / "x.db"
+    database = init_db(db_path, config)
+    enrolled = enroll_simulated(database, config, 3)
+    try:
+        with proxy_process(study, db_path, tmp_path / "proxy.log"):
+            con = sqlite3.connect(db_path)
+            claimed = dict(con.execute("SELECT participant_id, next_index FROM draw_counters"))
+            con.close()
+        assert claimed == {pid: INDEX_BLOCK for pid in enrolled[0]}
+        with pytest.raises(LiveSimulationError, match="3 participants enrolled for 2"):
+            simulate_live(database, config, SimParams(), 2, 1, 1, 5,
+                          base_url="http://127.0.0.1:9", enrolled=enrolled)
+    finally:
+        database.dispose()
