@@ -31,6 +31,8 @@ from flowtrial.study.participants import participant_by_key
 from flowtrial.study.participation import Standing, add_refusals, not_recording, standing
 from flowtrial.study.storage import Database
 
+from .protocols import CREDENTIAL_HEADERS, PLAIN_KEY_HEADERS
+
 __all__ = [
     "CREDENTIAL_HEADERS",
     "FLOWTRIAL_KEY_HEADER",
@@ -54,9 +56,6 @@ class ParticipantInfo:
     simulated: bool = False
 
 
-#: Headers that carry a provider credential (a participant's key, or their own under
-#: pass-through); never forwarded as they are to a study-key upstream, never recorded.
-CREDENTIAL_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "api-key")
 FLOWTRIAL_KEY_HEADER = "x-flowtrial-key"
 PATH_KEY = "flowtrial.path_key"  # ASGI scope entry: the key of a ``/p/<key>/…`` prefix
 
@@ -69,7 +68,7 @@ def key_from_headers(headers: Mapping[str, str]) -> str | None:
         scheme, _, value = auth.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
-    for name in ("x-api-key", "x-goog-api-key"):
+    for name in PLAIN_KEY_HEADERS:
         key = headers.get(name)
         if key and key.strip():
             return key.strip()

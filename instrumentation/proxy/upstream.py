@@ -37,7 +37,7 @@ import httpx
 from flowtrial.study.errors import FlowtrialError
 
 from .http1 import HeaderInjectionError, LeanTransport, request_head
-from .protocols import FAMILIES
+from .protocols import CREDENTIAL_HEADERS, FAMILIES
 from .protocols.base import OPENAI, Family
 from .protocols.messages import ANTHROPIC_VERSION
 from .scrub import Scrubber
@@ -66,8 +66,7 @@ _HOP = {
 }
 # ``expect``: the proxy has the whole body before it calls the upstream, so a client's
 # ``100-continue`` has been answered already (RFC 9110 §10.1.1) and is not passed on.
-_REQUEST_DROP = _HOP | {"authorization", "x-api-key", "api-key", "x-goog-api-key",
-                        "accept-encoding", "cookie", "expect"}
+_REQUEST_DROP = _HOP | set(CREDENTIAL_HEADERS) | {"accept-encoding", "cookie", "expect"}
 _RESPONSE_DROP = _HOP | {"content-encoding", "set-cookie", "date", "server", CYCLE_HEADER}
 
 

@@ -38,12 +38,14 @@ __all__ = [
     "read_view",
     "shape_for",
     "BodyInfo",
+    "CREDENTIAL_HEADERS",
     "ChatAdapter",
     "Classified",
     "CompletionsAdapter",
     "JsonFrames",
     "Kind",
     "MessagesAdapter",
+    "PLAIN_KEY_HEADERS",
     "ProtocolAdapter",
     "RequestInfo",
     "ResponsesAdapter",
@@ -59,6 +61,14 @@ PROTOCOLS: tuple[type[ProtocolAdapter], ...] = (
     ChatAdapter, CompletionsAdapter, ResponsesAdapter, MessagesAdapter, GeminiAdapter)
 #: Family name (``[upstream.<name>]``) -> how its upstream is addressed.
 FAMILIES: dict[str, Family] = {a.family.name: a.family for a in PROTOCOLS}
+#: Headers that carry a provider credential (a participant's key, or their own under
+#: pass-through), as the families declare them: never forwarded as they are to a study-key
+#: upstream, never recorded. A new family's credential header is declared in its module only.
+CREDENTIAL_HEADERS: tuple[str, ...] = tuple(dict.fromkeys(
+    h for f in FAMILIES.values() for h in f.credential_headers))
+#: The headers whose whole value is a key (not ``Authorization: Bearer …``), in that order.
+PLAIN_KEY_HEADERS: tuple[str, ...] = tuple(dict.fromkeys(
+    f.key_header for f in FAMILIES.values() if not f.bearer))
 #: Proxy path -> adapter class, for the protocols served on fixed paths.
 ADAPTERS: dict[str, type[ProtocolAdapter]] = {
     r: a for a in PROTOCOLS for r in (a.routes or (a.path,)) if "{" not in r}

@@ -183,9 +183,15 @@ class Family:
     bearer: bool = False
     strip_version: bool = False
     default_headers: tuple[tuple[str, str], ...] = ()
-    #: Client headers that carry a credential for this family (dropped or replaced upstream).
-    credential_headers: tuple[str, ...] = ("authorization", "x-api-key", "api-key",
-                                           "x-goog-api-key")
+    #: Other client headers that carry this family's credential (e.g. Azure OpenAI's
+    #: ``api-key``): with ``key_header`` they are never recorded, and dropped or replaced
+    #: upstream (``protocols.CREDENTIAL_HEADERS`` gathers them from every family).
+    other_key_headers: tuple[str, ...] = ()
+
+    @property
+    def credential_headers(self) -> tuple[str, ...]:
+        """Every client header that carries this family's credential."""
+        return (self.key_header, *self.other_key_headers)
 
     def upstream_path(self, path: str) -> str:
         return path[3:] if self.strip_version and path.startswith("/v1/") else path
@@ -194,7 +200,8 @@ class Family:
         return {self.key_header: f"Bearer {key}" if self.bearer else key}
 
 
-OPENAI = Family("openai", "authorization", bearer=True, strip_version=True)
+OPENAI = Family("openai", "authorization", bearer=True, strip_version=True,
+                other_key_headers=("api-key",))
 
 
 @dataclass(slots=True)
