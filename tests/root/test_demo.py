@@ -52,7 +52,7 @@ def test_demo_end_to_end_and_rerun(tmp_path: Path) -> None:
     # few times as often as the single-threaded probe. On a quiet machine that term is 0.)
     env_late = result.timer_late_rate
     assert env_late is not None
-    allowed = 0.01 + 5 * env_late
+    allowed = min(0.01 + 5 * env_late, 1.0)  # a rate: above 1, binom.sf is NaN
     k, n = int(cyc["violation"].sum()), len(cyc)
     assert stats.binom.sf(k - 1, n, allowed) > 0.01, (k, n, env_late)
     assert result.violations == int(cyc["violation"].sum())
