@@ -11,20 +11,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..refusal import Refusal
+
 __all__ = ["BadRequest", "decode_json", "flag", "positive_int", "require_list",
            "require_model", "stop_list"]
 
 
-class BadRequest(Exception):
-    """A request the protocol refuses, with what its error body needs."""
+class BadRequest(Refusal):
+    """A request body the protocol refuses (400 unless said): a :class:`Refusal` with the
+    message first, as the protocols' checks raise it."""
 
     def __init__(self, message: str, status: int = 400, *, param: str | None = None,
                  code: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-        self.code = code
+        super().__init__(status, message, code, param)
 
 
 def decode_json(body: bytes) -> dict[str, Any]:
