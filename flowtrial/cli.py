@@ -53,7 +53,7 @@ _STUDY, _RUN, _ANALYSE, _CAPTURE = "Set up a study", "Run it", "Analyse", "Captu
 COMMANDS: dict[str, CommandSpec] = {
     "demo": CommandSpec(
         "flowtrial.simulate_commands:demo",
-        "Run a whole latency trial offline in about two minutes: proxy, simulated participants, "
+        "Run a whole latency trial offline in 2–5 minutes: proxy, simulated participants, "
         "analysis, report.",
         _STUDY, needs=("demo",)),
     "init": CommandSpec(

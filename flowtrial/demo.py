@@ -1,6 +1,6 @@
-"""``flowtrial demo``: a whole latency trial in about two minutes, offline.
+"""``flowtrial demo``: a whole latency trial in 2–5 minutes, offline.
 
-It writes a per-prompt study (TTFT drawn log-uniform over 1-40 s, spanning the 8 s
+It writes a per-prompt study (TTFT drawn log-uniform over 1-64 s, spanning the 8 s
 threshold, with ``time_scale`` compressing everything so it runs in minutes), starts the
 proxy with the built-in simulated model in-process on a free loopback port, lets simulated
 participants work through it with the official ``openai`` SDK (live mode: the whole

@@ -169,7 +169,7 @@ def demo(
         "--participants", help="Number of simulated participants.")] = DEMO_PARTICIPANTS,
     seed: Annotated[int, typer.Option("--seed", help="Seed of study and behaviour.")] = 1,
 ) -> None:
-    """Run a whole latency trial offline in about two minutes: proxy, simulated participants,
+    """Run a whole latency trial offline in 2–5 minutes: proxy, simulated participants,
     analysis, report."""
     from rich.console import Console
 
