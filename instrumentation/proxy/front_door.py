@@ -15,8 +15,9 @@ uvicorn's httptools protocol, with (settings in ``[proxy]``, docs/operators/limi
 - **open connections** (``max_connections``, HTTP and WebSocket): a new connection beyond it is
   answered **503** and closed; refusals are logged (at most one line per 10 s) and counted.
 - **connections that have not sent a whole request head yet** (``max_preauth_connections`` in
-  total, ``max_preauth_per_client`` per client address): beyond either, the *oldest* such
-  connection is answered **408** and closed (:class:`PreauthRegistry`), so a flood of
+  total, ``max_preauth_per_client`` per client address, both summed over ``--workers``):
+  beyond either, the *oldest* such connection (in the worker that sees the excess) is
+  answered **408** and closed (:class:`PreauthRegistry`), so a flood of
   half-open or keyless connections ages itself out instead of keeping others from
   connecting (a new client sends its head within milliseconds).
 
@@ -40,8 +41,10 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from flowtrial.study.config import ProxySection
 
+from . import shared_counts
 from .protocols import shape_for
 from .protocols.base import openai_error
+from .shared_counts import Table
 
 __all__ = ["FrontDoorStats", "GuardedHttpProtocol", "Limits", "PreauthRegistry",
            "guarded_protocol"]
@@ -135,10 +138,15 @@ class FrontDoorStats:
 
 class PreauthRegistry:
     """Connections that have not yet sent a whole request head, oldest first, in total and
-    per client address; :meth:`add` returns the ones to evict (the oldest beyond a cap)."""
+    per client address; :meth:`add` returns the ones to evict (this worker's oldest beyond a
+    cap). The counts are summed over ``--workers`` (:mod:`.shared_counts` ``preauth``), so a
+    flood spread over the workers meets one cap, not one per worker."""
 
-    def __init__(self, total: int, per_client: int) -> None:
+    _ALL = "\x00all"  # the total's key (no address contains a NUL)
+
+    def __init__(self, total: int, per_client: int, shared: Table | None = None) -> None:
         self.total, self.per_client = total, per_client
+        self.shared = shared if shared is not None else shared_counts.counts("preauth")
         self._all: OrderedDict[int, GuardedHttpProtocol] = OrderedDict()
         self._by_client: dict[str, OrderedDict[int, GuardedHttpProtocol]] = {}
 
@@ -146,10 +154,12 @@ class PreauthRegistry:
         self._all[id(conn)] = conn
         mine = self._by_client.setdefault(client, OrderedDict())
         mine[id(conn)] = conn
+        self.shared.add(client, 1)
+        self.shared.add(self._ALL, 1)
         out: list[GuardedHttpProtocol] = []
-        if len(mine) > self.per_client:
+        if self.shared.total(client) > self.per_client:
             out.append(next(iter(mine.values())))
-        if len(self._all) > self.total:
+        if self.shared.total(self._ALL) > self.total:
             oldest = next(iter(self._all.values()))
             if oldest not in out:
                 out.append(oldest)
@@ -158,6 +168,8 @@ class PreauthRegistry:
     def remove(self, conn: GuardedHttpProtocol, client: str) -> None:
         if self._all.pop(id(conn), None) is None:
             return
+        self.shared.add(client, -1)
+        self.shared.add(self._ALL, -1)
         mine = self._by_client.get(client)
         if mine is not None:
             mine.pop(id(conn), None)

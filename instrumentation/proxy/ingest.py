@@ -32,9 +32,12 @@ The processes start at the first upload, off the event loop (a thread waits for 
 server); meanwhile an upload of at most :data:`WARMING_THREAD_BYTES` is handled in a thread
 (a first small post is not kept waiting for seconds), a larger one waits for them.
 
-The quota's count is per proxy process (seeded from the database the first time a
-participant uploads on a day): with ``--workers N`` a participant may store up to N times
-the cap in a day.
+The participant's share and the daily quota hold across ``--workers`` (their counts are in
+:mod:`.shared_counts`, ``ingest`` and ``quota``; both add, then check, so never over).
+The quota's count is what the workers stored today plus, seeded from the database the first
+time a worker stores for a participant on a day, what was stored before (an earlier run, a
+worker that died): the database's figure less what the live workers had counted then.
+``proxy.ingest_queue`` bounds each worker's own ingest processes.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from flowtrial.study.config import ProxySection
 from flowtrial.study.storage import Database, RecordWriter, WriteBatch, write_rows
 
 from ..upload_caps import UploadCaps
+from . import shared_counts
 from .ingest_jobs import JobContext, row_bytes, stored_since, worker_init
 from .refusal import Refusal
 
@@ -126,13 +130,16 @@ class Ingest:
         self._warm = threading.Event()  # the processes are up
         self._warmer: threading.Thread | None = None
         self._running = 0
-        self._per_participant: dict[str, int] = {}
-        self._quota: dict[tuple[str, str], int] = {}  # (pid, UTC day) -> bytes stored
+        self._per_participant = shared_counts.counts("ingest")  # pid -> uploads, all workers
+        self._quota = shared_counts.counts("quota")  # "pid/day" -> bytes, all workers
+        self._day = ""  # the UTC day this worker's part of _quota counts
+        self._before: dict[str, int] = {}  # "pid/day" -> stored before the live workers' count
         self.refused = {"busy": 0, "participant": 0, "quota": 0}
         self.jobs = 0
 
     # -- admission ---------------------------------------------------------------------
     def _admit(self, pid: str) -> None:
+        """Refuse (503/429) or take one of ``pid``'s share (give it back in ``run``)."""
         s = self.settings
         bulk = self.writer.bulk_pending_rows if self.writer is not None else 0
         if self._running >= s.ingest_queue or bulk > MAX_BULK_ROWS_FACTOR * max(
@@ -141,7 +148,9 @@ class Ingest:
             raise IngestBusy(503, "ingest_busy", "the proxy is busy storing uploads "
                              f"(proxy.ingest_queue = {s.ingest_queue}): retry after "
                              f"{BUSY_RETRY_S} s", BUSY_RETRY_S)
-        if self._per_participant.get(pid, 0) >= s.ingest_per_participant:
+        self._per_participant.add(pid, 1)
+        if self._per_participant.total(pid) > s.ingest_per_participant:
+            self._per_participant.add(pid, -1)
             self.refused["participant"] += 1
             raise IngestBusy(429, "too_many_uploads", "too many uploads of this participant "
                              f"at once (proxy.ingest_per_participant = "
@@ -186,10 +195,9 @@ class Ingest:
         """``job(*args)`` in an ingest process, once admitted (module docstring)."""
         self._admit(pid)
         self._running += 1
-        self._per_participant[pid] = self._per_participant.get(pid, 0) + 1
         self.jobs += 1
         day, since = _today()
-        seed_since = since if (pid, day) not in self._quota else None
+        seed_since = since if f"{pid}/{day}" not in self._before else None
         try:
             if not self.processes or self._small_while_warming(args):
                 result, seed = await asyncio.to_thread(_seeded, job, args, self.context, pid,
@@ -205,15 +213,23 @@ class Ingest:
                     raise IngestBusy(503, "ingest_restarting", "the proxy's ingest process "
                                      "restarted: retry", BUSY_RETRY_S) from None
             if seed is not None:
-                self._quota.setdefault((pid, day), seed)
+                self._seed(f"{pid}/{day}", day, seed)
             return result
         finally:
             self._running -= 1
-            left = self._per_participant[pid] - 1
-            if left:
-                self._per_participant[pid] = left
-            else:
-                del self._per_participant[pid]
+            self._per_participant.add(pid, -1)
+
+    def _seed(self, key: str, day: str, stored: int) -> None:
+        """What the database says ``key`` stored today, less what the workers count."""
+        self._new_day(day)
+        self._before.setdefault(key, max(0, stored - self._quota.total(key)))
+
+    def _new_day(self, day: str) -> None:
+        """At a new UTC day this worker's counts of the last one go (keys name their day)."""
+        if day != self._day:
+            self._day = day
+            self._quota.clear_mine()
+            self._before = {k: v for k, v in self._before.items() if k.endswith("/" + day)}
 
     # -- storing -----------------------------------------------------------------------
     async def store(self, pid: str, batch: WriteBatch, database: Database | None = None
@@ -222,19 +238,21 @@ class Ingest:
         Without a writer (outside a proxy) it writes to ``database`` in a thread."""
         day, since = _today()
         size = row_bytes(list(batch.rows))
-        key = (pid, day)
-        used = self._quota.get(key, 0)
+        key = f"{pid}/{day}"
+        self._new_day(day)
         cap = self.settings.max_stored_bytes_per_day
-        if used + size > cap:
+        shared = self._quota.add(key, size)
+        if not shared:  # this worker's part of the table is full: count it here
+            log.warning("the quota table of this worker is full: %s counted in it only", pid)
+            self._before[key] = self._before.get(key, 0) + size
+        if self._quota.total(key) + self._before.get(key, 0) > cap:
+            self._unreserve(key, size, shared)
             self.refused["quota"] += 1
             wait = int((since + timedelta(days=1) - datetime.now(UTC)).total_seconds()) + 1
             raise IngestBusy(429, "daily_quota", f"this participant's uploads today reached "
                              f"the proxy's limit of {cap} bytes "
                              "(proxy.max_stored_bytes_per_day): nothing of this upload was "
                              "stored; retry tomorrow (UTC)", wait)
-        self._quota[key] = used + size
-        for old in [k for k in self._quota if k[1] != day]:
-            del self._quota[old]
         try:
             if self.writer is not None:
                 await asyncio.wrap_future(self.writer.submit(batch, bulk=True))
@@ -243,8 +261,14 @@ class Ingest:
             else:
                 raise RuntimeError("Ingest.store needs a writer or a database")
         except BaseException:
-            self._quota[key] = self._quota.get(key, size) - size
+            self._unreserve(key, size, shared)
             raise
+
+    def _unreserve(self, key: str, size: int, shared: bool) -> None:
+        if shared:
+            self._quota.add(key, -size)
+        else:
+            self._before[key] = max(0, self._before.get(key, 0) - size)
 
     # -- lifecycle ---------------------------------------------------------------------
     def snapshot(self) -> dict[str, int]:

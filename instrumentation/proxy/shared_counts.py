@@ -1,15 +1,24 @@
-"""Per-participant counts that hold across ``flowtrial proxy --workers N`` processes.
+"""Counts behind the caps that must hold across ``flowtrial proxy --workers N`` processes.
 
 A cap counted per process would let N workers admit N times the cap (the kernel hands each
 connection to any worker). The supervisor maps one anonymous shared memory region before it
 forks the workers; each worker owns one part of it, a small open-addressing table of
 (key hash, count) that only that worker writes, so no lock is needed and a worker that dies
 leaves nothing behind (its replacement clears its part). A check sums the key's count over
-every worker's part: a few microseconds, and only when a WebSocket opens or closes — never on
-the token path. Two workers admitting at the very same instant may each see the other's count
-before its increment, so a cap can be passed by at most ``workers - 1``.
+every worker's part: a few microseconds, and only when a WebSocket opens or closes, a
+connection opens or sends its head, or an upload is admitted — never on the token path.
 
-Without ``--workers`` (one process) :func:`counts` gives each app a table of one part.
+The tables (:data:`TABLES`, each from :func:`counts`):
+
+- ``websockets``: open Responses WebSockets per participant (check, then add: two workers
+  admitting at the same instant may pass the cap by at most ``workers - 1``);
+- ``ingest``: uploads of one participant being ingested (add, then check: never over);
+- ``quota``: bytes stored per participant and UTC day (add, then check: never over);
+- ``preauth``: connections without a whole request head, per client address and in total.
+  Addresses are unbounded, so this one is a :class:`SharedSketch` of fixed size (count-min:
+  a collision can only count high, and needs both of two hashes to collide).
+
+Without ``--workers`` (one process) :func:`counts` gives each caller a table of one part.
 """
 
 from __future__ import annotations
@@ -17,7 +26,8 @@ from __future__ import annotations
 import hashlib
 import mmap
 
-__all__ = ["SLOTS", "SharedCounts", "attach", "counts", "share_across"]
+__all__ = ["SLOTS", "TABLES", "SharedCounts", "SharedSketch", "Table", "attach", "counts",
+           "share_across"]
 
 #: Keys one worker can hold at once (participants with an open WebSocket through it); a
 #: full part counts a new key in the process only (logged by the caller's cap, never wrong low
@@ -44,7 +54,11 @@ class SharedCounts:
     def attach(self, worker: int) -> None:
         """This process is worker ``worker``: its part starts empty (a restart's too)."""
         self.me = worker
-        start = worker * self.slots * 2
+        self.clear_mine()
+
+    def clear_mine(self) -> None:
+        """Empty this worker's part (e.g. the quota's at a new UTC day)."""
+        start = self.me * self.slots * 2
         self._cells[start:start + self.slots * 2] = memoryview(
             bytes(self.slots * 2 * _CELL)).cast("Q")
 
@@ -80,22 +94,74 @@ class SharedCounts:
         return True
 
 
-_shared: SharedCounts | None = None
+class SharedSketch:
+    """Counts by any key in a fixed ``2 × width`` cells per worker (count-min): a key adds
+    to one cell of each row; its count is the smaller of its two cells summed over workers.
+    Never low; high only when another key shares both its cells."""
+
+    ROWS = 2
+
+    def __init__(self, workers: int = 1, width: int = 4096) -> None:
+        self.workers = workers
+        self.width = width
+        self._mem = mmap.mmap(-1, workers * self.ROWS * width * _CELL)
+        self._cells = memoryview(self._mem).cast("Q")
+        self.me = 0
+
+    def attach(self, worker: int) -> None:
+        """This process is worker ``worker``: its part starts empty."""
+        self.me = worker
+        self.clear_mine()
+
+    def clear_mine(self) -> None:
+        """Empty this worker's part."""
+        part = self.ROWS * self.width
+        self._cells[self.me * part:(self.me + 1) * part] = memoryview(
+            bytes(part * _CELL)).cast("Q")
+
+    def _offsets(self, key: str) -> tuple[int, int]:
+        h = hashlib.blake2b(key.encode(), digest_size=8).digest()
+        return (int.from_bytes(h[:4], "little") % self.width,
+                self.width + int.from_bytes(h[4:], "little") % self.width)
+
+    def total(self, key: str) -> int:
+        """``key``'s count summed over every worker (never below the true count)."""
+        part, cells = self.ROWS * self.width, self._cells
+        return min(sum(cells[w * part + o] for w in range(self.workers))
+                   for o in self._offsets(key))
+
+    def add(self, key: str, delta: int) -> bool:
+        """Add ``delta`` to this worker's cells of ``key`` (never below 0)."""
+        base = self.me * self.ROWS * self.width
+        for o in self._offsets(key):
+            self._cells[base + o] = max(0, self._cells[base + o] + delta)
+        return True
 
 
-def share_across(workers: int) -> SharedCounts:
-    """In the supervisor, before forking: the table every worker will see."""
+Table = SharedCounts | SharedSketch
+#: The shared tables and what makes each (module docstring).
+TABLES: dict[str, type[SharedCounts] | type[SharedSketch]] = {
+    "websockets": SharedCounts, "ingest": SharedCounts, "quota": SharedCounts,
+    "preauth": SharedSketch}
+_shared: dict[str, Table] | None = None
+
+
+def share_across(workers: int) -> dict[str, Table]:
+    """In the supervisor, before forking: the tables every worker will see."""
     global _shared
-    _shared = SharedCounts(workers)
+    _shared = {name: make(workers) for name, make in TABLES.items()}
     return _shared
 
 
 def attach(worker: int) -> None:
-    """In a forked worker: claim its part of the supervisor's table."""
+    """In a forked worker: claim its part of each of the supervisor's tables."""
+    for table in (_shared or {}).values():
+        table.attach(worker)
+
+
+def counts(name: str = "websockets") -> Table:
+    """Table ``name`` (:data:`TABLES`): the workers' shared one, or (one process) a new
+    one of its own."""
     if _shared is not None:
-        _shared.attach(worker)
-
-
-def counts() -> SharedCounts:
-    """The table for a proxy app: the workers' shared one, or (one process) its own."""
-    return _shared if _shared is not None else SharedCounts(1)
+        return _shared[name]
+    return TABLES[name](1)
