@@ -41,6 +41,7 @@ from typing import Any
 
 from .auth import ParticipantInfo
 from .delivery import Delivery, Output, Transport, delivery_for
+from .hooks import count_error
 from .protocols.base import Classified, Kind, ProtocolAdapter, RequestInfo
 from .recorder import CycleRecord, Recorder
 from .scrub import Scrubber
@@ -133,7 +134,7 @@ class Cycle:
         try:
             await self.record()
         except Exception:  # noqa: BLE001 - nobody is left to tell; the counter shows it
-            self.state.errors += 1
+            count_error(self.state)
             return False
         return True
 
@@ -261,11 +262,11 @@ class Cycle:
         try:
             await self.record()
         except Exception:  # noqa: BLE001 - the final event must not go out unrecorded
-            self.state.errors += 1
+            count_error(self.state)
             await self.transport.emit_last(self.adapter.error_event(
                 "flowtrial could not record this request, so the stream is ended without its "
                 "final event: check the proxy's database", "server_error", "recording_failed"))
             return
         if rec.status != "ok":
-            self.state.errors += 1
+            count_error(self.state)
         await self.transport.emit_last(tail)

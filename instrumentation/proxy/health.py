@@ -101,7 +101,7 @@ class DatabaseGate:
     def row_failed(self, exc: BaseException) -> None:
         """A row failed for a reason that is not the database's (a bug building it, a value
         the database refuses): logged and counted; the row is held and retried like any."""
-        self.row_errors += 1
+        self.row_errors += 1  # rows the gate held, not answers (those: hooks.count_error)
         log.error("a cycle's row could not be written (%s): held for a retry", describe(exc),
                   exc_info=exc)
 

@@ -51,8 +51,8 @@ from .state import ProxyState
 from .upstream import UpstreamError
 
 __all__ = ["HOOKS", "Authentication", "BodyLimit", "Call", "Counting", "ErrorMapping",
-           "Handler", "Needs", "Recording", "Refusal", "RequestHook", "guarded",
-           "guarded_route", "run_hooks"]
+           "Handler", "Needs", "Recording", "Refusal", "RequestHook", "count_error",
+           "count_request", "guarded", "guarded_route", "run_hooks"]
 
 log = logging.getLogger("flowtrial.proxy")
 
@@ -104,18 +104,32 @@ class RequestHook:
         return None
 
 
+def count_request(state: ProxyState) -> None:
+    """One request in (the health endpoint's ``requests``)."""
+    state.requests += 1  # the one place
+
+
+def count_error(state: ProxyState) -> None:
+    """One failed answer (the health endpoint's ``errors``). :class:`Counting` calls it for
+    every reply ≥ 400 it sees; what answers after the hooks have run calls it directly: a
+    model exchange that answers itself (a stream that fails or cannot be recorded), a
+    WebSocket's handshake and turns (no HTTP reply), an OTLP post (its own status shape)."""
+    state.errors += 1  # the one place (Counting and what answers after the hooks call it)
+
+
 class Counting(RequestHook):
-    """``requests`` and ``errors`` (the health endpoint's counters): one place."""
+    """``requests`` and ``errors`` (the health endpoint's counters), through
+    :func:`count_request` and :func:`count_error`: the only places they are written."""
 
     name = "counting"
 
     async def admit(self, call: Call) -> Response | None:
-        call.state.requests += 1
+        count_request(call.state)
         return None
 
     def answered(self, call: Call, response: Any) -> None:
         if isinstance(response, Response) and response.status_code >= 400:
-            call.state.errors += 1
+            count_error(call.state)
 
 
 class Recording(RequestHook):

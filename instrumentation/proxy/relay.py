@@ -43,6 +43,7 @@ from .arms import NoAssignmentError
 from .auth import CREDENTIAL_HEADERS, ParticipantInfo, client_secrets
 from .body_parser import ParseBusy
 from .cycle import Cycle
+from .hooks import count_error
 from .protocols.base import ProtocolAdapter, RequestInfo, SSEParser
 from .shaping import RELEASE_SPIN_NS, sleep_until
 from .sources import Direct, Prefetch
@@ -215,7 +216,7 @@ class Exchange:
         try:
             await self.cycle.resolve()
         except NoAssignmentError as exc:
-            st.errors += 1
+            count_error(st)
             await self._send_whole(403, adapter.error_body(str(exc), code="no_assignment"))
             return
         route = st.upstreams.route(rec.arm, adapter.family.name)
@@ -296,7 +297,7 @@ class Exchange:
         try:
             await self.cycle.record()
         except Exception:  # noqa: BLE001 - fail loudly, never pass traffic unrecorded
-            self.state.errors += 1
+            count_error(self.state)
             await self._send_whole(503, self._recording_failed_body())
             return
         await self._send_whole(status, body, content_type, reply_headers)
@@ -312,7 +313,7 @@ class Exchange:
         rec.status = "upstream_error" if status >= 500 else "error"
         rec.http_status = status
         rec.error = message
-        self.state.errors += 1
+        count_error(self.state)
         await self._record_then_send(status, self.adapter.error_body(message, type_, code),
                                      "application/json")
 
@@ -329,7 +330,7 @@ class Exchange:
         rec.status = _status_kind(reply.status)
         rec.http_status = reply.status
         rec.error = _error_text(body)
-        self.state.errors += 1
+        count_error(self.state)
         content_type = reply.content_type or "application/json"
         if not _is_json_object(body):
             # An HTML page from a load balancer, an empty body ...: the client gets the
@@ -443,7 +444,7 @@ class Exchange:
         try:
             await self.cycle.record()
         except Exception:  # noqa: BLE001 - never release an unrecorded answer
-            st.errors += 1
+            count_error(st)
             if self.started:  # too late for a status: break the body so the client errors
                 raise
             await self._send_whole(503, self._recording_failed_body())

@@ -54,6 +54,7 @@ from .auth import (
 )
 from .cycle import Cycle
 from .health import UNAVAILABLE_MESSAGE
+from .hooks import count_error, count_request
 from .protocols.base import JsonFrames, dumps, openai_error
 from .protocols.responses import ResponsesSocketAdapter, ws_error
 from .responses import foreign_response_message
@@ -208,7 +209,7 @@ class SocketTurn:
         try:
             await cycle.resolve()
         except NoAssignmentError as exc:
-            st.errors += 1
+            count_error(st)
             await self.conn.send(ws_error(str(exc), "invalid_request_error", "no_assignment",
                                           403))
             return
@@ -258,7 +259,7 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
     first = await receive()
     if first["type"] != "websocket.connect":
         return
-    state.requests += 1
+    count_request(state)
     headers = Headers(scope=scope)
     path_key = scope.get(PATH_KEY)
     participant = state.auth.cached(headers, path_key) or await state.auth.authenticate(
@@ -268,7 +269,7 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
             not separate_identity(headers, path_key)):
         participant = None  # their own credential would go up as the flowtrial key
     if participant is None:
-        state.errors += 1
+        count_error(state)
         body = openai_error("missing or unknown flowtrial participant key: send your own key "
                             "as the API key (Authorization: Bearer ft_…)",
                             "invalid_request_error", "invalid_api_key")
@@ -278,7 +279,7 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
             await send({"type": "websocket.close", "code": 1008})
         return
     if (standing := state.auth.refusal(participant.id)) is not None:
-        state.errors += 1
+        count_error(state)
         body = openai_error(standing.message, "permission_error", standing.code)
         if "websocket.http.response" in scope.get("extensions", {}):
             await _deny(send, 403, body)
@@ -287,7 +288,7 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         return
     open_now = state.websockets.total(participant.id)  # across --workers
     if open_now >= state.config.proxy.max_websockets_per_participant:
-        state.errors += 1
+        count_error(state)
         body = openai_error(f"this participant already has {open_now} WebSocket connections "
                             "open (proxy.max_websockets_per_participant): close one, or use "
                             "it for the next turn", "invalid_request_error",
@@ -371,22 +372,22 @@ async def _serve(state: ProxyState, participant: Any, headers: Headers, receive:
             await give_way()  # reading a large message must not hold up a due first token
             message = _check(raw, state.max_body_bytes)
             if isinstance(message, bytes):
-                state.errors += 1
+                count_error(state)
                 await conn.send(message)
                 continue
             if message.get("generate") is False:
                 await _warmup(conn, message)
                 continue
-            state.requests += 1
+            count_request(state)
             if not state.recorder.gate.ok:  # the database is down: refuse, keep the socket
-                state.errors += 1
+                count_error(state)
                 state.recorder.gate.refused += 1
                 await conn.send(ws_error(UNAVAILABLE_MESSAGE, "server_error",
                                          "database_unavailable", 503))
                 continue
             if await state.turns.foreign_response(participant.id,
                                                   message.get("previous_response_id")):
-                state.errors += 1
+                count_error(state)
                 await conn.send(ws_error(foreign_response_message(
                     message["previous_response_id"]), code="previous_response_not_found",
                     param="previous_response_id", status=404))
@@ -434,6 +435,6 @@ async def _warmup(conn: _Connection, message: dict[str, Any]) -> None:
         async for frame in sock.turn(message, {}):
             await conn.send(scrub.raw(frame))
     except UpstreamError as exc:
-        conn.state.errors += 1
+        count_error(conn.state)
         await conn.send(ws_error(scrub.text(exc.message), "server_error", exc.code(),
                                  exc.status))

@@ -39,6 +39,7 @@ from flowtrial.study.schema import Event
 from flowtrial.study.storage import Database, RecordWriter, WriteBatch
 
 from ..proxy.auth import Authenticator
+from ..proxy.hooks import count_error, count_request
 from ..proxy.ingest import Ingest, IngestBusy, ingest_of
 from ..proxy.ingest_jobs import OtlpResult, otlp_job
 from ..request_body import BodyTooLarge, read_body
@@ -123,9 +124,9 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
             st = proxy_state(request)
             as_json = _is_json(request)
             if st is not None:
-                st.requests += 1
+                count_request(st)
                 if not st.recorder.gate.ok:
-                    st.errors += 1
+                    count_error(st)
                     return _status(503, code_pb2.UNAVAILABLE, "the study database is "
                                    "unavailable: the exporter should retry", as_json,
                                    {"retry-after": "5"})
@@ -164,7 +165,7 @@ def telemetry_routes(database: Database, config: StudyConfig, *,
                                as_json)
             except OtlpDecodeError as exc:
                 if st is not None:
-                    st.errors += 1
+                    count_error(st)
                 if exc.too_large:
                     return _status(413, code_pb2.RESOURCE_EXHAUSTED, str(exc), as_json)
                 return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)

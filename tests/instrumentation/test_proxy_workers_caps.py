@@ -24,7 +24,7 @@ HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"  # no blank line: st
 
 @contextmanager
 def _two_workers(tmp_path: Path, proxy: str) -> Iterator[tuple[str, str, int, int, int]]:
-    """A proxy with 2 workers and ``proxy`` settings: (url, key, host, port, a, b) pieces."""
+    """A proxy with 2 workers and ``proxy`` settings: (url, key, supervisor, worker a, b)."""
     study, db, key = setup_study(tmp_path, PER_PROMPT.replace(
         "[upstream.mock]", f"[proxy]\n{proxy}\n[upstream.mock]"))
     proc, url = start_proxy(study, db, "--workers", "2")
@@ -126,7 +126,8 @@ def test_daily_quota_holds_across_workers(tmp_path: Path) -> None:
 def test_ingest_share_holds_across_workers(tmp_path: Path) -> None:
     """With ``ingest_per_participant = 1``, an upload held in worker A's (stopped) ingest
     process takes the participant's share: worker B answers 429 too_many_uploads."""
-    with _two_workers(tmp_path, "ingest_per_participant = 1\ningest_workers = 1") as (url, key, _sup, a, b), \
+    settings = "ingest_per_participant = 1\ningest_workers = 1"
+    with _two_workers(tmp_path, settings) as (url, key, _sup, a, b), \
             ThreadPoolExecutor(1) as pool:
         _only(a, b)
         deadline = time.monotonic() + 60  # a big upload starts A's ingest processes
