@@ -62,7 +62,7 @@ from .fingerprints import fingerprint, similarity
 from .request_body import BodyTooLarge, read_body
 
 __all__ = [
-    "CONTINUE_PATH", "ContinueDecision", "KeyAuthenticator", "continue_routes",
+    "CONTINUE_PATH", "ContinueDecision", "KeyAuthenticator", "continue_route", "continue_routes",
     "ingest_continue_event", "link_cycle", "map_continue_event",
 ]
 
@@ -272,6 +272,49 @@ def _error(status: int, message: str, code: str) -> JSONResponse:
                                    "param": None, "code": code}}, status)
 
 
+async def _accept(ingest: Any, database: Database, pid: str, body: bytes,
+                  lookback_s: float) -> JSONResponse:
+    """One post's event: parsed and linked by ingest, stored; the answer. Ingest's refusals
+    (:class:`~.proxy.ingest.IngestBusy`) are raised for the caller to answer."""
+    from .proxy.ingest import IngestBusy
+    from .proxy.ingest_jobs import continue_job
+
+    try:
+        res = await ingest.run(pid, continue_job, ingest.context, pid, body, lookback_s)
+        if res.row is not None:
+            row = res.row
+            await ingest.store(pid, WriteBatch(Event, [row], ignore_conflicts=True), database)
+    except IngestBusy:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported to the client, nothing claimed
+        return _error(503, f"the event could not be recorded ({type(exc).__name__})",
+                      "recording_failed")
+    if res.status != 200:
+        return _error(res.status, res.message, res.code)
+    if res.row is None:
+        return JSONResponse({"accepted": 0, "ignored": res.ignored})
+    # The insert ignores a re-sent payload's conflict; tell the client which it was.
+    new = await asyncio.to_thread(_is_new, database, row)
+    return JSONResponse({"accepted": int(new), "duplicates": int(not new),
+                         "kind": res.kind, "cycle_id": row["cycle_id"],
+                         "link": json.loads(row["payload_json"])["link"]})
+
+
+def continue_route(database: Database, lookback_s: float = DEFAULT_LOOKBACK_S) -> BaseRoute:
+    """``POST /flowtrial/v1/continue`` inside the proxy app: behind the proxy's hooks
+    (:mod:`.proxy.hooks`: key, consent, body limit, counting, recording, error shape), with
+    its ingest processes and writer."""
+    from .proxy.hooks import Call, guarded_route
+    from .proxy.ingest import ingest_of
+
+    async def flowtrial_continue(call: Call) -> JSONResponse:
+        assert call.participant is not None
+        return await _accept(ingest_of(call.state), database, call.participant.id, call.body,
+                             lookback_s)
+
+    return guarded_route(CONTINUE_PATH, flowtrial_continue)
+
+
 def continue_routes(
     database: Database,
     config: StudyConfig,
@@ -280,45 +323,26 @@ def continue_routes(
     writer: RecordWriter | None = None,
     lookback_s: float = DEFAULT_LOOKBACK_S,
 ) -> list[BaseRoute]:
-    """``POST /flowtrial/v1/continue`` (participant key as ``Authorization: Bearer``).
+    """``POST /flowtrial/v1/continue`` on its own (participant key as ``Authorization:
+    Bearer``); the proxy app serves :func:`continue_route` instead.
 
     ``authenticate(headers)`` returns the participant (anything with ``.id``) or None; by
-    default the proxy's own authenticator when the routes are part of the proxy app, else
-    keys are checked here. Rows go to ``writer``, else to the proxy's writer when part of the
-    proxy app (so the proxy keeps one writer), else straight to the database.
+    default keys are checked here. Rows go to ``writer``, else straight to the database.
     """
-    from .proxy.ingest import Ingest, IngestBusy, ingest_of
-    from .proxy.ingest_jobs import continue_job
+    from .proxy.ingest import Ingest, IngestBusy
 
     own = KeyAuthenticator(database)
     limit = config.proxy.max_body_bytes
-    standalone = Ingest(database.url, writer, config.proxy, processes=False)
-
-    def proxy_state(request: Request) -> Any:
-        return getattr(request.app.state, "proxy", None)
+    ingest = Ingest(database.url, writer, config.proxy, processes=False)
 
     async def endpoint(request: Request) -> JSONResponse:
-        if authenticate is not None:
-            auth = authenticate
-        else:  # inside the proxy app: share its key cache
-            st = proxy_state(request)
-            auth = st.auth.authenticate if st is not None else own.authenticate
-        participant = await auth(request.headers)
+        participant = await (authenticate or own.authenticate)(request.headers)
         if participant is None:
             return _error(401, "missing or unknown flowtrial participant key: set the data "
                                "destination's apiKey to your own key (ft_…)", "invalid_api_key")
-        st = proxy_state(request)
-        if st is not None and (standing := st.auth.refusal(participant.id)) is not None:
-            return _error(403, standing.message, str(standing.code))
-        ingest = ingest_of(st) if st is not None and writer is None else standalone
         try:
             body = await read_body(request, limit)
-            res = await ingest.run(participant.id, continue_job, ingest.context,
-                                   participant.id, body, lookback_s)
-            if res.row is not None:
-                row = res.row
-                await ingest.store(participant.id, WriteBatch(Event, [row],
-                                                              ignore_conflicts=True), database)
+            return await _accept(ingest, database, participant.id, body, lookback_s)
         except BodyTooLarge:
             return _error(413, f"request body larger than the proxy's limit of {limit} bytes "
                                "(proxy.max_body_bytes)", "request_too_large")
@@ -326,17 +350,5 @@ def continue_routes(
             resp = _error(exc.status, exc.message, exc.code or "ingest_busy")
             resp.headers.update(exc.headers())
             return resp
-        except Exception as exc:  # noqa: BLE001 - reported to the client, nothing claimed
-            return _error(503, f"the event could not be recorded ({type(exc).__name__})",
-                          "recording_failed")
-        if res.status != 200:
-            return _error(res.status, res.message, res.code)
-        if res.row is None:
-            return JSONResponse({"accepted": 0, "ignored": res.ignored})
-        # The insert ignores a re-sent payload's conflict; tell the client which it was.
-        new = await asyncio.to_thread(_is_new, database, row)
-        return JSONResponse({"accepted": int(new), "duplicates": int(not new),
-                             "kind": res.kind, "cycle_id": row["cycle_id"],
-                             "link": json.loads(row["payload_json"])["link"]})
 
     return [Route(CONTINUE_PATH, endpoint, methods=["POST"], name="flowtrial_continue")]

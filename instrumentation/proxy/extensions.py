@@ -120,9 +120,9 @@ class ContinueDestination(Extension):
     name = "continue"
 
     def routes(self, ctx: AppContext) -> list[BaseRoute]:
-        from ..continue_data import continue_routes
+        from ..continue_data import continue_route
 
-        return continue_routes(ctx.database, ctx.config)
+        return [continue_route(ctx.database)]
 
     def openapi(self) -> dict[str, Any]:
         return continue_paths()
@@ -221,7 +221,8 @@ class AgentTelemetry(Extension):
         from ..telemetry.grpc_receiver import serve_otlp_grpc
 
         self.grpc_server, self.grpc_port = serve_otlp_grpc(
-            state.database, state.config, state.config.proxy.host, port)
+            state.database, state.config, state.config.proxy.host, port, state=state,
+            loop=asyncio.get_running_loop())
         log.info("OTLP/gRPC receiver on %s:%s", state.config.proxy.host, self.grpc_port)
 
     async def shutdown(self, state: ProxyState) -> None:
