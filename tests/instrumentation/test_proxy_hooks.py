@@ -111,4 +111,38 @@ def test_every_shipped_way_in_runs_the_one_list(make_study: Any) -> None:
                if isinstance(r, Route) and getattr(r.endpoint, "hooks", None) is hooks.HOOKS}
     assert {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
             "/v1/messages/count_tokens", "/v1beta/models/{model}:countTokens", "/v1/models",
-            "/v1beta/models", "/flowtrial/v1/events", POLICY_PATH, UPLOAD_PATH} <= guarded
+            "/v1beta/models", "/flowtrial/v1/events", "/flowtrial/v1/continue", POLICY_PATH,
+            UPLOAD_PATH} <= guarded
+
+
+#: Routes the app serves outside HOOKS, each for a reason (a new one must be added here, with
+#: its reason, or be guarded: the test below enumerates every route). ``*``: a prefix.
+NOT_PARTICIPANT_API = {
+    "/": "a GET landing line: no key, no body, nothing recorded",
+    "/flowtrial/v1/health": "public liveness: must answer while the database is down",
+    "/flowtrial/v1/openapi.json": "the public API document",
+    "/flowtrial/v1/admin/*": "the admin token (admin.py), not a participant's key",
+    "/flowtrial/participant*": "browser pages: session cookie + CSRF, login limited per "
+                              "address, HTML answers",
+}
+
+
+def test_every_route_the_app_serves_is_guarded_or_named(make_study: Any) -> None:
+    """Every route of the app with every shipped extension: the participant's ways in run
+    HOOKS (or, OTLP, the one export that does the same for HTTP and gRPC); the rest are
+    named above with their reason. The Responses WebSocket is served before routing."""
+    from flowtrial.instrumentation.proxy.extensions import builtin_extensions
+    from flowtrial.instrumentation.telemetry.receiver import OtlpReceiver
+
+    s = make_study()
+    app = create_proxy_app(s.database, s.config, extensions=builtin_extensions())
+    routes = [r for r in app.routes if isinstance(r, Route)]
+    assert len(routes) == len(app.routes)  # no Mount or WebSocketRoute hides another list
+    otlp = {r.path for r in routes if isinstance(getattr(r.endpoint, "otlp", None),
+                                                 OtlpReceiver)}
+    assert otlp == {f"/flowtrial/otlp/v1/{x}" for x in ("logs", "traces", "metrics")}
+    guarded = {r.path for r in routes if getattr(r.endpoint, "hooks", None) is hooks.HOOKS}
+    rest = {r.path for r in routes} - guarded - otlp
+    unnamed = {p for p in rest if not any(
+        p == k or (k.endswith("*") and p.startswith(k[:-1])) for k in NOT_PARTICIPANT_API)}
+    assert not unnamed, f"routes neither guarded nor named with a reason: {unnamed}"
