@@ -320,16 +320,21 @@ async def _serve(state: ProxyState, participant: Any, headers: Headers, receive:
     current: asyncio.Task[None] | None = None
     turn: SocketTurn | None = None
 
+    idle_since = time.monotonic()  # the last message in, or the end of the last turn
+
     async def read() -> None:
-        # Reads concurrently with a running turn, so a disconnect cancels it at once.
-        nonlocal queued
+        # Reads concurrently with a running turn, so a disconnect cancels it at once. Idle
+        # time counts from the end of the last turn (or message): a turn is never cut.
+        nonlocal queued, idle_since
         while True:
-            between_turns = current is None or current.done()
+            busy = (current is not None and not current.done()) or not inbox.empty()
+            left = idle_s if busy else idle_since + idle_s - time.monotonic()
             try:
-                msg = await (asyncio.wait_for(receive(), idle_s) if between_turns
-                             else receive())
+                msg = await asyncio.wait_for(receive(), max(left, 0.001))
+                idle_since = time.monotonic()
             except TimeoutError:
-                if not inbox.empty():
+                if (current is not None and not current.done()) or not inbox.empty() or (
+                        time.monotonic() - idle_since < idle_s):
                     continue
                 conn.closed = True
                 inbox.put_nowait(None)
@@ -399,6 +404,8 @@ async def _serve(state: ProxyState, participant: Any, headers: Headers, receive:
             except asyncio.CancelledError:
                 if not conn.closed:
                     raise  # the proxy is shutting down
+            finally:
+                idle_since = time.monotonic()
     except Exception:  # noqa: BLE001 - the client went away while we sent (no cycle open)
         if not conn.closed:
             log.debug("websocket connection %s ended", conn.id, exc_info=True)
