@@ -10,8 +10,7 @@ connection opens or sends its head, or an upload is admitted — never on the to
 
 The tables (:data:`TABLES`, each from :func:`counts`):
 
-- ``websockets``: open Responses WebSockets per participant (check, then add: two workers
-  admitting at the same instant may pass the cap by at most ``workers - 1``);
+- ``websockets``: open Responses WebSockets per participant (add, then check: never over);
 - ``ingest``: uploads of one participant being ingested (add, then check: never over);
 - ``quota``: bytes stored per participant and UTC day (add, then check: never over);
 - ``preauth``: connections without a whole request head, per client address and in total.

@@ -286,8 +286,12 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         else:
             await send({"type": "websocket.close", "code": 1008})
         return
-    open_now = state.websockets.total(participant.id)  # across --workers
+    # Add, then check (across --workers): two workers admitting at the same instant both
+    # see the other's claim, so the cap can never be passed.
+    state.websockets.add(participant.id, 1)
+    open_now = state.websockets.total(participant.id) - 1
     if open_now >= state.config.proxy.max_websockets_per_participant:
+        state.websockets.add(participant.id, -1)
         count_error(state)
         body = openai_error(f"this participant already has {open_now} WebSocket connections "
                             "open (proxy.max_websockets_per_participant): close one, or use "
@@ -298,7 +302,6 @@ async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
         else:
             await send({"type": "websocket.close", "code": 1008})
         return
-    state.websockets.add(participant.id, 1)
     try:
         await _serve(state, participant, headers, receive, send, up, path_key)
     finally:
