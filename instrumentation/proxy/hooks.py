@@ -3,7 +3,8 @@
 Every HTTP way into the proxy — the model protocols, token counts, the model list, the event
 API, activity uploads, and any new route — is built with :func:`guarded` (or
 :func:`guarded_route`), which runs one list of hooks, :data:`HOOKS`, around the route's
-handler. Each concern lives in one hook:
+handler; the Responses WebSocket's handshake runs the same list (:mod:`.websocket`).
+Each concern lives in one hook:
 
 - :class:`Counting` — ``requests`` on the way in, ``errors`` for every answer ≥ 400;
 - :class:`Recording` — refuse (503 + Retry-After) while the database gate is tripped, and trip

@@ -43,20 +43,20 @@ import time
 from typing import Any
 
 from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import Response
 
 from .arms import NoAssignmentError
 from .auth import (
     CREDENTIAL_HEADERS,
-    PATH_KEY,
     ParticipantInfo,
     client_secrets,
-    separate_identity,
 )
 from .cycle import Cycle
 from .health import UNAVAILABLE_MESSAGE
-from .hooks import count_error, count_request
-from .protocols.base import JsonFrames, dumps, openai_error
-from .protocols.responses import ResponsesSocketAdapter, ws_error
+from .hooks import HOOKS, Call, Needs, count_error, count_request, run_hooks
+from .protocols.base import JsonFrames, dumps
+from .protocols.responses import ResponsesAdapter, ResponsesSocketAdapter, ws_error
 from .responses import foreign_response_message
 from .runtime_tuning import give_way
 from .scrub import Scrubber
@@ -245,67 +245,66 @@ class SocketTurn:
         await cycle.finish_stream(tail)
 
 
-async def _deny(send: Any, status: int, body: bytes) -> None:
-    """Refuse the handshake with an HTTP response (or a close, without the extension)."""
-    await send({"type": "websocket.http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "websocket.http.response.body", "body": body})
+async def _deny(send: Any, answer: Response) -> None:
+    """Refuse the handshake with ``answer`` as its HTTP response (status, headers such as
+    Retry-After, the error body)."""
+    await send({"type": "websocket.http.response.start", "status": answer.status_code,
+                "headers": answer.raw_headers})
+    await send({"type": "websocket.http.response.body", "body": bytes(answer.body)})
 
 
 async def serve_responses_socket(state: ProxyState, scope: Any, receive: Any,
                                  send: Any) -> None:
-    """The ASGI handler of one ``ws://…/v1/responses`` connection."""
+    """The ASGI handler of one ``ws://…/v1/responses`` connection: its handshake runs the
+    proxy's :data:`~.hooks.HOOKS` (counting, the database gate, the participant's key,
+    consent and pass-through identity, error mapping) as every HTTP route does; a hook's
+    answer refuses the handshake in OpenAI's error shape."""
     first = await receive()
     if first["type"] != "websocket.connect":
         return
-    count_request(state)
-    headers = Headers(scope=scope)
-    path_key = scope.get(PATH_KEY)
-    participant = state.auth.cached(headers, path_key) or await state.auth.authenticate(
-        headers, path_key)
-    up = state.upstreams.for_family("openai")
-    if participant is not None and up is not None and up.credentials == "participant" and (
-            not separate_identity(headers, path_key)):
-        participant = None  # their own credential would go up as the flowtrial key
-    if participant is None:
-        count_error(state)
-        body = openai_error("missing or unknown flowtrial participant key: send your own key "
-                            "as the API key (Authorization: Bearer ft_…)",
-                            "invalid_request_error", "invalid_api_key")
+    # The handshake is an HTTP GET: the hooks read it as one (no body: Needs(body=False)).
+    request = Request({**scope, "type": "http", "method": "GET"})
+    call = Call(request, state, ResponsesAdapter(), _HANDSHAKE)  # HTTP error shape
+
+    async def accept(call: Call) -> Response | None:
+        return await _admitted(call, receive, send)
+
+    answer = await run_hooks(HOOKS, call, accept)
+    if isinstance(answer, Response):  # refused before the connection was accepted
         if "websocket.http.response" in scope.get("extensions", {}):
-            await _deny(send, 401, body)
+            await _deny(send, answer)
         else:
             await send({"type": "websocket.close", "code": 1008})
-        return
-    if (standing := state.auth.refusal(participant.id)) is not None:
-        count_error(state)
-        body = openai_error(standing.message, "permission_error", standing.code)
-        if "websocket.http.response" in scope.get("extensions", {}):
-            await _deny(send, 403, body)
-        else:
-            await send({"type": "websocket.close", "code": 1008})
-        return
+
+
+#: What the handshake asks of the hooks: a participant, their own credential kept apart
+#: under pass-through; no body (a GET).
+_HANDSHAKE = Needs(body=False, own_credential=True)
+
+
+async def _admitted(call: Call, receive: Any, send: Any) -> Response | None:
+    """A participant the hooks let in: the per-participant cap, then the connection's turns."""
+    state, participant = call.state, call.participant
+    assert participant is not None  # Authentication set it (Needs.auth)
     # Add, then check (across --workers): two workers admitting at the same instant both
     # see the other's claim, so the cap can never be passed.
     state.websockets.add(participant.id, 1)
     open_now = state.websockets.total(participant.id) - 1
     if open_now >= state.config.proxy.max_websockets_per_participant:
         state.websockets.add(participant.id, -1)
-        count_error(state)
-        body = openai_error(f"this participant already has {open_now} WebSocket connections "
-                            "open (proxy.max_websockets_per_participant): close one, or use "
-                            "it for the next turn", "invalid_request_error",
-                            "too_many_websockets")
-        if "websocket.http.response" in scope.get("extensions", {}):
-            await _deny(send, 429, body)
-        else:
-            await send({"type": "websocket.close", "code": 1008})
-        return
+        return call.error(429, f"this participant already has {open_now} WebSocket "
+                               "connections open (proxy.max_websockets_per_participant): "
+                               "close one, or use it for the next turn",
+                          code="too_many_websockets")
     try:
-        await _serve(state, participant, headers, receive, send, up, path_key)
+        up = state.upstreams.for_family("openai")
+        await _serve(state, participant, Headers(scope=call.request.scope), receive, send, up,
+                     call.path_key)
+    except Exception:  # noqa: BLE001 - accepted: no HTTP answer can follow, so log it here
+        log.exception("Responses WebSocket of participant %s failed", participant.id)
     finally:
         state.websockets.add(participant.id, -1)
+    return None
 
 
 async def _serve(state: ProxyState, participant: Any, headers: Headers, receive: Any,

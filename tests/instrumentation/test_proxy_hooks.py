@@ -130,7 +130,8 @@ NOT_PARTICIPANT_API = {
 def test_every_route_the_app_serves_is_guarded_or_named(make_study: Any) -> None:
     """Every route of the app with every shipped extension: the participant's ways in run
     HOOKS (or, OTLP, the one export that does the same for HTTP and gRPC); the rest are
-    named above with their reason. The Responses WebSocket is served before routing."""
+    named above with their reason. The Responses WebSocket is served before routing; its
+    handshake runs HOOKS too (the test below)."""
     from flowtrial.instrumentation.proxy.extensions import builtin_extensions
     from flowtrial.instrumentation.telemetry.receiver import OtlpReceiver
 
@@ -146,3 +147,63 @@ def test_every_route_the_app_serves_is_guarded_or_named(make_study: Any) -> None
     unnamed = {p for p in rest if not any(
         p == k or (k.endswith("*") and p.startswith(k[:-1])) for k in NOT_PARTICIPANT_API)}
     assert not unnamed, f"routes neither guarded nor named with a reason: {unnamed}"
+
+
+class _Spy(hooks.RequestHook):
+    """Sees every call; refuses one whose key is p02's (a hook added to the list)."""
+
+    name = "spy"
+
+    def __init__(self, refused_key: str) -> None:
+        self.paths: list[str] = []
+        self.refused_key = refused_key
+
+    async def admit(self, call: Call) -> Response | None:
+        self.paths.append(call.request.url.path)
+        if self.refused_key in call.request.headers.get("authorization", ""):
+            return call.error(418, "the spy refuses this one", code="spied")
+        return None
+
+
+def test_the_responses_websocket_handshake_runs_the_one_list(make_study: Any,
+                                                              monkeypatch: Any) -> None:
+    """``ws://…/v1/responses`` is served before routing, but its handshake runs HOOKS: a
+    hook added to the list refuses it in OpenAI's shape, counting counts it, consent holds,
+    and the per-participant cap answers 429 through the same error shape."""
+    import asyncio
+    import json
+
+    import websockets
+    from websockets.asyncio.client import connect
+
+    from flowtrial.instrumentation.proxy import websocket
+
+    s = make_study({"proxy": {"max_websockets_per_participant": 1}},
+                   participants=("p01", "p02", "p03"))
+    spy = _Spy(s.keys["p02"])
+    monkeypatch.setattr(websocket, "HOOKS", (*hooks.HOOKS[:-1], spy, hooks.HOOKS[-1]))
+    app = create_proxy_app(s.database, s.config)
+
+    async def handshake(ws_url: str, who: str, hold: bool = False) -> tuple[int, str]:
+        headers = {"authorization": f"Bearer {s.keys[who]}"}
+        try:
+            async with connect(ws_url, additional_headers=headers):
+                if hold:  # a second socket of the same participant, while this one is open
+                    return await handshake(ws_url, who)
+                return 101, ""
+        except websockets.InvalidStatus as exc:
+            body = json.loads(exc.response.body)["error"]
+            return exc.response.status_code, body["code"]
+
+    with run_asgi_server(app) as url:
+        ws_url = url.replace("http://", "ws://") + "/v1/responses"
+        requests0, errors0 = _counts(url)
+        assert asyncio.run(handshake(ws_url, "p01")) == (101, "")
+        assert asyncio.run(handshake(ws_url, "p02")) == (418, "spied")
+        assert asyncio.run(handshake(ws_url, "p01", hold=True)) == (429, "too_many_websockets")
+        withdraw(s.database, "p03")
+        app.state.proxy.auth.refresh()
+        assert asyncio.run(handshake(ws_url, "p03"))[0] == 403
+        requests1, errors1 = _counts(url)
+    assert spy.paths.count("/v1/responses") == 4  # p03 stops at authentication, before it
+    assert (requests1 - requests0, errors1 - errors0) == (5, 3)

@@ -27,6 +27,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+import websockets
 from sqlalchemy import event
 from websockets.asyncio.client import connect
 
@@ -134,12 +135,15 @@ def assert_refused_everywhere(url: str, key: str) -> None:
     assert h.json()["status"] == "unavailable" and not h.json()["database"]["ok"]
 
 
-async def ws_turns(url: str, key: str, recover: Callable[[], None]) -> list[dict[str, Any]]:
-    """On one socket: a turn while the database is down (an error event), ``recover()``, a
-    turn after (a complete answer). Returns the two turns' last events."""
+async def ws_turns(url: str, key: str, opened: threading.Event, down: threading.Event,
+                   recover: Callable[[], None]) -> list[dict[str, Any]]:
+    """On one socket opened while the database is up: once ``down`` is set, a turn (an error
+    event), ``recover()``, a turn after (a complete answer). The two turns' last events."""
     last = []
     async with connect(url.replace("http", "ws") + "/v1/responses",
                        additional_headers={"authorization": f"Bearer {key}"}) as ws:
+        opened.set()
+        await asyncio.to_thread(down.wait, 30)
         for step in (0, 1):
             if step == 1:
                 await asyncio.to_thread(recover)
@@ -151,6 +155,16 @@ async def ws_turns(url: str, key: str, recover: Callable[[], None]) -> list[dict
     return last
 
 
+async def ws_handshake_refusal(url: str, key: str) -> tuple[int, str, str]:
+    """A new socket's handshake refused: status, Retry-After and the error code."""
+    with pytest.raises(websockets.InvalidStatus) as exc:
+        async with connect(url.replace("http", "ws") + "/v1/responses",
+                           additional_headers={"authorization": f"Bearer {key}"}):
+            pass
+    r = exc.value.response
+    return r.status_code, r.headers.get("retry-after", ""), json.loads(r.body)["error"]["code"]
+
+
 def test_disk_full_refuses_new_requests_holds_in_flight_cycles_and_recovers(make_study
                                                                             ) -> None:
     s = study(make_study)
@@ -160,6 +174,18 @@ def test_disk_full_refuses_new_requests_holds_in_flight_cycles_and_recovers(make
         oai = openai.OpenAI(base_url=url + "/v1", api_key=s.key, max_retries=0)
         oai.chat.completions.create(model="m", max_tokens=5,
                                     messages=[{"role": "user", "content": BIG}])
+
+        # A Responses WebSocket opened while the database is up (its turns come below).
+        def lift() -> None:
+            knobs.full = False
+            wait_healthy(url)
+
+        opened, down = threading.Event(), threading.Event()
+        ws_got: dict[str, list[dict[str, Any]]] = {}
+        ws_thread = threading.Thread(target=lambda: ws_got.update(
+            turns=asyncio.run(ws_turns(url, s.key, opened, down, lift))))
+        ws_thread.start()
+        assert opened.wait(20)
         # Three streams in flight (held by the 300 ms TTFT floor) when the disk fills up.
         seen: list[dict[str, Any]] = []
         threads = [stream_in_flight(url, s.key, seen) for _ in range(3)]
@@ -177,13 +203,14 @@ def test_disk_full_refuses_new_requests_holds_in_flight_cycles_and_recovers(make
         assert health(url).json()["database"]["held_cycles"] == 3
         assert "database or disk is full" in health(url).json()["database"]["error"]
 
-        # The WebSocket mode refuses a turn with an error event on a socket that stays open;
-        # the database comes back; the same socket's next turn is answered.
-        def lift() -> None:
-            knobs.full = False
-            wait_healthy(url)
-
-        down, up = asyncio.run(ws_turns(url, s.key, lift))
+        # A new WebSocket is refused at its handshake (the hooks' Recording, as every route);
+        # the open one refuses a turn with an error event on a socket that stays open; the
+        # database comes back; the same socket's next turn is answered.
+        assert asyncio.run(ws_handshake_refusal(url, s.key)) == (503, "1",
+                                                                 "database_unavailable")
+        down.set()
+        ws_thread.join(40)
+        down, up = ws_got["turns"]
         assert down["type"] == "error" and down["status"] == 503
         assert down["error"]["code"] == "database_unavailable"
         assert up["type"] in ("response.completed", "response.incomplete")
