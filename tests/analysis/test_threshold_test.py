@@ -263,6 +263,28 @@ def test_headline_when_the_monotone_curve_wins() -> None:
     assert "monotone smooth curve" in line and "p = 0.4 > 0.05" in line
 
 
+def test_headline_when_the_accelerating_hazard_wins() -> None:
+    """The Weibull alternative's finding reads as one plain sentence naming the hazard that
+    grows with the time waited, its shape and the typical person's rise."""
+    from flowtrial.analysis.report_sections import threshold_headline
+    from flowtrial.analysis.threshold_test import ALT_LABELS
+
+    data = _data(simulate_switch_data("flat", 10, 40, seed=2))
+    theta = np.array([-3.5, 0.3, -6.0, 1.5, 0.5])
+    test = {**TEST, "p_value": 0.3, "label": ALT_LABELS["weibull"],
+            "summary": describe_alternative("weibull", theta, data)}
+    _, reason = personal_verdict(PERSONAL, POOLED, WAITS, test=test)
+    line = threshold_headline({"found": False, "reason": reason, "personal": {}}, "idle wait")
+    assert line.startswith("No flow threshold reported: switching rises steadily with the "
+                           "wait, without a breakpoint: the chance of leaving per second "
+                           "grows with the time already waited (Weibull shape 1.5)")
+    assert "background 2.9 %" in line and "p = 0.3 > 0.05" in line
+    assert "a hazard that changes with the time waited" in line
+    lo, hi = np.quantile(data.x, [0.25, 0.75])
+    p_hi = 1 - (1 - expit(-3.5)) * math.exp(-math.exp(-6.0 + 1.5 * hi))
+    assert f"{100 * p_hi:.2g} % at {math.exp(hi):.3g} s" in line
+
+
 def test_a_random_slope_hinge_is_tested_with_its_random_slope() -> None:
     """When the main fit has κ (people's rises differ), the test's hinge has it too, in the
     data's fit and in every null replicate."""
