@@ -106,11 +106,13 @@ LOOKBACK_NS = 86_400 * NS
 
 def _turn_open_at(conn: Connection, pid: str, ts_ns: int) -> int:
     """The earliest start of a turn (any agent of ``pid``) still open at ``ts_ns``: the
-    latest prompt of each agent at or before ``ts_ns``, looked for in the last
+    latest prompt of each agent before ``ts_ns``, looked for in the last
     :data:`LOOKBACK_NS` first (an index range on the person's events), then in all."""
     for floor in (ts_ns - LOOKBACK_NS, None):
+        # Strictly before: a batch holding a late prompt also rebuilds the turn it cuts
+        # short (the records after that prompt were that turn's until it arrived).
         parts = [EV.participant_id == pid, EV.source == "otel", EV.kind == "turn_start",
-                 EV.ts_ns <= ts_ns]
+                 EV.ts_ns < ts_ns]
         if floor is not None:
             parts.append(EV.ts_ns >= floor)
         latest = (select(func.max(EV.ts_ns).label("t")).where(*parts)

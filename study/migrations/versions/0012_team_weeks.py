@@ -22,18 +22,19 @@ _BINS = [f"w{i:02d}" for i in range(11)]  # WAIT_EDGES_S's bins, as in schema 12
 def upgrade() -> None:
     from flowtrial.study.team_rollup import rebuild_rollup
 
-    ints = ["turns", "calls", "decided", "accepted", "switches", "captured", *_BINS]
+    def col(name: str, type_: type[sa.types.TypeEngine[object]]) -> sa.Column[object]:
+        return sa.Column(name, type_(), nullable=False)
+
     op.create_table(
         "team_weeks",
         sa.Column("participant_id", sa.String(), primary_key=True),
         sa.Column("agent", sa.String(), primary_key=True),
         sa.Column("model", sa.String(), primary_key=True),
         sa.Column("week", sa.Integer(), primary_key=True),
-        *[sa.Column(n, sa.Integer(), nullable=False) for n in ints[:4]],
-        sa.Column("wait_ns", sa.Float(), nullable=False),
-        sa.Column("active_ns", sa.Float(), nullable=False),
-        sa.Column("decide_s", sa.Float(), nullable=False),
-        *[sa.Column(n, sa.Integer(), nullable=False) for n in ints[4:]],
+        col("turns", sa.Integer), col("calls", sa.Integer), col("wait_ns", sa.Float),
+        col("active_ns", sa.Float), col("decided", sa.Integer), col("accepted", sa.Integer),
+        col("decide_s", sa.Float), col("switches", sa.Integer), col("captured", sa.Integer),
+        *[col(n, sa.Integer) for n in _BINS],
     )
     op.create_index("ix_team_weeks_week", "team_weeks", ["week"])
     rebuild_rollup(op.get_bind())
