@@ -2,12 +2,14 @@
 telemetry only, a share of the people with ActivityWatch focus capture), then
 
 - generation: events bulk-inserted (SQLite ``executemany``, PostgreSQL ``COPY``), time;
-- turns rebuilt in bulk SQL (``rebuild_team_turns``), time; the database's size;
+- turns and the weekly rollup rebuilt in bulk SQL (``rebuild_team_turns``), time; the
+  database's size (``--db`` keeps the file; given again, it is reused and, if its schema is
+  older, upgraded: the upgrade to schema 12 fills the rollup, timed);
 - first render, in a fresh process (caches cold): the team page's three SQL aggregates,
   then the dashboard's first page (Overview) and the Team page (Streamlit ``AppTest``),
   each timed, and that process's peak RSS;
 - incremental upkeep: batches of one person's next turn, written and their turns refreshed
-  as the OTLP receiver does (``refresh_turns``), median and p95 per batch;
+  as the OTLP receiver does (``refresh_turns``: turns and rollup), median and p95 per batch;
 
 beside the machine's load and a floor: one full scan of ``team_turns`` (the least any
 aggregate over every turn costs on this machine now). ``--calls`` is the target number of
@@ -77,6 +79,7 @@ def render(url: str) -> dict[str, Any]:
         c = Clock()
         conn.execute(text("SELECT sum(wait_ns) FROM team_turns")).scalar()
         out["floor"] = str(c)
+        out["rollup_rows"] = conn.execute(text("SELECT count(*) FROM team_weeks")).scalar()
         for f in (team_weekly, team_wait_bins, team_agents):
             c = Clock()
             rows = len(f(conn, q))
@@ -182,7 +185,8 @@ def measure(url: str, batches: int, people: int) -> None:
                                     capture_output=True, text=True, check=True
                                     ).stdout.splitlines()[-1])
     print(f"first render in a fresh process ({load()}):")
-    print(f"  floor: one full scan of team_turns  {out['floor']}")
+    print(f"  floor: one full scan of team_turns  {out['floor']}; "
+          f"{out.get('rollup_rows', 0):,} rollup rows")
     print(f"  {'imports (once per process)':34s} {out.get('imports')}")
     for k in ("team_weekly", "team_wait_bins", "team_agents"):
         print(f"  {k:34s} {out[k][0]}  {out[k][1]:8,} rows")

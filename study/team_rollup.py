@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, and_, case, delete, func, literal, select
+from sqlalchemy import Select, and_, case, delete, func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.selectable import Subquery
@@ -193,7 +193,3 @@ def rollup_select(*where: ColumnElement[bool]) -> Select[Any]:
     return select(TW.participant_id.label("pid"),
                   *[TW[n] for n in ROLLUP_COLUMNS[1:]]).where(*where)
 
-
-def no_rows() -> ColumnElement[bool]:
-    """A condition no row meets (an empty part of a union)."""
-    return literal(False)

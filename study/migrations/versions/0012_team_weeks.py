@@ -8,6 +8,8 @@ Revises: 0011
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -22,7 +24,7 @@ _BINS = [f"w{i:02d}" for i in range(11)]  # WAIT_EDGES_S's bins, as in schema 12
 def upgrade() -> None:
     from flowtrial.study.team_rollup import rebuild_rollup
 
-    def col(name: str, type_: type[sa.types.TypeEngine[object]]) -> sa.Column[object]:
+    def col(name: str, type_: type[sa.Integer | sa.Float[float]]) -> sa.Column[Any]:
         return sa.Column(name, type_(), nullable=False)
 
     op.create_table(
