@@ -74,7 +74,9 @@ def render(url: str) -> dict[str, Any]:
 
     db = open_db(url)
     out: dict[str, Any] = {"rss_imports_mb": rss_mb()}
-    q = TeamQuery("telemetry", "person", dialect=db.engine.dialect.name)
+    study = db.config().study  # the page's parameters: the rollup is built at these
+    q = TeamQuery("telemetry", "person", idle_limit_s=study.idle_limit_s,
+                  time_scale=study.time_scale, dialect=db.engine.dialect.name)
     with db.engine.connect() as conn:
         c = Clock()
         conn.execute(text("SELECT sum(wait_ns) FROM team_turns")).scalar()
