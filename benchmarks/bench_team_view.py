@@ -236,9 +236,17 @@ def main() -> None:
             from flowtrial.study.storage import open_db
 
             c = Clock()
-            open_db(url).dispose()  # an older schema is upgraded here (the rollup filled)
+            db = open_db(url)  # an older schema is upgraded here (the rollup filled)
             print(f"reused {path} ({size_mb(url, path):,.0f} MB), opened in {c}; {load()}",
                   flush=True)
+            with db.engine.begin() as conn:  # a generation stopped before its turns
+                if not conn.exec_driver_sql("SELECT 1 FROM team_turns LIMIT 1").first():
+                    from flowtrial.study.team_turns import rebuild_team_turns
+
+                    c = Clock()
+                    n = rebuild_team_turns(conn)
+                    print(f"rebuilt {n:,} turns and the rollup in {c}; {load()}", flush=True)
+            db.dispose()
         if not args.generate_only:
             measure(url, args.batches, args.people)
     finally:
