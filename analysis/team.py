@@ -17,20 +17,39 @@ Two sources of waits, same columns (:func:`waits_query`):
 "Unmeasured is never zero": a (group, week) with no focus capture has ``switches = NaN``
 (``switch_reason`` says why), one without decisions ``acceptance_rate = NaN``.
 Durations are raw in the database; callers pass the study's ``time_scale``.
+
+The weekly view, the wait bins and the agents table aggregate per (person, agent, model,
+week) rows (:func:`rollup_rows`): for telemetry, the stored weekly rollup
+(``flowtrial.study.team_rollup``: ~80 k rows for a year of 500 people), with the raw turns
+read only for a week the date range cuts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import pandas as pd
-from sqlalchemy import Select, Table, and_, case, func, literal, select
+from sqlalchemy import Select, Table, and_, case, func, literal, select, union_all
 from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.selectable import Subquery
 from sqlmodel import SQLModel
 
-from flowtrial.study.schema import Cycle, Event, TeamTurn, Turn
+from flowtrial.study.schema import Cycle, Event, TeamTurn, TeamWeek, Turn
+from flowtrial.study.team_rollup import (
+    BIN_COLUMNS,
+    MONDAY_SHIFT_NS,
+    NS,
+    WAIT_EDGES_S,
+    WEEK_NS,
+    RollupParams,
+    rollup_params,
+    rollup_select,
+    week_index,
+    week_start_ns,
+    weekly_rows,
+)
 from flowtrial.study.team_turns import person_decision, telemetry_turns
 
 __all__ = [
@@ -48,14 +67,7 @@ __all__ = [
 
 Source = Literal["proxy", "telemetry"]
 Group = Literal["person", "agent", "model"]
-NS = 1_000_000_000
-DAY_NS = 86_400 * NS
-WEEK_NS = 7 * DAY_NS
-MONDAY_SHIFT_NS = 3 * DAY_NS  # 1970-01-01 was a Thursday: +3 days makes weeks start Monday
 DECISION_KINDS = ("accept", "reject", "partial_accept")
-CAPTURE_KINDS = ("focus_out", "focus_in", "afk_start", "afk_end")
-#: Log-spaced edges of the wait histogram (real seconds).
-WAIT_EDGES_S = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
 def _table(model: type[SQLModel]) -> Table:
@@ -64,6 +76,7 @@ def _table(model: type[SQLModel]) -> Table:
 
 CYCLE_T, EVENT_T, TURN_T = _table(Cycle), _table(Event), _table(Turn)
 CY, EV, TU, TT = CYCLE_T.c, EVENT_T.c, TURN_T.c, _table(TeamTurn).c
+TW = _table(TeamWeek).c
 
 
 @dataclass(frozen=True)
@@ -139,19 +152,61 @@ def waits_query(q: TeamQuery) -> Subquery:
     return select(*fc).where(*where).subquery()
 
 
-def _week(ts: ColumnElement[Any]) -> ColumnElement[Any]:
-    # // is integer division on both backends (CAST(x / y AS INTEGER) rounds on PostgreSQL).
-    return (ts + MONDAY_SHIFT_NS) // WEEK_NS
-
-
-def _who(w: Subquery, by: Group) -> ColumnElement[Any]:
-    return {"person": w.c.pid, "agent": w.c.agent, "model": w.c.model}[by]
+def _who(r: Subquery, by: Group) -> ColumnElement[Any]:
+    return {"person": r.c.pid, "agent": r.c.agent, "model": r.c.model}[by]
 
 
 def week_label(week: pd.Series) -> pd.Series:
     """Week numbers (Monday-based, since the epoch) as the ISO date of their Monday."""
     return pd.to_datetime(week.astype("int64") * WEEK_NS - MONDAY_SHIFT_NS, unit="ns",
                           utc=True).dt.strftime("%Y-%m-%d")
+
+
+def _params(q: TeamQuery) -> RollupParams:
+    return RollupParams(float(q.time_scale), float(q.idle_limit_s))
+
+
+def _raw_part(conn: Any, q: TeamQuery,
+              edge: Callable[[Subquery], ColumnElement[bool]] | None = None) -> Select[Any]:
+    """:func:`weekly_rows` over the raw waits of ``q`` (those meeting ``edge``)."""
+    w = waits_query(q)
+    if edge is not None:
+        w = select(*w.c).where(edge(w)).subquery()
+    cap: list[ColumnElement[bool]] = []
+    if q.participants:
+        cap.append(EV.participant_id.in_(q.participants))
+    if q.start_ns is not None:  # captures of the weeks the range touches, whole
+        cap.append(EV.ts_ns >= week_start_ns(week_index(q.start_ns)))
+    if q.end_ns is not None:
+        cap.append(EV.ts_ns < week_start_ns(week_index(q.end_ns - 1) + 1))
+    return weekly_rows(conn, w, _params(q), cap)
+
+
+def rollup_rows(conn: Any, q: TeamQuery) -> Subquery:
+    """Per (person, agent, model, week) in ``q``'s range: ``ROLLUP_COLUMNS``. A telemetry
+    query at the parameters the stored rollup was built with reads ``team_weeks`` for the
+    whole weeks of its range and the raw turns only for a week the range cuts; anything else
+    (the proxy's waits, another idle limit or time scale) aggregates the raw rows with the
+    same :func:`weekly_rows`."""
+    if q.source != "telemetry" or rollup_params(conn) != _params(q):
+        return _raw_part(conn, q).subquery()
+    first = week_index(q.start_ns - 1) + 1 if q.start_ns is not None else None
+    last = week_index(q.end_ns) - 1 if q.end_ns is not None else None  # whole weeks: first…last
+    where: list[ColumnElement[bool]] = []
+    if q.participants:
+        where.append(TW.participant_id.in_(q.participants))
+    if first is not None:
+        where.append(TW.week >= first)
+    if last is not None:
+        where.append(TW.week <= last)
+    parts = [rollup_select(*where)]
+    if first is not None and (last is None or first <= last):
+        parts.append(_raw_part(conn, q, lambda w: w.c.start_ns < week_start_ns(first)))
+    if last is not None and (first is None or first <= last):
+        parts.append(_raw_part(conn, q, lambda w: w.c.start_ns >= week_start_ns(last + 1)))
+    if first is not None and last is not None and first > last:  # within one week
+        parts = [_raw_part(conn, q)]
+    return union_all(*parts).subquery() if len(parts) > 1 else parts[0].subquery()
 
 
 def team_weekly(conn: Any, q: TeamQuery) -> pd.DataFrame:
@@ -162,44 +217,18 @@ def team_weekly(conn: Any, q: TeamQuery) -> pd.DataFrame:
 
     Active time of a wait is the time to the same person's next one, or just the wait when
     that gap exceeds the idle limit (the person stopped working)."""
-    w = waits_query(q)
-    limit_raw = q.idle_limit_s / q.time_scale * NS
-    active = case((and_(w.c.gap_ns.is_not(None), w.c.gap_ns <= limit_raw), w.c.gap_ns),
-                  else_=w.c.wait_ns)
-    who, week = _who(w, q.by).label("who"), _week(w.c.start_ns).label("week")
-    main = (select(who, week, func.count(), func.count(w.c.pid.distinct()),
-                   func.sum(w.c.wait_ns), func.sum(active), func.sum(w.c.decided),
-                   func.sum(w.c.accepted), func.sum(w.c.decide_s), func.sum(w.c.calls))
-            .group_by("who", "week"))
-    # Switches during waits: focus_out events inside a wait. Driven by the focus events (only
-    # people with capture have any); a wait holding one starts at most the longest wait
-    # before it, which bounds each lookup to a short index range of (participant, start).
-    longest = int(conn.execute(select(func.max(w.c.end_ns - w.c.start_ns))).scalar() or 0)
-    sw = (select(who, week, func.count(EV.id))
-          .select_from(w.join(EVENT_T, and_(EV.participant_id == w.c.pid,
-                                            EV.ts_ns >= w.c.start_ns, EV.ts_ns <= w.c.end_ns,
-                                            w.c.start_ns >= EV.ts_ns - longest)))
-          .where(EV.kind == "focus_out").group_by("who", "week"))
-    # Focus capture present: the person had any focus or AFK events that week.
-    cap_week = _week(EV.ts_ns)
-    # Its own names: PostgreSQL resolves GROUP BY "week" to an input column before a label.
-    cap = (select(EV.participant_id.label("cpid"), cap_week.label("cweek"))
-           .where(EV.kind.in_(CAPTURE_KINDS)).group_by(EV.participant_id, cap_week)
-           .subquery())
-    # The (group, week, person) triples first (one pass over the waits), then the few
-    # captured (person, week) pairs matched to them: not every wait against every week.
-    pw = select(who, week, w.c.pid.label("p")).distinct().subquery()
-    captured = (select(pw.c.who, pw.c.week, func.count(pw.c.p.distinct()))
-                .select_from(pw.join(cap, and_(cap.c.cpid == pw.c.p,
-                                               cap.c.cweek == pw.c.week)))
-                .group_by(pw.c.who, pw.c.week))
+    r = rollup_rows(conn, q)
+    who = _who(r, q.by)
+    captured = func.count(case((r.c.captured == 1, r.c.pid), else_=None).distinct())
+    rows = conn.execute(
+        select(who, r.c.week, func.sum(r.c.turns), func.count(r.c.pid.distinct()),
+               func.sum(r.c.wait_ns), func.sum(r.c.active_ns), func.sum(r.c.decided),
+               func.sum(r.c.accepted), func.sum(r.c.decide_s), func.sum(r.c.calls),
+               func.sum(r.c.switches), captured)
+        .group_by(who, r.c.week))
     cols = ["who", "week", "waits", "people", "wait_ns", "active_ns", "decided", "accepted",
-            "decide_s", "calls"]
-    df = pd.DataFrame([tuple(r) for r in conn.execute(main)], columns=cols)
-    ds = pd.DataFrame([tuple(r) for r in conn.execute(sw)], columns=["who", "week", "switches"])
-    dc = pd.DataFrame([tuple(r) for r in conn.execute(captured)],
-                      columns=["who", "week", "people_captured"])
-    return _weekly_frame(df, ds, dc, q.time_scale)
+            "decide_s", "calls", "switches", "people_captured"]
+    return _weekly_frame(pd.DataFrame([tuple(x) for x in rows], columns=cols), q.time_scale)
 
 
 WEEKLY_COLUMNS = ["week", "who", "waits", "people", "calls", "hours_active", "waiting_share",
@@ -207,14 +236,11 @@ WEEKLY_COLUMNS = ["week", "who", "waits", "people", "calls", "hours_active", "wa
                   "acceptance_rate", "acceptance_reason", "decide_s"]
 
 
-def _weekly_frame(df: pd.DataFrame, ds: pd.DataFrame, dc: pd.DataFrame,
-                  scale: float) -> pd.DataFrame:
+def _weekly_frame(df: pd.DataFrame, scale: float) -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame(columns=WEEKLY_COLUMNS)
-    df = df.merge(ds, on=["who", "week"], how="left").merge(dc, on=["who", "week"],
-                                                              how="left")
     for c in ("wait_ns", "active_ns", "decided", "accepted", "decide_s", "switches",
-              "people_captured", "calls"):
+              "people_captured", "calls", "waits"):
         df[c] = pd.to_numeric(df[c], errors="coerce").fillna(0.0).astype(float)
     wait_s = df["wait_ns"] / NS * scale
     active_s = df["active_ns"] / NS * scale
@@ -226,7 +252,7 @@ def _weekly_frame(df: pd.DataFrame, ds: pd.DataFrame, dc: pd.DataFrame,
         "waits": df["waits"].astype(int), "people": df["people"].astype(int),
         "calls": df["calls"].astype(int), "hours_active": hours,
         "waiting_share": (wait_s / active_s).where(active_s > 0),
-        "mean_wait_s": wait_s / df["waits"].astype(float),
+        "mean_wait_s": wait_s / df["waits"],
         "switches": switches,
         "switches_per_hour": (switches / hours).where(hours > 0),
         "switch_reason": has_capture.map({True: "", False: "no focus capture"}),
@@ -240,14 +266,14 @@ def _weekly_frame(df: pd.DataFrame, ds: pd.DataFrame, dc: pd.DataFrame,
 
 def team_wait_bins(conn: Any, q: TeamQuery) -> pd.DataFrame:
     """Per week and wait bin (``WAIT_EDGES_S``, real seconds): how many waits — the
-    distribution of waits per turn, whatever the team's size."""
-    w = waits_query(q)
-    raw = [e / q.time_scale * NS for e in WAIT_EDGES_S]
-    whens = [(w.c.wait_ns < e, i) for i, e in enumerate(raw[1:])]
-    b = case(*whens, else_=len(raw) - 1).label("bin")
-    week = _week(w.c.start_ns).label("week")
-    rows = conn.execute(select(week, b, func.count()).group_by("week", "bin"))
-    df = pd.DataFrame([tuple(r) for r in rows], columns=["week", "bin", "waits"])
+    distribution of waits per turn, whatever the team's size (bins with none left out)."""
+    r = rollup_rows(conn, q)
+    rows = conn.execute(select(r.c.week, *[func.sum(r.c[b]) for b in BIN_COLUMNS])
+                        .group_by(r.c.week))
+    df = pd.DataFrame([tuple(x) for x in rows], columns=["week", *range(len(BIN_COLUMNS))])
+    df = df.melt(id_vars="week", var_name="bin", value_name="waits")
+    df["waits"] = pd.to_numeric(df["waits"]).fillna(0).astype(int)
+    df = df[df["waits"] > 0]
     if df.empty:
         return pd.DataFrame(columns=["week", "bin", "range_s", "waits"])
     df["week"] = week_label(df["week"])
@@ -265,19 +291,20 @@ def bin_label(i: int) -> str:
 def team_agents(conn: Any, q: TeamQuery) -> pd.DataFrame:
     """Per agent and model over the whole range: waits, people, mean wait (real s),
     acceptance — an observational comparison (people chose their tools), with its sizes."""
-    w = waits_query(q)
+    r = rollup_rows(conn, q)
     rows = conn.execute(
-        select(w.c.agent, w.c.model, func.count(), func.count(w.c.pid.distinct()),
-               func.avg(w.c.wait_ns), func.sum(w.c.decided), func.sum(w.c.accepted))
-        .group_by(w.c.agent, w.c.model).order_by(w.c.agent, w.c.model))
-    df = pd.DataFrame([tuple(r) for r in rows], columns=[
-        "agent", "model", "waits", "people", "mean_wait_ns", "decided", "accepted"])
-    df["mean_wait_s"] = pd.to_numeric(df.pop("mean_wait_ns")) / NS * q.time_scale
+        select(r.c.agent, r.c.model, func.sum(r.c.turns), func.count(r.c.pid.distinct()),
+               func.sum(r.c.wait_ns), func.sum(r.c.decided), func.sum(r.c.accepted))
+        .group_by(r.c.agent, r.c.model).order_by(r.c.agent, r.c.model))
+    df = pd.DataFrame([tuple(x) for x in rows], columns=[
+        "agent", "model", "waits", "people", "wait_ns", "decided", "accepted"])
+    df["waits"] = pd.to_numeric(df["waits"]).astype(int)
+    df["mean_wait_s"] = (pd.to_numeric(df.pop("wait_ns")).astype(float) / df["waits"]
+                         / NS * q.time_scale)
     dec = pd.to_numeric(df["decided"]).fillna(0).astype(float)
     df["acceptance_rate"] = (pd.to_numeric(df.pop("accepted")).astype(float) / dec
                              ).where(dec > 0)
     return df
-
 
 
 #: A telemetry turn's first model request and the proxy's turn start (same machine: ms apart).

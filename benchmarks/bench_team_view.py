@@ -2,19 +2,21 @@
 telemetry only, a share of the people with ActivityWatch focus capture), then
 
 - generation: events bulk-inserted (SQLite ``executemany``, PostgreSQL ``COPY``), time;
-- turns rebuilt in bulk SQL (``rebuild_team_turns``), time; the database's size;
+- turns and the weekly rollup rebuilt in bulk SQL (``rebuild_team_turns``), time; the
+  database's size (``--db`` keeps the file; given again, it is reused and, if its schema is
+  older, upgraded: the upgrade to schema 12 fills the rollup, timed);
 - first render, in a fresh process (caches cold): the team page's three SQL aggregates,
   then the dashboard's first page (Overview) and the Team page (Streamlit ``AppTest``),
   each timed, and that process's peak RSS;
 - incremental upkeep: batches of one person's next turn, written and their turns refreshed
-  as the OTLP receiver does (``refresh_turns``), median and p95 per batch;
+  as the OTLP receiver does (``refresh_turns``: turns and rollup), median and p95 per batch;
 
 beside the machine's load and a floor: one full scan of ``team_turns`` (the least any
 aggregate over every turn costs on this machine now). ``--calls`` is the target number of
 model calls (2.5 a turn on average); 25,000,000 is a year of a 500-person team.
 
     python benchmarks/bench_team_view.py [--calls 1000000] [--people 500] [--weeks 52]
-        [--backend sqlite|postgresql] [--focus-share 0.2]
+        [--backend sqlite|postgresql] [--focus-share 0.2] [--db kept.db] [--generate-only]
 """
 
 from __future__ import annotations
@@ -72,11 +74,14 @@ def render(url: str) -> dict[str, Any]:
 
     db = open_db(url)
     out: dict[str, Any] = {"rss_imports_mb": rss_mb()}
-    q = TeamQuery("telemetry", "person", dialect=db.engine.dialect.name)
+    study = db.config().study  # the page's parameters: the rollup is built at these
+    q = TeamQuery("telemetry", "person", idle_limit_s=study.idle_limit_s,
+                  time_scale=study.time_scale, dialect=db.engine.dialect.name)
     with db.engine.connect() as conn:
         c = Clock()
         conn.execute(text("SELECT sum(wait_ns) FROM team_turns")).scalar()
         out["floor"] = str(c)
+        out["rollup_rows"] = conn.execute(text("SELECT count(*) FROM team_weeks")).scalar()
         for f in (team_weekly, team_wait_bins, team_agents):
             c = Clock()
             rows = len(f(conn, q))
@@ -141,6 +146,64 @@ def size_mb(url: str, path: Path | None) -> float:
     return float(n or 0) / 2**20
 
 
+def generate(url: str, path: Path | None, args: argparse.Namespace) -> None:
+    """The generated year written into ``url``, then its turns rebuilt; each step timed."""
+    from sqlalchemy import text
+
+    from flowtrial.study.config import parse_study
+    from flowtrial.study.simulator.team import simulate_team
+    from flowtrial.study.storage import init_db
+    from flowtrial.study.team_turns import rebuild_team_turns
+
+    per_day = max(1, round(args.calls / (args.people * args.weeks * 5 * CALLS_PER_TURN)))
+    print(f"{args.people} people × {args.weeks} weeks × {per_day} turns a working day, "
+          f"{args.backend}; {load()}", flush=True)
+    db = init_db(url, parse_study(tomllib.loads(OBSERVE)), OBSERVE)
+    c = Clock()
+    step = 5_000_000
+
+    def progress(n: int) -> None:
+        if n // step != (n - 200_000) // step:
+            print(f"  {n:,} events, {c}; {load()}", flush=True)
+
+    n = simulate_team(db, args.people, args.weeks, per_day, seed=1, rebuild=False,
+                      focus_share=args.focus_share, defer_indexes=True, batch=200_000,
+                      progress=progress)
+    print(f"generated {n:,} events in {c} (indexes built after the load); "
+          f"peak RSS {rss_mb():.0f} MB", flush=True)
+    c = Clock()
+    with db.engine.begin() as conn:
+        turns = rebuild_team_turns(conn)
+    with db.engine.connect() as conn:
+        calls = conn.execute(text("SELECT sum(calls) FROM team_turns")).scalar()
+    print(f"rebuilt {turns:,} turns ({int(calls or 0):,} model calls) "
+          f"in bulk SQL in {c}; database {size_mb(url, path):,.0f} MB; {load()}", flush=True)
+    db.dispose()
+
+
+def measure(url: str, batches: int, people: int) -> None:
+    """First render in a fresh process, then upkeep per batch."""
+    out = json.loads(subprocess.run([sys.executable, __file__, "--render", url],
+                                    capture_output=True, text=True, check=True
+                                    ).stdout.splitlines()[-1])
+    print(f"first render in a fresh process ({load()}):")
+    print(f"  floor: one full scan of team_turns  {out['floor']}; "
+          f"{out.get('rollup_rows', 0):,} rollup rows")
+    print(f"  {'imports (once per process)':34s} {out.get('imports')}")
+    for k in ("team_weekly", "team_wait_bins", "team_agents"):
+        print(f"  {k:34s} {out[k][0]}  {out[k][1]:8,} rows")
+    for k in ("pages/overview.py", "pages/team.py"):
+        print(f"  {k:34s} {out[k][0]}  errors={out[k][1]}")
+    print(f"  peak RSS: {out['rss_imports_mb']:.0f} MB after imports, "
+          f"{out['rss_sql_mb']:.0f} MB after the SQL, {out['rss_peak_mb']:.0f} MB after "
+          "the pages", flush=True)
+    times = sorted(upkeep(url, batches, people))
+    p95 = times[min(len(times) - 1, int(0.95 * len(times)))]
+    print(f"upkeep per batch (one person's turn written + turns refreshed), "
+          f"{len(times)} batches: median {statistics.median(times) * 1000:.0f} ms, "
+          f"p95 {p95 * 1000:.0f} ms; {load()}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=float, default=1e6)
@@ -149,68 +212,47 @@ def main() -> None:
     ap.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite")
     ap.add_argument("--focus-share", type=float, default=0.2)
     ap.add_argument("--batches", type=int, default=40)
+    ap.add_argument("--db", type=Path, help="SQLite file to keep: generated if absent, "
+                    "else reused as it is (generation and rebuild skipped)")
+    ap.add_argument("--generate-only", action="store_true")
     ap.add_argument("--render", help=argparse.SUPPRESS)  # the fresh render process
     args = ap.parse_args()
     if args.render:
         print(json.dumps(render(args.render)))
         return
-    from flowtrial.study.config import parse_study
-    from flowtrial.study.simulator.team import simulate_team
-    from flowtrial.study.storage import init_db
-    from flowtrial.study.team_turns import rebuild_team_turns
-
-    per_day = max(1, round(args.calls / (args.people * args.weeks * 5 * CALLS_PER_TURN)))
     tmp = Path(tempfile.mkdtemp(prefix="team-bench-", dir="/tmp"))
     server = None
     try:
-        path: Path | None = tmp / "team.db"
+        path: Path | None = args.db or tmp / "team.db"
         url = str(path)
         if args.backend == "postgresql":
             from tests.pg_server import start_server
 
             server = start_server()
             url, path = server.new_database(), None
-        print(f"{args.people} people × {args.weeks} weeks × {per_day} turns a working day, "
-              f"{args.backend}; {load()}")
-        db = init_db(url, parse_study(tomllib.loads(OBSERVE)), OBSERVE)
-        c = Clock()
-        n = simulate_team(db, args.people, args.weeks, per_day, seed=1, rebuild=False,
-                          focus_share=args.focus_share, defer_indexes=True)
-        print(f"generated {n:,} events in {c} (indexes built after the load); "
-              f"peak RSS {rss_mb():.0f} MB")
-        c = Clock()
-        with db.engine.begin() as conn:
-            turns = rebuild_team_turns(conn)
-        with db.engine.connect() as conn:
-            from sqlalchemy import text
+        if path is None or not path.exists():
+            generate(url, path, args)
+        else:
+            from flowtrial.study.storage import open_db
 
-            calls = conn.execute(text("SELECT sum(calls) FROM team_turns")).scalar()
-        print(f"rebuilt {turns:,} turns ({int(calls or 0):,} model calls) in bulk SQL in "
-              f"{c}; database {size_mb(url, path):,.0f} MB; {load()}")
-        db.dispose()
-        out = json.loads(subprocess.run([sys.executable, __file__, "--render", url],
-                                        capture_output=True, text=True, check=True
-                                        ).stdout.splitlines()[-1])
-        print(f"first render in a fresh process ({load()}):")
-        print(f"  floor: one full scan of team_turns  {out['floor']}")
-        print(f"  {'imports (once per process)':34s} {out.get('imports')}")
-        for k in ("team_weekly", "team_wait_bins", "team_agents"):
-            print(f"  {k:34s} {out[k][0]}  {out[k][1]:8,} rows")
-        for k in ("pages/overview.py", "pages/team.py"):
-            print(f"  {k:34s} {out[k][0]}  errors={out[k][1]}")
-        print(f"  peak RSS: {out['rss_imports_mb']:.0f} MB after imports, "
-              f"{out['rss_sql_mb']:.0f} MB after the SQL, {out['rss_peak_mb']:.0f} MB after "
-              "the pages")
-        times = sorted(upkeep(url, args.batches, args.people))
-        p95 = times[min(len(times) - 1, int(0.95 * len(times)))]
-        print(f"upkeep per batch (one person's turn written + turns refreshed), "
-              f"{len(times)} batches: median {statistics.median(times) * 1000:.0f} ms, "
-              f"p95 {p95 * 1000:.0f} ms; {load()}")
+            c = Clock()
+            db = open_db(url)  # an older schema is upgraded here (the rollup filled)
+            print(f"reused {path} ({size_mb(url, path):,.0f} MB), opened in {c}; {load()}",
+                  flush=True)
+            with db.engine.begin() as conn:  # a generation stopped before its turns
+                if not conn.exec_driver_sql("SELECT 1 FROM team_turns LIMIT 1").first():
+                    from flowtrial.study.team_turns import rebuild_team_turns
+
+                    c = Clock()
+                    n = rebuild_team_turns(conn)
+                    print(f"rebuilt {n:,} turns and the rollup in {c}; {load()}", flush=True)
+            db.dispose()
+        if not args.generate_only:
+            measure(url, args.batches, args.people)
     finally:
         if server is not None:
             server.remove()
         shutil.rmtree(tmp, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

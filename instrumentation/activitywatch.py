@@ -54,6 +54,7 @@ from flowtrial.study.errors import FlowtrialError
 from flowtrial.study.participants import require_participant
 from flowtrial.study.schema import Event
 from flowtrial.study.storage import Database, WriteBatch, utcnow, write_rows
+from flowtrial.study.team_rollup import WEEK_NS, refresh_rollup
 from flowtrial.study.validation import check_finite, check_time_ns, load_json, time_ns
 
 __all__ = [
@@ -522,7 +523,16 @@ def write_buckets(database: Database, participant_id: str, buckets: Sequence[AwB
                                 keep_titles=keep_titles, since=since, until=until)
     if rows:
         write_rows(database, [WriteBatch(Event, rows, ignore_conflicts=True)])
+        _refresh_team_rollup(database, participant_id, min(int(r["ts_ns"]) for r in rows))
     return ImportReport(participant_id, source, reports)
+
+
+def _refresh_team_rollup(database: Database, participant_id: str, since_ns: int) -> None:
+    """Focus and AFK events change a team study's switches and capture flags: refresh the
+    person's weekly rollup from the week before the first (a turn can start the week
+    before a focus event inside it)."""
+    with database.engine.begin() as conn:
+        refresh_rollup(conn, participant_id, since_ns - WEEK_NS)
 
 
 def bucket_rows(database: Database, participant_id: str, buckets: Sequence[AwBucket],

@@ -17,7 +17,7 @@ from sqlalchemy import BigInteger, Column, Index, MetaData, Text, UniqueConstrai
 from sqlmodel import Field, SQLModel
 
 #: Bumped with every Alembic revision in ``study/migrations/versions`` (revision ``000N``).
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 
 def _big() -> Column:
@@ -342,9 +342,48 @@ class TeamTurn(SQLModel, table=True):
     gap_ns: int | None = Field(default=None, sa_column=_big())
 
 
+#: Edges of the team view's wait bins (real seconds): bin ``i`` holds waits in
+#: ``[edge i, edge i+1)`` (bin 0 also anything shorter), the last bin everything from the
+#: last edge on. ``TeamWeek.w00`` … ``w10`` count them.
+WAIT_EDGES_S = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class TeamWeek(SQLModel, table=True):
+    """The weekly rollup of ``team_turns`` (schema 12): per person, agent, model and week,
+    kept up in the transaction that writes the person's turns (``flowtrial.study.team_rollup``
+    builds it and documents each column). Durations raw; bins at the study's time scale."""
+
+    __tablename__ = "team_weeks"
+    participant_id: str = Field(primary_key=True)
+    agent: str = Field(primary_key=True)
+    model: str = Field(primary_key=True)
+    week: int = Field(primary_key=True, index=True)
+    turns: int = 0
+    calls: int = 0
+    wait_ns: float = 0.0
+    active_ns: float = 0.0
+    decided: int = 0
+    accepted: int = 0
+    decide_s: float = 0.0
+    switches: int = 0
+    captured: int = 0  # 1 when the person had focus capture that week (else switches are "—")
+    w00: int = 0
+    w01: int = 0
+    w02: int = 0
+    w03: int = 0
+    w04: int = 0
+    w05: int = 0
+    w06: int = 0
+    w07: int = 0
+    w08: int = 0
+    w09: int = 0
+    w10: int = 0
+
+
 TABLES: list[type[SQLModel]] = [
     Meta, Study, Arm, Participant, Assignment, Task, Cycle, Event,
     QuestionnaireAnswer, Persistence, GroundTruth, DrawCounter, Turn, Audit, TeamTurn,
+    TeamWeek,
 ]
 
 

@@ -10,8 +10,9 @@ for the person's decisions (deciding is not waiting); ``gap_ns`` runs to the per
 turn in any agent (the team view's active time). Durations raw (× ``time_scale`` = real).
 
 The receiver refreshes a person's turns after each batch it writes
-(:func:`refresh_team_turns`, from the turn open at the batch's first record); the SQL is
-portable (SQLite ≥ 3.25 window functions, PostgreSQL).
+(:func:`refresh_team_turns`, from the turn open at the batch's first record), and with them
+the weekly rollup (``flowtrial.study.team_rollup``); the SQL is portable (SQLite ≥ 3.25
+window functions, PostgreSQL).
 """
 
 from __future__ import annotations
@@ -24,13 +25,11 @@ from sqlalchemy.sql import ColumnElement
 from sqlmodel import SQLModel
 
 from .schema import Event, TeamTurn
+from .team_rollup import MONDAY_SHIFT_NS, NS, WEEK_NS, rebuild_rollup, refresh_rollup
 
 __all__ = ["TeamTurn", "json_field", "rebuild_team_turns", "refresh_team_turns",
            "telemetry_turns"]
 
-NS = 1_000_000_000
-WEEK_NS = 7 * 86_400 * NS
-MONDAY_SHIFT_NS = 3 * 86_400 * NS  # 1970-01-01 was a Thursday: +3 days makes weeks start Monday
 DECISION_KINDS = ("accept", "reject", "partial_accept")
 TURN_KINDS = ("turn_start", "api_request", "answer_end", "tool_result", "agent_wait",
               *DECISION_KINDS)
@@ -107,11 +106,13 @@ LOOKBACK_NS = 86_400 * NS
 
 def _turn_open_at(conn: Connection, pid: str, ts_ns: int) -> int:
     """The earliest start of a turn (any agent of ``pid``) still open at ``ts_ns``: the
-    latest prompt of each agent at or before ``ts_ns``, looked for in the last
+    latest prompt of each agent before ``ts_ns``, looked for in the last
     :data:`LOOKBACK_NS` first (an index range on the person's events), then in all."""
     for floor in (ts_ns - LOOKBACK_NS, None):
+        # Strictly before: a batch holding a late prompt also rebuilds the turn it cuts
+        # short (the records after that prompt were that turn's until it arrived).
         parts = [EV.participant_id == pid, EV.source == "otel", EV.kind == "turn_start",
-                 EV.ts_ns <= ts_ns]
+                 EV.ts_ns < ts_ns]
         if floor is not None:
             parts.append(EV.ts_ns >= floor)
         latest = (select(func.max(EV.ts_ns).label("t")).where(*parts)
@@ -141,8 +142,9 @@ def _insert_turns(conn: Connection, participants: tuple[str, ...], since_ns: int
 
 
 def refresh_team_turns(conn: Connection, pid: str, since_ns: int) -> int:
-    """Rebuild ``pid``'s turns from the one open at ``since_ns`` on; returns the turns
-    written. The turn before keeps its row; only its gap to the next turn is updated."""
+    """Rebuild ``pid``'s turns from the one open at ``since_ns`` on, and their weekly
+    rollup (same transaction: the two never disagree); returns the turns written. The turn
+    before keeps its row; only its gap to the next turn is updated."""
     lo = _turn_open_at(conn, pid, since_ns)
     conn.execute(delete(TT_T).where(TT.participant_id == pid, TT.start_ns >= lo))
     _insert_turns(conn, (pid,), lo)
@@ -156,11 +158,13 @@ def refresh_team_turns(conn: Connection, pid: str, since_ns: int) -> int:
             TT.participant_id == pid, TT.start_ns >= lo)).scalar()
         conn.execute(update(TT_T).where(TT.id == prev[0]).values(
             gap_ns=None if nxt is None else int(nxt) - int(prev[1])))
+    refresh_rollup(conn, pid, lo if prev is None else min(lo, int(prev[1])))
     return n
 
 
 def rebuild_team_turns(conn: Connection) -> int:
-    """Every person's turns from scratch (after an import, or a generated team), in bulk SQL:
+    """Every person's turns from scratch (after an import, or a generated team), then the
+    weekly rollup, in bulk SQL:
     one statement per person, each an index range of the events (``participant_id,
     ts_ns``: SQLite would otherwise pick the ``kind`` index and read everyone's events), so
     the database's sort stays one person wide however long the study ran."""
@@ -169,4 +173,5 @@ def rebuild_team_turns(conn: Connection) -> int:
     conn.execute(delete(TT_T))
     for pid in pids:
         _insert_turns(conn, (pid,), 0)
+    rebuild_rollup(conn)
     return int(conn.execute(select(func.count()).select_from(TT_T)).scalar_one())

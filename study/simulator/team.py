@@ -12,7 +12,7 @@ year of a large team is written in bounded memory at the database's own speed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -129,11 +129,13 @@ def _received(db: Database) -> Any:
 def simulate_team(db: Database, people: int, weeks: int, turns_per_day: int = 2,
                   seed: int = 0, batch: int = 50_000, days_per_week: int = 5,
                   rebuild: bool = True, focus_share: float = 0.0,
-                  defer_indexes: bool = False) -> int:
+                  defer_indexes: bool = False,
+                  progress: Callable[[int], None] | None = None) -> int:
     """Write the generated team into ``db`` (an observe study); returns the events written.
     ``rebuild`` then builds every turn in bulk SQL (the receiver does it batch by batch).
     ``defer_indexes`` drops the events' secondary indexes for the load and builds them
-    after it (one sort each instead of millions of B-tree inserts: a generated year)."""
+    after it (one sort each instead of millions of B-tree inserts: a generated year).
+    ``progress`` is called with the events written so far after each chunk."""
     ensure_members(db, dict.fromkeys(f"t-{i:016x}" for i in range(1, people + 1)))
     indexes = list(EVENTS.indexes) if defer_indexes else []
     with db.engine.begin() as conn:
@@ -149,6 +151,8 @@ def simulate_team(db: Database, people: int, weeks: int, turns_per_day: int = 2,
                 insert_events(conn, rows)
             n += len(rows)
             rows = []
+            if progress is not None:
+                progress(n)
     with db.engine.begin() as conn:
         insert_events(conn, rows)
         for ix in indexes:
