@@ -114,6 +114,25 @@ def _load() -> float:
     return os.getloadavg()[0]
 
 
+def _uptime() -> str:
+    """``uptime``'s line (what the brief asks to record per run)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5
+                              ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"load {_load():.2f}"
+
+
+def _autogroup() -> str | None:
+    """Whether Linux shares CPU time by session here (the demo's proxy has its own)."""
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
+    except OSError:
+        return None
+
+
 def run_live(seed: int, a: argparse.Namespace) -> dict[str, Any]:
     """A real `flowtrial demo --seed S` (proxy process + SDK clients), timed end to end, with
     the machine's load before and after and the report's manipulation verdict."""
@@ -127,6 +146,7 @@ def run_live(seed: int, a: argparse.Namespace) -> dict[str, Any]:
                        say=lambda _m: None)
         wall = time.perf_counter() - t0
         base = {"seed": seed, "mode": "live", "demo_s": wall, "load_start": load0,
+                "uptime": _uptime(), "autogroup": _autogroup(),
                 "load_end": _load(), "time_scale": res.time_scale,
                 "timer_late_rate": res.timer_late_rate,
                 "violations": res.violations}
@@ -134,8 +154,10 @@ def run_live(seed: int, a: argparse.Namespace) -> dict[str, Any]:
             return {**base, "error": res.analysis_note}
         man = (res.analysis.get("checks") or {}).get("manipulation") or {}
         misses = man.get("misses") or {}
+        n_shaped = man.get("n_shaped") or 0
         return {**score(res.analysis), **base,
                 "check": man.get("status"), "missed": misses.get("count"),
+                "missed_share": (misses.get("count") or 0) / n_shaped if n_shaped else None,
                 "n_shaped": man.get("n_shaped"), "check_summary": man.get("summary"),
                 "console": res._threshold_line()}
 
@@ -169,6 +191,11 @@ def _live_summary(live: list[dict[str, Any]]) -> None:
     lo, hi = wilson(passed, n)
     loads = sorted(x for r in live for x in (r["load_start"], r["load_end"]))
     secs = sorted(r["demo_s"] for r in live)
+    shares = sorted(r["missed_share"] for r in ok if r.get("missed_share") is not None)
+    if shares:
+        print(f"missed cycles (beyond 5 ms raw x time_scale): median "
+              f"{shares[len(shares) // 2] * 100:.1f} %, range {shares[0] * 100:.1f}"
+              f"–{shares[-1] * 100:.1f} %")
     print(f"\nlive demos: manipulation check ok {passed}/{n} (Wilson 95 % CI "
           f"{lo * 100:.0f}–{hi * 100:.0f} %); threshold found {sum(r['found'] for r in ok)}"
           f"/{n}, found and covered {sum(r['found'] and r['covers'] for r in ok)}/{n}; "
