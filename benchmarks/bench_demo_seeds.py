@@ -133,6 +133,61 @@ def _autogroup() -> str | None:
         return None
 
 
+class ProxySchedstat:
+    """Where the demo proxy's time went (Linux ``/proc/<pid>/task/*/schedstat``): CPU time
+    of its event-loop thread (its own work: relaying, shaping, the in-process simulated
+    model, parsing) and of its other threads (the record writer, database reads), against
+    the time each spent runnable but waiting for a core (the machine's load). Sampled every
+    second while a demo runs; the last sample of each proxy process counts."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.last: dict[int, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ProxySchedstat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        me = str(os.getpid())
+        while not self._stop.wait(1.0):
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text()
+                    if stat.rsplit(")", 1)[1].split()[1] != me:  # not this run's child
+                        continue
+                    if b"flowtrial.proxy_assembly" not in Path(f"/proc/{pid}/cmdline"
+                                                               ).read_bytes():
+                        continue
+                    loop = [0, 0, 0]
+                    rest = [0, 0, 0]
+                    for tid in os.listdir(f"/proc/{pid}/task"):
+                        vals = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+                        acc = loop if tid == pid else rest
+                        for i in range(3):
+                            acc[i] += int(vals[i])
+                    self.last[int(pid)] = {
+                        "own_session": os.getsid(int(pid)) == int(pid),
+                        "loop_cpu_s": loop[0] / 1e9, "loop_wait_s": loop[1] / 1e9,
+                        "loop_slices": loop[2], "other_cpu_s": rest[0] / 1e9,
+                        "other_wait_s": rest[1] / 1e9}
+                except (OSError, ValueError, IndexError):
+                    continue
+
+    def summary(self) -> dict[str, Any] | None:
+        """The demo's proxy (this process's child), or None (not Linux, or none seen)."""
+        if not self.last:
+            return None
+        return max(self.last.values(), key=lambda r: r["loop_cpu_s"])
+
+
 def run_live(seed: int, a: argparse.Namespace) -> dict[str, Any]:
     """A real `flowtrial demo --seed S` (proxy process + SDK clients), timed end to end, with
     the machine's load before and after and the report's manipulation verdict."""
@@ -141,12 +196,14 @@ def run_live(seed: int, a: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         load0 = _load()
         t0 = time.perf_counter()
-        res = run_demo(Path(tmp) / "demo", a.participants, seed, progress=False,
-                       tasks=a.tasks, prompts_per_task=a.prompts, time_scale=a.live_time_scale,
-                       say=lambda _m: None)
+        with ProxySchedstat() as sched:
+            res = run_demo(Path(tmp) / "demo", a.participants, seed, progress=False,
+                           tasks=a.tasks, prompts_per_task=a.prompts,
+                           time_scale=a.live_time_scale, say=lambda _m: None)
         wall = time.perf_counter() - t0
         base = {"seed": seed, "mode": "live", "demo_s": wall, "load_start": load0,
                 "uptime": _uptime(), "autogroup": _autogroup(),
+                "proxy_schedstat": sched.summary(),
                 "load_end": _load(), "time_scale": res.time_scale,
                 "timer_late_rate": res.timer_late_rate,
                 "violations": res.violations}
