@@ -114,6 +114,80 @@ def _load() -> float:
     return os.getloadavg()[0]
 
 
+def _uptime() -> str:
+    """``uptime``'s line (what the brief asks to record per run)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5
+                              ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"load {_load():.2f}"
+
+
+def _autogroup() -> str | None:
+    """Whether Linux shares CPU time by session here (the demo's proxy has its own)."""
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
+    except OSError:
+        return None
+
+
+class ProxySchedstat:
+    """Where the demo proxy's time went (Linux ``/proc/<pid>/task/*/schedstat``): CPU time
+    of its event-loop thread (its own work: relaying, shaping, the in-process simulated
+    model, parsing) and of its other threads (the record writer, database reads), against
+    the time each spent runnable but waiting for a core (the machine's load). Sampled every
+    second while a demo runs; the last sample of each proxy process counts."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.last: dict[int, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ProxySchedstat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        me = str(os.getpid())
+        while not self._stop.wait(1.0):
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text()
+                    if stat.rsplit(")", 1)[1].split()[1] != me:  # not this run's child
+                        continue
+                    if b"flowtrial.proxy_assembly" not in Path(f"/proc/{pid}/cmdline"
+                                                               ).read_bytes():
+                        continue
+                    loop = [0, 0, 0]
+                    rest = [0, 0, 0]
+                    for tid in os.listdir(f"/proc/{pid}/task"):
+                        vals = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+                        acc = loop if tid == pid else rest
+                        for i in range(3):
+                            acc[i] += int(vals[i])
+                    self.last[int(pid)] = {
+                        "own_session": os.getsid(int(pid)) == int(pid),
+                        "loop_cpu_s": loop[0] / 1e9, "loop_wait_s": loop[1] / 1e9,
+                        "loop_slices": loop[2], "other_cpu_s": rest[0] / 1e9,
+                        "other_wait_s": rest[1] / 1e9}
+                except (OSError, ValueError, IndexError):
+                    continue
+
+    def summary(self) -> dict[str, Any] | None:
+        """The demo's proxy (this process's child), or None (not Linux, or none seen)."""
+        if not self.last:
+            return None
+        return max(self.last.values(), key=lambda r: r["loop_cpu_s"])
+
+
 def run_live(seed: int, a: argparse.Namespace) -> dict[str, Any]:
     """A real `flowtrial demo --seed S` (proxy process + SDK clients), timed end to end, with
     the machine's load before and after and the report's manipulation verdict."""
@@ -122,11 +196,14 @@ def run_live(seed: int, a: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         load0 = _load()
         t0 = time.perf_counter()
-        res = run_demo(Path(tmp) / "demo", a.participants, seed, progress=False,
-                       tasks=a.tasks, prompts_per_task=a.prompts, time_scale=a.live_time_scale,
-                       say=lambda _m: None)
+        with ProxySchedstat() as sched:
+            res = run_demo(Path(tmp) / "demo", a.participants, seed, progress=False,
+                           tasks=a.tasks, prompts_per_task=a.prompts,
+                           time_scale=a.live_time_scale, say=lambda _m: None)
         wall = time.perf_counter() - t0
         base = {"seed": seed, "mode": "live", "demo_s": wall, "load_start": load0,
+                "uptime": _uptime(), "autogroup": _autogroup(),
+                "proxy_schedstat": sched.summary(),
                 "load_end": _load(), "time_scale": res.time_scale,
                 "timer_late_rate": res.timer_late_rate,
                 "violations": res.violations}
@@ -134,8 +211,10 @@ def run_live(seed: int, a: argparse.Namespace) -> dict[str, Any]:
             return {**base, "error": res.analysis_note}
         man = (res.analysis.get("checks") or {}).get("manipulation") or {}
         misses = man.get("misses") or {}
+        n_shaped = man.get("n_shaped") or 0
         return {**score(res.analysis), **base,
                 "check": man.get("status"), "missed": misses.get("count"),
+                "missed_share": (misses.get("count") or 0) / n_shaped if n_shaped else None,
                 "n_shaped": man.get("n_shaped"), "check_summary": man.get("summary"),
                 "console": res._threshold_line()}
 
@@ -169,6 +248,11 @@ def _live_summary(live: list[dict[str, Any]]) -> None:
     lo, hi = wilson(passed, n)
     loads = sorted(x for r in live for x in (r["load_start"], r["load_end"]))
     secs = sorted(r["demo_s"] for r in live)
+    shares = sorted(r["missed_share"] for r in ok if r.get("missed_share") is not None)
+    if shares:
+        print(f"missed cycles (beyond 5 ms raw x time_scale): median "
+              f"{shares[len(shares) // 2] * 100:.1f} %, range {shares[0] * 100:.1f}"
+              f"–{shares[-1] * 100:.1f} %")
     print(f"\nlive demos: manipulation check ok {passed}/{n} (Wilson 95 % CI "
           f"{lo * 100:.0f}–{hi * 100:.0f} %); threshold found {sum(r['found'] for r in ok)}"
           f"/{n}, found and covered {sum(r['found'] and r['covers'] for r in ok)}/{n}; "

@@ -268,12 +268,18 @@ def proxy_process(study_path: Path, db_path: Path, log_path: Path) -> Iterator[s
 
     In one process with a dozen simulated SDK clients the proxy would share their GIL, and
     the clients' JSON parsing would make its first tokens late by milliseconds.
+
+    It runs in its own session (``start_new_session``): where Linux groups CPU time by
+    session (autogroup, ``/proc/sys/kernel/sched_autogroup_enabled``), the proxy — the
+    instrument — then gets a share of its own instead of queueing behind the terminal's
+    other work, including the demo's own participants (docs/researchers/demo.md, "On a busy
+    machine"). Ctrl-C reaches the demo only; it stops the proxy with SIGTERM below.
     """
     log = log_path.open("w", encoding="utf-8")
     proc = subprocess.Popen(
         [sys.executable, "-m", "flowtrial.proxy_assembly", "--study", str(study_path),
          "--db", str(db_path), "--port", "0"],
-        stdout=log, stderr=subprocess.STDOUT, text=True,
+        stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:
         url = _wait_for_proxy(proc, log_path)

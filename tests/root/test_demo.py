@@ -177,3 +177,45 @@ def test_participants_enrolled_before_the_proxy_have_their_draws_claimed(
                           base_url="http://127.0.0.1:9", enrolled=enrolled)
     finally:
         database.dispose()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_the_proxy_runs_in_its_own_session_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """The demo's proxy is a session of its own (where Linux shares CPU time by session,
+    the instrument is not queued behind the terminal's other work), so a Ctrl-C aimed at the
+    demo's process group does not reach it; leaving the block stops it gracefully."""
+    import os
+
+    import httpx
+
+    from flowtrial.demo import demo_study_text, proxy_process
+    from flowtrial.study.config import load_study
+    from flowtrial.study.storage import init_db
+
+    def children() -> list[int]:
+        me = str(os.getpid())
+        out = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[1].split()[1] == me:  # field 4: the parent's pid
+                out.append(int(pid))
+        return out
+
+    study = tmp_path / "study.toml"
+    study.write_text(demo_study_text(5), encoding="utf-8")
+    config = load_study(study)
+    db_path = tmp_path / "x.db"
+    init_db(db_path, config).dispose()
+    before = set(children())
+    with proxy_process(study, db_path, tmp_path / "proxy.log") as url:
+        (proxy,) = set(children()) - before
+        assert os.getsid(proxy) == proxy != os.getsid(0)
+        # Ctrl-C in the terminal signals the demo's process group, not the proxy's: the
+        # demo stops it with SIGTERM, so open streams finish and records are written.
+        assert os.getpgid(proxy) != os.getpgrp()
+        assert httpx.get(url + "/flowtrial/v1/health", timeout=5).status_code == 200
+    assert not Path(f"/proc/{proxy}").exists() or "Z" in Path(
+        f"/proc/{proxy}/stat").read_text().rsplit(")", 1)[1].split()[0]
