@@ -161,8 +161,7 @@ def threshold(
     and the pooled onset ψ* as a secondary figure (docs/concepts/analysis.md).
 
     A threshold is reported only when it beats the best no-threshold explanation (steady
-    rise, or a hazard per second that is constant or changes with the time waited) in a
-    parametric-bootstrap test."""
+    rise, or a constant hazard per second) in a parametric-bootstrap test."""
     import numpy as np
 
     from . import AnalysisInputError

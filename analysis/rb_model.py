@@ -82,24 +82,14 @@ class HazardModel:
         P(switch | w) = 1 − (1 − expit(a + σ_u·v))·exp(−e^(b + τ·z)·w),   z, v ~ N(0, 1),
 
     so each extra second carries the same chance e^(b+τz) (per second) of leaving. θ has the
-    hinge's layout (a, σ_u, b, c, τ), c unused. Detection share d as in the hinge.
-
-    ``kind`` "weibull" frees the hazard's shape (issue 27): the cumulative hazard becomes
-    e^(b + τ·z)·w^k with k = c (θ's fourth entry, bounded to [0.1, 6]), i.e. a hazard that
-    grows (k > 1) or shrinks (k < 1) with the time already waited, above the same background
-    floor; k = 1 is the constant hazard. In log wait it is a complementary log-log curve
-    with a floor. It is the no-threshold explanation of an accelerating onset that neither
-    the constant hazard nor a logistic without a floor can follow."""
+    hinge's layout (a, σ_u, b, c, τ), c unused. Detection share d as in the hinge."""
 
     kind = "hazard"
 
     def __init__(self, data: CycleData, nodes: tuple[int, ...] = (12, 7), *,
-                 detection: float = 1.0, kind: str = "hazard") -> None:
+                 detection: float = 1.0) -> None:
         if not 0 < detection <= 1:
             raise AnalysisInputError(f"detection share {detection!r} must be in (0, 1]")
-        if kind not in ("hazard", "weibull"):
-            raise ValueError(f"unknown hazard kind {kind!r}")
-        self.kind = kind
         self.d = data
         self.detection = float(detection)
         self.z, lwz = gh_nodes(nodes[0])
@@ -115,23 +105,19 @@ class HazardModel:
         self.person_of_row = np.repeat(np.arange(data.n_participants), sizes)
         self.bounds: list[tuple[float | None, float | None]] = [
             (-15.0, 15.0), (0.0, 5.0), (-15.0, 5.0), (0.0, 0.0), (0.0, 3.0)]
-        if kind == "weibull":  # b is the log rate at w = 1 s: wider with the shape free
-            self.bounds[2:4] = [(-30.0, 10.0), (0.1, 6.0)]
         self.n_evals = 0
 
     def nll(self, theta: np.ndarray, need_grad: bool = True) -> tuple[float, np.ndarray]:
-        """(−ℓ, −∂ℓ/∂θ) at θ = (a, σ_u, b, c, τ) (c = the Weibull shape k, else unused).
+        """(−ℓ, −∂ℓ/∂θ) at θ = (a, σ_u, b, c, τ).
 
-        With e = exp(−κ) = exp(−λw^k)·exp(−softplus(η₀)) (separable, so one exp over cycles ×
+        With e = exp(−κ) = exp(−λw)·exp(−softplus(η₀)) (separable, so one exp over cycles ×
         rate nodes) and q = 1 − e: P(counted switch) = d·q, P(no count) = 1 − d·q; both are
         c₀ + s·d·q with s = ±1, and ∂log P/∂κ = s·d·e/P."""
         self.n_evals += 1
-        a, su, b, k, tau = (float(t) for t in theta)
-        weibull = self.kind == "weibull"
+        a, su, b, _, tau = (float(t) for t in theta)
         eta0 = a + su * self.v  # (nv,)
         lam = np.exp(np.clip(b + tau * self.z, -50.0, 30.0))  # (nz,)
-        wk = np.exp(np.minimum(k * self.d.x, 60.0)) if weibull else self.w
-        wl = wk[:, None] * lam[None, :]  # (N, nz)
+        wl = self.w[:, None] * lam[None, :]  # (N, nz)
         n, nz, nv = wl.shape[0], lam.size, self.v.size
         q, m, tmp = self._buf
         q3 = q.reshape(n, nz, nv)
@@ -157,8 +143,7 @@ class HazardModel:
         s0 = expit(eta0)  # ∂κ/∂a
         rv = r3.sum(axis=(0, 1))  # (nv,)
         rz = r3.sum(axis=2) * wl  # (N, nz): ∂ℓ/∂log λ per node
-        dk = float(rz.sum(axis=1) @ self.d.x) if weibull else 0.0  # ∂log Λ/∂k = log w
-        g = np.array([float(rv @ s0), float(rv @ (s0 * self.v)), float(rz.sum()), dk,
+        g = np.array([float(rv @ s0), float(rv @ (s0 * self.v)), float(rz.sum()), 0.0,
                       float(rz.sum(axis=0) @ self.z)])
         return f, -g
 
@@ -332,7 +317,7 @@ def maximize(model: LikelihoodModel, start: np.ndarray,
     for k, val in fixed.items():
         theta[k] = val
     free = [k for k in range(n_par) if k not in fixed]
-    if model.kind not in ("hinge", "slopes", "hazard", "weibull", "spline"):
+    if model.kind not in ("hinge", "slopes", "hazard", "spline"):
         # c and τ do not enter; b is absent from the flat model
         free = [k for k in free if k not in (3, 4) and not (model.kind == "flat" and k == 2)]
     elif model.kind == "hazard":  # no breakpoint

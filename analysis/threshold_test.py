@@ -8,16 +8,11 @@ the same random-effect flexibility (two person-level effects each):
   they are independent at a fitted pivot wait);
 * ``hazard``: a background chance plus a constant hazard per second of waiting, people
   differing in background and rate (memoryless switching);
-* ``weibull``: the same background plus a hazard that grows or shrinks with the time
-  already waited (Weibull shape k free, k = 1 being the constant hazard), people differing
-  in background and rate — an accelerating onset above a floor, without a breakpoint;
 * ``spline``: a monotone smooth curve in log wait (non-negative I-spline increments,
   `spline_model`), people differing in level and in the scale of their rise.
 
 The statistic is T = ℓ_hinge − max_k ℓ_k (marginal log-likelihoods at `TEST_NODES`). Its null
-distribution comes from the best-fitting alternative itself (the constant hazard rather than
-the Weibull that nests it unless the free shape gains more than `NESTED_GAIN`, so a
-memoryless study is described as one), at the study's own design: the
+distribution comes from the best-fitting alternative itself, at the study's own design: the
 same participants, waits and detection share, switches redrawn from the fitted alternative
 (new person effects each time), hinge and that alternative refitted (parametric bootstrap,
 Williams 1970; Cox 1962). The replicate statistic uses only that alternative (ℓ_hinge* − ℓ_A*
@@ -37,17 +32,12 @@ from .rb_model import CycleData, Fit, HazardModel, RandomBreakpointModel, maximi
 from .spline_model import SplineModel
 from .workers import run_jobs
 
-ALTERNATIVES = ("slopes", "hazard", "weibull", "spline")
+ALTERNATIVES = ("slopes", "hazard", "spline")
 ALT_LABELS = {
     "slopes": "logistic in log wait (people differ in intercept and slope)",
     "hazard": "background + constant hazard per second of waiting (people differ in rate)",
-    "weibull": ("background + a hazard that changes with the time waited (Weibull; people "
-                "differ in rate)"),
     "spline": "monotone smooth curve in log wait (people differ in level and rise)",
 }
-#: Log-likelihood the Weibull's free shape must gain over the constant hazard it nests
-#: (k = 1) to be named the best alternative: half the χ²₁ 95 % point.
-NESTED_GAIN = 1.92
 AnyModel = RandomBreakpointModel | HazardModel | SplineModel
 #: Quadrature nodes of the test's fits (the same for the data and every replicate, so the
 #: test is calibrated whatever the quadrature error of the statistic).
@@ -64,9 +54,9 @@ def hinge_nodes(theta: np.ndarray | None) -> tuple[int, ...]:
 
 def make_model(kind: str, data: CycleData, detection: float,
                nodes: tuple[int, ...] = TEST_NODES) -> AnyModel:
-    """The model object of ``kind`` ("hinge", "slopes", "hazard", "weibull" or "spline")."""
-    if kind in ("hazard", "weibull"):
-        return HazardModel(data, nodes, detection=detection, kind=kind)
+    """The model object of ``kind`` ("hinge", "slopes", "hazard" or "spline")."""
+    if kind == "hazard":
+        return HazardModel(data, nodes, detection=detection)
     if kind == "spline":
         return SplineModel(data, nodes, detection=detection)
     return RandomBreakpointModel(data, nodes, detection=detection, kind=kind)
@@ -78,10 +68,6 @@ def alternative_starts(kind: str, data: CycleData) -> list[np.ndarray]:
     if kind == "hazard":
         lam = -math.log(1 - p) / float(np.exp(data.x).mean())
         return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, math.log(lam), 0.0, 0.3])]
-    if kind == "weibull":  # shapes 1 (the constant hazard), 2 and 0.5, scaled to the mean rate
-        lo = math.log(p / (1 - p)) - 1.0
-        return [np.array([lo, 0.3, math.log(-math.log(1 - p) / float(np.exp(k * data.x).mean())),
-                          k, 0.3]) for k in (1.0, 2.0, 0.5)]
     if kind == "spline":
         return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, 0.3, 1.0, 1.0])]
     return [np.array([math.log(p / (1 - p)), 0.3, 0.5, float(data.x.mean()), 0.3])]
@@ -110,10 +96,9 @@ def simulate_alternative(kind: str, theta: np.ndarray, data: CycleData, detectio
     sizes = np.diff(np.r_[data.starts, data.x.size])
     v = np.repeat(rng.standard_normal(data.n_participants), sizes)
     z = np.repeat(rng.standard_normal(data.n_participants), sizes)
-    if kind in ("hazard", "weibull"):
-        shape = float(theta[3]) if kind == "weibull" else 1.0
+    if kind == "hazard":
         bg = expit(a + su * v)
-        p = 1 - (1 - bg) * np.exp(-np.exp(b + tau * z) * np.exp(shape * data.x))
+        p = 1 - (1 - bg) * np.exp(-np.exp(b + tau * z) * np.exp(data.x))
     elif kind == "spline":  # θ = (a, σ_u, τ, δ…): b holds the scale's log-sd τ
         rise = SplineModel(data).curve(theta, data.x) - a
         p = expit(a + su * v + np.exp(b * z) * rise)
@@ -168,11 +153,7 @@ def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | 
     nodes = hinge_nodes(hinge_theta)
     hinge = best_fit(make_model("hinge", data, detection, nodes), hinge_starts(data, hinge_theta))
     best = max(ALTERNATIVES, key=lambda k: fits[k].loglik)
-    if best == "weibull" and fits["weibull"].loglik - fits["hazard"].loglik < NESTED_GAIN:
-        best = "hazard"
-    # Against the best fit of all: with the constant hazard named, the replicates (against it
-    # alone) can only be larger, so the test stays conservative.
-    stat = hinge.loglik - max(f.loglik for f in fits.values())
+    stat = hinge.loglik - fits[best].loglik
     seeds = np.random.SeedSequence(seed).generate_state(n_boot)
     jobs = [(best, fits[best].theta, hinge.theta, data, detection, int(s)) for s in seeds]
     null = [float(t) for t in run_jobs(_replicate, jobs, workers, on_done=progress)]
@@ -200,16 +181,6 @@ def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
         return (f"switching rises steadily with the wait, without a breakpoint: for the typical "
                 f"person from {_pct(100 * p_lo)} % at {math.exp(lo):.3g} s to "
                 f"{_pct(100 * p_hi)} % at {math.exp(hi):.3g} s (a monotone curve in log wait)")
-    if kind == "weibull":
-        k = float(theta[3])
-        lo, hi = np.quantile(data.x, [0.25, 0.75])
-        p_lo, p_hi = 1 - (1 - expit(a)) * np.exp(-math.exp(b) * np.exp(k * np.array([lo, hi])))
-        trend = "grows" if k > 1.05 else "shrinks" if k < 0.95 else "stays about constant"
-        return (f"switching rises steadily with the wait, without a breakpoint: the chance of "
-                f"leaving per second {trend} with the time already waited (Weibull shape "
-                f"{k:.2g}); for the typical person from {_pct(100 * p_lo)} % at "
-                f"{math.exp(lo):.3g} s to {_pct(100 * p_hi)} % at {math.exp(hi):.3g} s "
-                f"(background {_pct(100 * float(expit(a)))} %)")
     if kind == "hazard":
         lam = math.exp(b)
         return (f"switching rises steadily with the wait: each extra second of waiting adds "
