@@ -40,13 +40,14 @@ def _key_hash(key: str) -> int:
     return h or 1  # 0 marks an empty slot
 
 
-class SharedCounts:
-    """``workers`` parts of :data:`SLOTS` (hash, count) pairs in shared memory."""
+class _WorkerParts:
+    """``workers`` equal parts of uint64 cells in shared memory (MAP_SHARED: a forked worker
+    sees the same cells); each worker writes only its own part, every worker reads all."""
 
-    def __init__(self, workers: int = 1, slots: int = SLOTS) -> None:
+    def __init__(self, workers: int, part: int) -> None:
         self.workers = workers
-        self.slots = slots
-        self._mem = mmap.mmap(-1, workers * slots * 2 * _CELL)  # MAP_SHARED: fork sees one
+        self.part = part  # cells per worker
+        self._mem = mmap.mmap(-1, workers * part * _CELL)
         self._cells = memoryview(self._mem).cast("Q")
         self.me = 0
 
@@ -57,13 +58,20 @@ class SharedCounts:
 
     def clear_mine(self) -> None:
         """Empty this worker's part (e.g. the quota's at a new UTC day)."""
-        start = self.me * self.slots * 2
-        self._cells[start:start + self.slots * 2] = memoryview(
-            bytes(self.slots * 2 * _CELL)).cast("Q")
+        start = self.me * self.part
+        self._cells[start:start + self.part] = memoryview(bytes(self.part * _CELL)).cast("Q")
+
+
+class SharedCounts(_WorkerParts):
+    """``workers`` parts of :data:`SLOTS` (hash, count) pairs in shared memory."""
+
+    def __init__(self, workers: int = 1, slots: int = SLOTS) -> None:
+        super().__init__(workers, slots * 2)
+        self.slots = slots
 
     def _find(self, worker: int, h: int, insert: bool) -> int | None:
         """The index of ``h``'s count cell in ``worker``'s part (linear probing)."""
-        base, cells = worker * self.slots * 2, self._cells
+        base, cells = worker * self.part, self._cells
         for probe in range(self.slots):
             i = base + ((h + probe) % self.slots) * 2
             held = cells[i]
@@ -93,7 +101,7 @@ class SharedCounts:
         return True
 
 
-class SharedSketch:
+class SharedSketch(_WorkerParts):
     """Counts by any key in a fixed ``2 × width`` cells per worker (count-min): a key adds
     to one cell of each row; its count is the smaller of its two cells summed over workers.
     Never low; high only when another key shares both its cells."""
@@ -101,22 +109,8 @@ class SharedSketch:
     ROWS = 2
 
     def __init__(self, workers: int = 1, width: int = 4096) -> None:
-        self.workers = workers
+        super().__init__(workers, self.ROWS * width)
         self.width = width
-        self._mem = mmap.mmap(-1, workers * self.ROWS * width * _CELL)
-        self._cells = memoryview(self._mem).cast("Q")
-        self.me = 0
-
-    def attach(self, worker: int) -> None:
-        """This process is worker ``worker``: its part starts empty."""
-        self.me = worker
-        self.clear_mine()
-
-    def clear_mine(self) -> None:
-        """Empty this worker's part."""
-        part = self.ROWS * self.width
-        self._cells[self.me * part:(self.me + 1) * part] = memoryview(
-            bytes(part * _CELL)).cast("Q")
 
     def _offsets(self, key: str) -> tuple[int, int]:
         h = hashlib.blake2b(key.encode(), digest_size=8).digest()
@@ -125,13 +119,13 @@ class SharedSketch:
 
     def total(self, key: str) -> int:
         """``key``'s count summed over every worker (never below the true count)."""
-        part, cells = self.ROWS * self.width, self._cells
+        part, cells = self.part, self._cells
         return min(sum(cells[w * part + o] for w in range(self.workers))
                    for o in self._offsets(key))
 
     def add(self, key: str, delta: int) -> bool:
         """Add ``delta`` to this worker's cells of ``key`` (never below 0)."""
-        base = self.me * self.ROWS * self.width
+        base = self.me * self.part
         for o in self._offsets(key):
             self._cells[base + o] = max(0, self._cells[base + o] + delta)
         return True
