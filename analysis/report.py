@@ -120,7 +120,8 @@ def checks_section(
         out["carryover"] = {"skipped": f"{design} design: no periods to carry over"}
     # Per model call on the raw rows (applied targets, upstream arrival times), not per turn.
     out["manipulation"] = run(lambda: checks.manipulation_check(
-        frames.cycles, time_scale=frames.time_scale, model_speed=frames.model_speed))
+        frames.cycles, time_scale=frames.time_scale, model_speed=frames.model_speed,
+        precision_ms=config.study.precision_ms))
     # Missing data per arm: cycle outcomes (a missing decision is a cycle nobody answered),
     # and task times and forecasts.
     cyc = cycles.assign(decision=cycles["decision"].where(cycles["decision"] != "none"))

@@ -207,8 +207,9 @@ def manipulation(url: str, fresh: tuple[int, ...], scale: float, f: Filters) -> 
     with db.engine.connect() as conn:
         df = _frame(conn.execute(q), list(MANIPULATION_COLUMNS))
     try:
-        return manipulation_check(df, time_scale=scale,
-                                  model_speed=model_speed(db.config())).to_dict()
+        config = db.config()
+        return manipulation_check(df, time_scale=scale, model_speed=model_speed(config),
+                                  precision_ms=config.study.precision_ms).to_dict()
     except AnalysisInputError as exc:
         return {"skipped": str(exc)}
 

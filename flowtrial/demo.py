@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowtrial.demo_pace import DEMO_TIME_SCALE, DemoPace, measure_pace
 from flowtrial.study.errors import FlowtrialError
 
 MARKER = ".flowtrial-demo"
@@ -33,7 +34,7 @@ MARKER = ".flowtrial-demo"
 # the literature defaults (spread τ = 0.35, P(switch) 3 % below ψ) even 1,200 cycles found
 # it in 1 of 4 seeds, so the demo's people have a clearer threshold (see demo_sim_params).
 DEMO_PARTICIPANTS = 40
-DEMO_TIME_SCALE = 75.0
+# DEMO_TIME_SCALE (75) on a quiet machine; slower on a busy one (flowtrial.demo_pace).
 DEMO_TASKS = 2
 DEMO_PROMPTS_PER_TASK = 10
 DEMO_TTFT_MS = (1000, 64000)  # log-uniform: three octaves either side of the 8 s threshold
@@ -57,7 +58,7 @@ def demo_sim_params() -> Any:
 
 
 def demo_study_text(seed: int, time_scale: float = DEMO_TIME_SCALE,
-                    ttft_ms: tuple[int, int] = DEMO_TTFT_MS) -> str:
+                    ttft_ms: tuple[int, int] = DEMO_TTFT_MS, precision_ms: float = 5.0) -> str:
     """The demo's study file."""
     lo, hi = ttft_ms
     return f"""\
@@ -68,6 +69,7 @@ seed = {seed}
 design = "per_prompt"            # every request draws its own latency
 unit = "prompt"
 time_scale = {time_scale:g}  # runs {time_scale:g}x faster; analysis converts back
+precision_ms = {precision_ms:g}  # raw; x time_scale = the check's promise in the participants' time
 
 [upstream]
 kind = "mock"                    # the built-in simulated model: no key, no network
@@ -107,6 +109,7 @@ class DemoResult:
     replaced: bool
     elapsed_s: float
     timer_late_rate: float | None = None  # see study.simulator.timing
+    pace: DemoPace | None = None  # the time scale and precision, and the floor they came from
     analysis: dict[str, Any] | None = field(default=None, repr=False)
     time_scale: float = DEMO_TIME_SCALE
 
@@ -137,6 +140,8 @@ class DemoResult:
         for b in self.switch_bands:
             rate = "—" if b["rate"] is None else f"{b['rate'] * 100:4.0f} %"
             lines.append(f"  {b['band']:>9}  {rate}  ({b['switches']}/{b['cycles']})")
+        if self.pace is not None:
+            lines.append(self.pace.line())
         check = self._manipulation_summary()
         if check:  # the report's own verdict, in real time units (docs/concepts/manipulation.md)
             lines.append(check)
@@ -331,8 +336,8 @@ def run_demo(
     load_nice: int = DEMO_LOAD_NICE,
 ) -> DemoResult:
     """Run the demo end to end in ``dir`` (replacing an earlier demo there), at
-    ``time_scale`` (default :data:`DEMO_TIME_SCALE`), the participants ``load_nice`` nicer
-    than the proxy."""
+    ``time_scale`` (default: the pace this machine's timer floor allows, measured first,
+    see :mod:`flowtrial.demo_pace`), the participants ``load_nice`` nicer than the proxy."""
     from rich.console import Console
 
     from flowtrial.study.config import load_study
@@ -347,9 +352,11 @@ def run_demo(
     started = time.perf_counter()
     path = Path(dir)
     replaced = _prepare_dir(path, say)
-    time_scale = DEMO_TIME_SCALE if time_scale is None else time_scale
+    pace = measure_pace() if time_scale is None else DemoPace(time_scale, 5.0, None, given=True)
+    if progress:
+        say(pace.line())
     study_path = path / "study.toml"
-    text = demo_study_text(seed, time_scale)
+    text = demo_study_text(seed, pace.time_scale, precision_ms=pace.precision_ms)
     study_path.write_text(text, encoding="utf-8")
     config = load_study(study_path)
     db_path = path / DB_NAME
@@ -376,5 +383,5 @@ def run_demo(
         report_path=report_path, analysis_note=note, replaced=replaced,
         elapsed_s=time.perf_counter() - started,
         timer_late_rate=sim.extra.get("timer_late_rate"), analysis=results,
-        time_scale=time_scale,
+        time_scale=pace.time_scale, pace=pace,
     )

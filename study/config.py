@@ -81,6 +81,11 @@ class StudySection(_Strict):
     design: Design = "per_prompt"
     unit: Unit | None = None
     time_scale: float = Field(default=1.0, gt=0)
+    #: The raw lateness (ms) the manipulation check allows a release: the proxy's own 5 ms
+    #: flag by default; `flowtrial demo` raises it to a busy machine's measured timer floor
+    #: and lowers ``time_scale`` so that precision × scale, the promise in the participants'
+    #: time, stays the same (docs/concepts/manipulation.md#a-miss-and-the-tolerance).
+    precision_ms: float = Field(default=5.0, gt=0, le=1000)
     idle_limit_s: float = Field(default=600.0, gt=0)
     #: A user-role request sooner than this after its conversation's answer ended is the
     #: agent's, not the person's (docs/concepts/turns.md#the-typing-speed-rule); 0 turns

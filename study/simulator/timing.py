@@ -64,3 +64,30 @@ class TimerProbe:
             return
         self.samples = n
         self.rate = late / n if n else None
+
+
+_FLOOR_PROBE = """
+import asyncio, sys, time
+async def main(seconds):
+    late = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        await asyncio.sleep(0.01)
+        late.append((time.perf_counter() - t - 0.01) * 1000)
+    print(" ".join(f"{x:.3f}" for x in late))
+asyncio.run(main(float(sys.argv[1])))
+"""
+
+
+def timer_lateness_ms(seconds: float = 2.0) -> list[float]:
+    """How late (ms) each of ``seconds`` worth of plain 10 ms sleeps woke, measured before a
+    run in a process of its own session — as `flowtrial demo` starts its proxy, so under
+    Linux autogroup it gets the proxy's share of the CPU. Empty if the probe could not run."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _FLOOR_PROBE, str(seconds)], capture_output=True,
+            text=True, timeout=seconds + 30, start_new_session=True, check=False).stdout
+        return [float(x) for x in out.split()]
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return []
