@@ -205,6 +205,8 @@ def run_live(seed: int, a: argparse.Namespace) -> dict[str, Any]:
                 "uptime": _uptime(), "autogroup": _autogroup(),
                 "proxy_schedstat": sched.summary(),
                 "load_end": _load(), "time_scale": res.time_scale,
+                "floor_ms": res.pace.floor_ms if res.pace else None,
+                "precision_ms": res.pace.precision_ms if res.pace else None,
                 "timer_late_rate": res.timer_late_rate,
                 "violations": res.violations}
         if res.analysis is None:
@@ -321,8 +323,10 @@ def main() -> None:
         rows.append(r)
         print(_row(r) if "error" not in r else f"{seed:>5}    live  {r['error']}", flush=True)
         if "error" not in r:
-            print(f"      load {r['load_start']:.1f}→{r['load_end']:.1f}, time_scale "
-                  f"{r['time_scale']:g}; {r['check_summary']}", flush=True)
+            print(f"      load {r['load_start']:.1f}→{r['load_end']:.1f}, timer floor "
+                  f"{r['floor_ms'] or float('nan'):.1f} ms → time_scale {r['time_scale']:g}, "
+                  f"precision {r['precision_ms'] or float('nan'):.3g} ms raw; "
+                  f"{r['check_summary']}", flush=True)
         if a.json:  # after every demo: a long run's partial results survive
             a.json.write_text(json.dumps(rows, indent=2, default=str), encoding="utf-8")
     virt = [r for r in rows if r["mode"] == "virtual"]

@@ -202,3 +202,30 @@ def test_simulated_model_slower_than_a_fast_arm(tmp_path: Path) -> None:
     assert a["target_tps"] == 1000 and 150 < a["upstream_tps"] < 400, a
     assert a["achieved_tps"] < 400
     assert any("can only slow delivery down" in n for n in r.notes)
+
+
+def test_the_studys_precision_sets_the_reports_tolerance(
+        recorded: tuple[Path, dict[str, str]]) -> None:
+    """``study.precision_ms`` (what `flowtrial demo` raises on a busy machine, lowering the
+    time scale with it) is the raw precision the report's check judges by."""
+    import shutil
+    import sqlite3
+
+    path, _ids = recorded
+    copy = path.parent / "precise.db"
+    shutil.copy(path, copy)
+    con = sqlite3.connect(copy)
+    (text,) = con.execute("SELECT config_json FROM studies").fetchone()
+    stored = json.loads(text)
+    stored["study"]["precision_ms"] = 200.0  # 2 s real at time scale 10
+    con.execute("UPDATE studies SET config_json = ?", (json.dumps(stored),))
+    con.commit()
+    con.close()
+    default = run_analysis(path, path.parent / "r1", n_boot=10, seed=0, workers=1,
+                           figures=False)["checks"]["manipulation"]
+    loose = run_analysis(copy, path.parent / "r2", n_boot=10, seed=0, workers=1,
+                         figures=False)["checks"]["manipulation"]
+    assert default["tolerance_ms"] == 50 and loose["tolerance_ms"] == 2000
+    assert loose["precision_ms"] == 200
+    assert loose["misses"]["count"] < default["misses"]["count"]
+    assert "200 ms raw × time_scale 10" in loose["summary"]

@@ -69,6 +69,9 @@ def test_demo_end_to_end_and_rerun(tmp_path: Path) -> None:
     # The summary: switch rate by wait band, violations, report and dashboard command.
     lines = "\n".join(result.summary_lines())
     assert f"{result.cycles} cycles from 12 simulated participants" in lines
+    # The pace it measured first: its time scale is the study's, said in one line.
+    assert result.pace is not None and result.pace.floor_ms is not None
+    assert result.pace.time_scale == scale and result.pace.line() in lines
     assert f"Proxy's raw 5 ms flag: {result.violations} of {result.cycles}" in lines
     if result.analysis is not None:  # the report's verdict, word for word
         check = result.analysis["checks"]["manipulation"]["summary"]
