@@ -22,9 +22,10 @@ Measured on a shared 2-vCPU machine (load 4–12; the full table, with the floor
 docs/operators/team-rollout.md#scale). With the weekly rollup the page's SQL is 1.8 s wall
 at 1 M and at 5 M calls on SQLite (0.87 / 0.53 s CPU) while the floor grew 5× (0.20 →
 1.02 s), 1.3 s on PostgreSQL at 5 M; Team page first render 2.4–5.0 s, peak RSS 325–340 MB
-(SQLite and PostgreSQL, 1 M and 5 M calls). The choice: SQL on SQLite/PostgreSQL over the rollup (its size is people ×
-agents × models × weeks, not calls); DuckDB over the raw turns was 7.5× faster than SQLite
-on the same scan but still grows with the calls, and needs a second engine (same page).
+(SQLite and PostgreSQL, 1 M and 5 M calls). The choice: SQL on SQLite/PostgreSQL over the
+rollup (its size is people × agents × models × weeks, not calls); DuckDB over the raw turns
+was 7.5× faster than SQLite on the same scan but still grows with the calls, and needs a
+second engine (same page).
 The year (25 M calls, 54 M events, SQLite): its 10 M turns' rebuild ran 33 min wall /
 13.6 min CPU at load 4–8 and had not finished at 12:38 UTC (see the docs for the outcome).
 """
