@@ -23,7 +23,7 @@ from sqlalchemy import Table, and_, case, func, select
 from sqlalchemy.sql import ColumnElement
 from sqlmodel import SQLModel
 
-from flowtrial.study.schema import Assignment, Cycle, Event, Participant, Persistence, Task
+from flowtrial.study.schema import Assignment, Audit, Cycle, Event, Participant, Persistence, Task
 from flowtrial.study.storage import Database, open_db
 
 from .filters import Filters
@@ -50,7 +50,7 @@ def table(model: type[SQLModel]) -> Table:
 
 CYCLE_T, EVENT_T, TASK_T = table(Cycle), table(Event), table(Task)
 PARTICIPANT_T, ASSIGNMENT_T = table(Participant), table(Assignment)
-PERSISTENCE_T = table(Persistence)
+PERSISTENCE_T, AUDIT_T = table(Persistence), table(Audit)
 CYCLE, EVENT, TASK = CYCLE_T.c, EVENT_T.c, TASK_T.c
 PARTICIPANT, PERSISTENCE = PARTICIPANT_T.c, PERSISTENCE_T.c
 
@@ -66,18 +66,25 @@ def wall_request() -> ColumnElement[Any]:
     return CYCLE.wall_anchor_ns + (CYCLE.t_request_ns - CYCLE.mono_anchor_ns)
 
 
-def freshness(url: str) -> tuple[int, int, int, int, int]:
-    """Cheap change token: (cycles, last cycle done wall ns, events, tasks, participants).
+def freshness(url: str) -> tuple[int, ...]:
+    """Cheap change token: (cycles, last cycle done wall ns, last event id, last task id,
+    participants, last audit id).
 
-    Not cached on purpose: it is what tells the caches that the study moved on."""
+    Not cached on purpose: it is what tells the caches that the study moved on. It runs on
+    every rerun, so it reads no big table whole: events and tasks only ever gain rows with a
+    higher id (integer primary keys), so their ``max(id)`` — one step down the primary-key
+    index on SQLite and PostgreSQL — changes with every batch, where ``count(*)`` read all
+    54 M events of a year (0.5 s CPU). Rows are deleted only by a withdrawal, which writes
+    an ``audit`` line in the same transaction: its ``max(id)`` covers deletions."""
     done = CYCLE.wall_anchor_ns + (func.coalesce(CYCLE.t_done_ns, CYCLE.t_request_ns)
                                    - CYCLE.mono_anchor_ns)
     with database(url).engine.connect() as conn:
         n_cyc, last = conn.execute(select(func.count(), func.max(done)).select_from(CYCLE_T)).one()
-        n_ev = conn.execute(select(func.count()).select_from(EVENT_T)).scalar_one()
-        n_task = conn.execute(select(func.count()).select_from(TASK_T)).scalar_one()
+        ev, task, audit = (conn.execute(select(func.max(t.c.id))).scalar_one()
+                           for t in (EVENT_T, TASK_T, AUDIT_T))
         n_part = conn.execute(select(func.count()).select_from(PARTICIPANT_T)).scalar_one()
-    return int(n_cyc), int(last or 0), int(n_ev), int(n_task), int(n_part)
+    return (int(n_cyc), int(last or 0), int(ev or 0), int(task or 0), int(n_part),
+            int(audit or 0))
 
 
 @dataclass(frozen=True)
