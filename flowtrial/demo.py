@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowtrial.demo_pace import DEMO_TIME_SCALE, DemoPace, measure_pace
+from flowtrial.demo_pace import BASE_PRECISION_MS, DEMO_TIME_SCALE, DemoPace, measure_pace
 from flowtrial.study.errors import FlowtrialError
 
 MARKER = ".flowtrial-demo"
@@ -58,7 +58,8 @@ def demo_sim_params() -> Any:
 
 
 def demo_study_text(seed: int, time_scale: float = DEMO_TIME_SCALE,
-                    ttft_ms: tuple[int, int] = DEMO_TTFT_MS, precision_ms: float = 5.0) -> str:
+                    ttft_ms: tuple[int, int] = DEMO_TTFT_MS,
+                    precision_ms: float = BASE_PRECISION_MS) -> str:
     """The demo's study file."""
     lo, hi = ttft_ms
     return f"""\
@@ -352,7 +353,8 @@ def run_demo(
     started = time.perf_counter()
     path = Path(dir)
     replaced = _prepare_dir(path, say)
-    pace = measure_pace() if time_scale is None else DemoPace(time_scale, 5.0, None, given=True)
+    pace = (measure_pace() if time_scale is None
+            else DemoPace(time_scale, BASE_PRECISION_MS, None, given=True))
     if progress:
         say(pace.line())
     study_path = path / "study.toml"

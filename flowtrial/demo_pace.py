@@ -6,8 +6,8 @@ manipulation check promises the simulated participants that every answer arrives
 scale (docs/concepts/manipulation.md#a-miss-and-the-tolerance). On a quiet machine the
 proxy keeps its own 5 ms raw flag and the demo runs 75× faster. On a busy shared machine a
 release waits for a core for longer than 5 ms, and at 75× each such wait is more than the
-promise — no proxy can avoid it, and a lower time scale with the same 5 ms raw precision
-would not either (the raw lateness decides a miss, not the scale).
+promise — no proxy can avoid it. A lower time scale makes such waits rarer (fewer releases
+per second) but not shorter, so the raw precision follows the scale.
 
 So before the run the demo measures the timer floor — how late plain 10 ms sleeps wake in a
 process of its own session, as the proxy runs — and chooses the raw precision the machine
@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["DEMO_MIN_TIME_SCALE", "DEMO_PROMISE_MS", "DEMO_TIME_SCALE", "FLOOR_FACTOR",
-           "FLOOR_SECONDS", "DemoPace", "choose_pace", "measure_pace"]
+__all__ = ["BASE_PRECISION_MS", "DEMO_MIN_TIME_SCALE", "DEMO_PROMISE_MS", "DEMO_TIME_SCALE",
+           "FLOOR_FACTOR", "FLOOR_SECONDS", "DemoPace", "choose_pace", "measure_pace"]
 
 #: The demo's time scale on a machine whose timers keep the proxy's 5 ms.
 DEMO_TIME_SCALE = 75.0

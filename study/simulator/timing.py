@@ -14,20 +14,27 @@ import subprocess
 import sys
 from types import TracebackType
 
+#: 10 ms sleeps for argv[1] seconds (0: until stdin closes); prints each one's lateness, ms.
 _PROBE = """
 import asyncio, sys, threading, time
+seconds = float(sys.argv[1])
 stop = threading.Event()
-threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+if seconds <= 0:
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
 async def main():
-    late = n = 0
-    while not stop.is_set():
+    late = []
+    end = time.perf_counter() + seconds if seconds > 0 else float("inf")
+    while not stop.is_set() and time.perf_counter() < end:
         t = time.perf_counter()
         await asyncio.sleep(0.01)
-        late += (time.perf_counter() - t - 0.01) * 1000 > float(sys.argv[1])
-        n += 1
-    print(late, n)
+        late.append((time.perf_counter() - t - 0.01) * 1000)
+    print(" ".join(f"{x:.3f}" for x in late))
 asyncio.run(main())
 """
+
+
+def _lateness(out: str) -> list[float]:
+    return [float(x) for x in out.split()]
 
 
 class TimerProbe:
@@ -45,7 +52,7 @@ class TimerProbe:
     def __enter__(self) -> TimerProbe:
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", _PROBE, str(self.late_ms)], stdin=subprocess.PIPE,
+                [sys.executable, "-c", _PROBE, "0"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:
             self._proc = None
@@ -57,27 +64,13 @@ class TimerProbe:
             return
         try:
             out, _ = self._proc.communicate(input="", timeout=10)
-            late, n = (int(x) for x in out.split())
+            late = _lateness(out)
         except (subprocess.TimeoutExpired, ValueError):
             self._proc.kill()
             self._proc.wait()
             return
-        self.samples = n
-        self.rate = late / n if n else None
-
-
-_FLOOR_PROBE = """
-import asyncio, sys, time
-async def main(seconds):
-    late = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t = time.perf_counter()
-        await asyncio.sleep(0.01)
-        late.append((time.perf_counter() - t - 0.01) * 1000)
-    print(" ".join(f"{x:.3f}" for x in late))
-asyncio.run(main(float(sys.argv[1])))
-"""
+        self.samples = len(late)
+        self.rate = sum(x > self.late_ms for x in late) / len(late) if late else None
 
 
 def timer_lateness_ms(seconds: float = 2.0) -> list[float]:
@@ -86,8 +79,8 @@ def timer_lateness_ms(seconds: float = 2.0) -> list[float]:
     Linux autogroup it gets the proxy's share of the CPU. Empty if the probe could not run."""
     try:
         out = subprocess.run(
-            [sys.executable, "-c", _FLOOR_PROBE, str(seconds)], capture_output=True,
+            [sys.executable, "-c", _PROBE, str(seconds)], capture_output=True,
             text=True, timeout=seconds + 30, start_new_session=True, check=False).stdout
-        return [float(x) for x in out.split()]
+        return _lateness(out)
     except (OSError, subprocess.TimeoutExpired, ValueError):
         return []

@@ -144,6 +144,16 @@ def reference_bins(turns: pd.DataFrame) -> pd.DataFrame:
             .reset_index().sort_values(["week", "bin"], ignore_index=True))
 
 
+def assert_weekly_equal(weekly: pd.DataFrame, want: pd.DataFrame) -> None:
+    """The view's weekly rows (sorted by who and week) equal pandas': waits, active hours,
+    waiting share, acceptance, and switches where focus was captured."""
+    for col in ("waits", "hours_active", "waiting_share", "acceptance_rate"):
+        np.testing.assert_allclose(weekly[col].astype(float), want[col].astype(float),
+                                   rtol=1e-9, err_msg=col)
+    cap = (weekly["switch_reason"] == "").to_numpy()
+    np.testing.assert_array_equal(weekly.loc[cap, "switches"], want.loc[cap, "switches"])
+
+
 def assert_bins_equal(got: pd.DataFrame, want: pd.DataFrame) -> None:
     labels = pd.to_datetime(want["week"] * WEEK_NS - 3 * 86_400 * NS, utc=True)
     want = want.assign(week=labels.dt.strftime("%Y-%m-%d"))
@@ -264,11 +274,7 @@ def test_rollup_kept_up_through_late_batches_equals_a_rebuild_and_pandas(new_db)
         weekly = team_weekly(conn, q).sort_values(["who", "week"], ignore_index=True)
         bins = team_wait_bins(conn, q)
     assert len(weekly) == len(want) == 4 * 2
-    for col in ("waits", "hours_active", "waiting_share", "acceptance_rate"):
-        np.testing.assert_allclose(weekly[col].astype(float), want[col].astype(float),
-                                   rtol=1e-9, err_msg=col)
-    cap = (weekly["switch_reason"] == "").to_numpy()
-    np.testing.assert_array_equal(weekly.loc[cap, "switches"], want.loc[cap, "switches"])
+    assert_weekly_equal(weekly, want)
     assert_bins_equal(bins, reference_bins(ref))
 
 
@@ -290,11 +296,7 @@ def test_a_date_range_cutting_weeks_reads_rollup_and_raw_edges(new_db) -> None:
     want = reference_weekly(inside, ev, 600.0)
     assert sorted(set(weekly["week"])) == ["2026-01-05", "2026-01-12", "2026-01-19"]
     assert len(weekly) == len(want) == 5 * 3
-    for col in ("waits", "hours_active", "waiting_share", "acceptance_rate"):
-        np.testing.assert_allclose(weekly[col].astype(float), want[col].astype(float),
-                                   rtol=1e-9, err_msg=col)
-    cap = (weekly["switch_reason"] == "").to_numpy()
-    np.testing.assert_array_equal(weekly.loc[cap, "switches"], want.loc[cap, "switches"])
+    assert_weekly_equal(weekly, want)
     assert_bins_equal(bins, reference_bins(inside))
 
 

@@ -20,18 +20,25 @@ def parallel_text() -> str:
     return example_study_text("parallel")
 
 
-@pytest.fixture(scope="session")
-def small_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A parallel two-arm study: 6 participants × 2 tasks × 10 prompts = 120 cycles."""
+def simulated_parallel_study(target: Path | str, participants: int, tasks: int,
+                             prompts: int) -> None:
+    """The example parallel study at ``target`` (a path or URL), simulated virtually with
+    seed 3: ``participants`` × ``tasks`` × ``prompts`` cycles."""
     from flowtrial.study.simulator import SimParams, simulate_virtual
     from flowtrial.study.storage import init_db
 
-    path = tmp_path_factory.mktemp("dash") / "small.db"
     text = parallel_text()
     config = parse_study(tomllib.loads(text))
-    db = init_db(path, config, text)
-    simulate_virtual(db, config, SimParams(), 6, 2, 10, seed=3)
+    db = init_db(target, config, text)
+    simulate_virtual(db, config, SimParams(), participants, tasks, prompts, seed=3)
     db.dispose()
+
+
+@pytest.fixture(scope="session")
+def small_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A parallel two-arm study: 6 participants × 2 tasks × 10 prompts = 120 cycles."""
+    path = tmp_path_factory.mktemp("dash") / "small.db"
+    simulated_parallel_study(path, 6, 2, 10)
     return path
 
 

@@ -5,7 +5,6 @@ withdrawal that deletes rows, must still change it (and so refresh the cached ta
 from __future__ import annotations
 
 import shutil
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,11 +13,10 @@ import pytest
 from sqlalchemy import event
 
 from flowtrial.dashboards import data
-from flowtrial.study.config import parse_study
 from flowtrial.study.participation import withdraw
 from flowtrial.study.schema import Event
 from flowtrial.study.storage import WriteBatch, database_url, open_db, utcnow, write_rows
-from tests.dashboards.conftest import parallel_text
+from tests.dashboards.conftest import simulated_parallel_study
 from tests.pg_server import PgServer
 
 
@@ -31,16 +29,9 @@ def study_url(request: pytest.FixtureRequest, small_study: Path,
         shutil.copy(small_study, tmp_path / "study.db")
         yield database_url(tmp_path / "study.db")
         return
-    from flowtrial.study.simulator import SimParams, simulate_virtual
-    from flowtrial.study.storage import init_db
-
     server: PgServer = request.getfixturevalue("pg_server")
     url = server.new_database()
-    text = parallel_text()
-    config = parse_study(tomllib.loads(text))
-    db = init_db(url, config, text)
-    simulate_virtual(db, config, SimParams(), 3, 1, 4, seed=3)
-    db.dispose()
+    simulated_parallel_study(url, 3, 1, 4)
     yield url
 
 

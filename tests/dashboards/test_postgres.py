@@ -3,7 +3,6 @@ page renders (the dashboard's SQL runs on both backends)."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pandas as pd
@@ -12,24 +11,16 @@ from streamlit.testing.v1 import AppTest
 
 from flowtrial.dashboards import data, team_data
 from flowtrial.dashboards.filters import Filters
-from flowtrial.study.config import parse_study
 from flowtrial.study.storage import database_url
-from tests.dashboards.conftest import APP, PAGES, parallel_text
+from tests.dashboards.conftest import APP, PAGES, simulated_parallel_study
 from tests.pg_server import PgServer
 
 
 @pytest.fixture(scope="module")
 def pg_small_study(pg_server: PgServer) -> str:
     """The ``small_study`` fixture's study, simulated with the same seed into PostgreSQL."""
-    from flowtrial.study.simulator import SimParams, simulate_virtual
-    from flowtrial.study.storage import init_db
-
     url = pg_server.new_database()
-    text = parallel_text()
-    config = parse_study(tomllib.loads(text))
-    db = init_db(url, config, text)
-    simulate_virtual(db, config, SimParams(), 6, 2, 10, seed=3)
-    db.dispose()
+    simulated_parallel_study(url, 6, 2, 10)
     return url
 
 
