@@ -213,7 +213,8 @@ def threshold(
         console.print(f"  ≈ {tps:.1f} tokens/s streams {median_tokens:g} tokens with that idle "
                       f"wait at {reading_tps:g} tokens/s reading")
     console.print(f"Threshold vs best no-threshold model ({test.label}): "
-                  f"p = {test.p_value:.3g} ({test.n_boot} parametric-bootstrap replicates)")
+                  f"p = {test.p_value:.3g} ({test.n_boot} of up to {test.n_max} "
+                  "parametric-bootstrap replicates)")
     console.print(f"Existence test: p = {pooled.p_exists:.3g}. "
                   + ("Threshold found." if found else str(reason)))
     console.print(f"Pooled onset ψ* (secondary) = {pooled.psi_s:.2f} s (95 % CI "

@@ -16,7 +16,14 @@ distribution comes from the best-fitting alternative itself, at the study's own 
 same participants, waits and detection share, switches redrawn from the fitted alternative
 (new person effects each time), hinge and that alternative refitted (parametric bootstrap,
 Williams 1970; Cox 1962). The replicate statistic uses only that alternative (ℓ_hinge* − ℓ_A*
-≥ T*), which makes the test conservative, never liberal. p = (1 + #{T* ≥ T}) / (B + 1).
+≥ T*), which makes the test conservative, never liberal.
+
+The replicates are drawn sequentially (Besag & Clifford 1991): drawing stops once
+`STOP_AFTER` of them reach T, with p = h / L (h replicates ≥ T among the L drawn); otherwise
+all B are drawn and p = (1 + #{T* ≥ T}) / (B + 1). A study is rejected at 1/(B + 1) exactly
+when the full test would reject it (no replicate reaches T), so the verdict is the full
+test's; only studies that clearly do not reject stop early — the no-threshold studies, whose
+alternatives are the slowest to refit.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from scipy.special import expit
 
 from .rb_model import CycleData, Fit, HazardModel, RandomBreakpointModel, maximize
 from .spline_model import SplineModel
-from .workers import run_jobs
+from .workers import run_until
 
 ALTERNATIVES = ("slopes", "hazard", "spline")
 ALT_LABELS = {
@@ -44,6 +51,8 @@ AnyModel = RandomBreakpointModel | HazardModel | SplineModel
 TEST_NODES = (12, 5)
 #: With a random slope above the breakpoint (a 6-entry hinge θ): 5 nodes for the slope.
 SLOPE_TEST_NODES = (12, 5, 5)
+#: The sequential test stops after this many replicates reach the data's statistic (h).
+STOP_AFTER = 4
 
 
 def hinge_nodes(theta: np.ndarray | None) -> tuple[int, ...]:
@@ -131,7 +140,8 @@ class ThresholdTest:
     params: dict[str, list[float]]
     stat: float
     p_value: float
-    n_boot: int
+    n_boot: int  # replicates drawn
+    n_max: int  # replicates the full test draws
     nodes: list[int]
     summary: str
     null_stats: list[float] = field(repr=False, default_factory=list)
@@ -156,15 +166,30 @@ def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | 
     stat = hinge.loglik - fits[best].loglik
     seeds = np.random.SeedSequence(seed).generate_state(n_boot)
     jobs = [(best, fits[best].theta, hinge.theta, data, detection, int(s)) for s in seeds]
-    null = [float(t) for t in run_jobs(_replicate, jobs, workers, on_done=progress)]
-    p = (1 + sum(t >= stat - 1e-9 for t in null)) / (1 + n_boot)
+    null = [float(t) for t in run_until(_replicate, jobs,
+                                        lambda got: _exceed(got, stat) >= STOP_AFTER,
+                                        workers, on_done=progress)]
+    p = sequential_p(null, stat, n_boot)
     return ThresholdTest(
         best=best, label=ALT_LABELS[best],
         loglik={"hinge": hinge.loglik, **{k: f.loglik for k, f in fits.items()}},
         params={"hinge": [float(t) for t in hinge.theta],
                 **{k: [float(t) for t in f.theta] for k, f in fits.items()}},
-        stat=float(stat), p_value=float(p), n_boot=n_boot, nodes=list(nodes),
+        stat=float(stat), p_value=float(p), n_boot=len(null), n_max=n_boot, nodes=list(nodes),
         summary=describe_alternative(best, fits[best].theta, data), null_stats=null)
+
+
+def _exceed(null: list[float], stat: float) -> int:
+    return sum(t >= stat - 1e-9 for t in null)
+
+
+def sequential_p(null: list[float], stat: float, n_max: int) -> float:
+    """Besag–Clifford p-value of replicates drawn until `STOP_AFTER` reach ``stat`` (or all
+    ``n_max``): h / L when stopped early, else (1 + #{T* ≥ T}) / (n_max + 1)."""
+    h = _exceed(null, stat)
+    if h >= STOP_AFTER and len(null) <= n_max:
+        return h / len(null)
+    return (1 + h) / (n_max + 1)
 
 
 def _pct(x: float) -> str:
@@ -192,5 +217,5 @@ def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
             "the typical person)")
 
 
-__all__ = ["ALTERNATIVES", "TEST_NODES", "ThresholdTest", "describe_alternative",
-           "simulate_alternative", "threshold_test"]
+__all__ = ["ALTERNATIVES", "STOP_AFTER", "TEST_NODES", "ThresholdTest", "describe_alternative",
+           "sequential_p", "simulate_alternative", "threshold_test"]

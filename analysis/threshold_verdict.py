@@ -54,7 +54,7 @@ def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: 
     if test["p_value"] > alpha:
         return False, (f"No threshold: {test['summary']}; a threshold fits no better than "
                        f"this {test['label']} (p = {_num(test['p_value'])} > {alpha:g}, "
-                       f"parametric bootstrap, {test['n_boot']} replicates)")
+                       f"parametric bootstrap, {_replicates(test)})")
     if math.log10(ci[1] / ci[0]) > max_ci_decades:
         return False, (f"No threshold: the 95 % CI of the median personal threshold "
                        f"({ci[0]:.3g}–{ci[1]:.3g} s) spans more than {max_ci_decades:g} decade")
@@ -70,6 +70,12 @@ def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: 
         return False, (f"No threshold: the 95 % CI of the median personal threshold "
                        f"({ci[0]:.3g}–{ci[1]:.3g} s) reaches the edge of the observed waits")
     return True, None
+
+
+def _replicates(test: dict[str, Any]) -> str:
+    """"19 replicates", or "7 of up to 19 replicates" when the sequential test stopped."""
+    n, most = int(test["n_boot"]), int(test.get("n_max", test["n_boot"]))
+    return f"{n} replicates" if n >= most else f"{n} of up to {most} replicates"
 
 
 def _num(x: Any) -> str:

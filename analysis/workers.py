@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from typing import Any
 
 SINGLE_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
@@ -45,6 +46,68 @@ def _single_thread_blas() -> None:
     threadpool_limits(1)
 
 
+def run_until(
+    fn: Callable[..., Any],
+    jobs: Sequence[tuple[Any, ...]],
+    stop: Callable[[list[Any]], bool],
+    workers: int | None = None,
+    *,
+    on_done: Callable[[int, int], None] | None = None,
+) -> list[Any]:
+    """The shortest prefix ``[fn(*job) for job in jobs[:L]]`` after which ``stop(prefix)``
+    holds (all jobs when it never does). The prefix is taken in job order, whatever order
+    the workers finish in, so the result does not depend on the number of workers; jobs not
+    yet started when it is decided are cancelled."""
+    total = len(jobs)
+    n = min(workers if workers is not None else default_workers(), total)
+    if n <= 1:
+        out: list[Any] = []
+        for i, job in enumerate(jobs):
+            out.append(fn(*job))
+            if on_done:
+                on_done(i + 1, total)
+            if stop(out):
+                break
+        return out
+    done: dict[int, Any] = {}
+    prefix: list[Any] = []
+    with _pool(n) as pool:
+        with _single_thread_env():
+            futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+        for f in as_completed(futures):
+            done[futures[f]] = f.result()
+            if on_done:
+                on_done(len(done), total)
+            while len(prefix) in done:
+                prefix.append(done[len(prefix)])
+                if stop(prefix):
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    return prefix
+    return prefix
+
+
+def _pool(n: int) -> ProcessPoolExecutor:
+    """A pool of ``n`` single-BLAS-thread workers (forked where possible)."""
+    return ProcessPoolExecutor(n, mp_context=mp.get_context(_start_method()),
+                               initializer=_single_thread_blas)
+
+
+@contextmanager
+def _single_thread_env() -> Iterator[None]:
+    """The BLAS thread variables set while jobs are submitted: workers start during the
+    submits, and spawned ones read the environment then."""
+    saved = {k: os.environ.get(k) for k in SINGLE_THREAD_ENV}
+    os.environ.update(SINGLE_THREAD_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def run_jobs(
     fn: Callable[..., Any],
     jobs: Sequence[tuple[Any, ...]],
@@ -68,19 +131,9 @@ def run_jobs(
                 on_done(i + 1, total)
         return out
     results: list[Any] = [None] * total
-    saved = {k: os.environ.get(k) for k in SINGLE_THREAD_ENV}
-    with ProcessPoolExecutor(n, mp_context=mp.get_context(_start_method()),
-                             initializer=_single_thread_blas) as pool:
-        try:
-            # Workers start during these submits; spawned ones read the environment then.
-            os.environ.update(SINGLE_THREAD_ENV)
+    with _pool(n) as pool:
+        with _single_thread_env():
             futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         if while_waiting is not None:
             while_waiting()
         for done, f in enumerate(as_completed(futures), start=1):

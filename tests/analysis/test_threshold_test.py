@@ -15,9 +15,11 @@ from scipy.special import expit
 from flowtrial.analysis.rb_model import CycleData, HazardModel, RandomBreakpointModel, maximize
 from flowtrial.analysis.spline_model import SplineModel, ispline_basis
 from flowtrial.analysis.threshold_test import (
+    STOP_AFTER,
     alternative_starts,
     describe_alternative,
     make_model,
+    sequential_p,
     simulate_alternative,
     threshold_test,
 )
@@ -238,3 +240,24 @@ def test_a_random_slope_hinge_is_tested_with_its_random_slope() -> None:
     plain = threshold_test(data, 1.0, None, n_boot=1, seed=1, workers=1)
     assert plain.nodes == [12, 5] and len(plain.params["hinge"]) == 5
     assert res.loglik["hinge"] >= plain.loglik["hinge"] - 1e-6  # nested: never worse
+
+
+def test_sequential_p_is_besag_clifford() -> None:
+    """Stopped after h = STOP_AFTER replicates reach T among L drawn: p = h / L; all drawn:
+    (1 + #) / (B + 1) — so a rejection at 1/(B + 1) is the full test's."""
+    assert STOP_AFTER == 4
+    assert sequential_p([5.0, 1.0, 6.0, 7.0, 8.0], 4.0, 19) == pytest.approx(4 / 5)
+    assert sequential_p([1.0] * 19, 4.0, 19) == pytest.approx(1 / 20)
+    assert sequential_p([1.0] * 17 + [4.0, 9.0], 4.0, 19) == pytest.approx(3 / 20)
+
+
+def test_a_clear_no_threshold_study_stops_early_with_the_full_tests_replicates() -> None:
+    """Memoryless switching: the test stops once four replicates reach T, and the replicates
+    it drew are the full test's first ones (same seeds)."""
+    hazard = _data(simulate_switch_data("hazard", 20, 50, seed=5, intercept_sd=0.5))
+    res = threshold_test(hazard, 1.0, None, n_boot=19, seed=1, workers=2)
+    assert res.n_max == 19 and STOP_AFTER <= res.n_boot < 19
+    assert sum(t >= res.stat - 1e-9 for t in res.null_stats) == STOP_AFTER
+    assert res.p_value == pytest.approx(STOP_AFTER / res.n_boot)
+    first = threshold_test(hazard, 1.0, None, n_boot=2, seed=1, workers=1)
+    assert first.null_stats == pytest.approx(res.null_stats[:2])

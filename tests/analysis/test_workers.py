@@ -1,0 +1,30 @@
+"""`run_until`: the job-order prefix after which a stop rule holds, whatever the workers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from flowtrial.analysis.workers import run_jobs, run_until
+
+
+def _square(k: int, marks: str) -> int:
+    Path(marks, str(k)).touch()  # which jobs ran at all
+    return k * k
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_run_until_returns_the_shortest_prefix_in_job_order(tmp_path: Path,
+                                                            workers: int) -> None:
+    jobs = [(k, str(tmp_path)) for k in range(40)]
+    got = run_until(_square, jobs, lambda out: sum(v > 20 for v in out) >= 2, workers)
+    assert got == [0, 1, 4, 9, 16, 25, 36]  # stops at the second value above 20
+    ran = len(os.listdir(tmp_path))
+    assert 7 <= ran < 40  # later jobs were cancelled, not run
+
+
+def test_run_until_without_a_stop_runs_everything(tmp_path: Path) -> None:
+    jobs = [(k, str(tmp_path)) for k in range(5)]
+    assert run_until(_square, jobs, lambda out: False, 2) == run_jobs(_square, jobs, 2)
