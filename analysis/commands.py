@@ -154,6 +154,10 @@ def threshold(
     workers: Annotated[
         int | None, typer.Option(help="Worker processes (default: the available CPUs, up to 2).")
     ] = None,
+    rounded_onset: Annotated[bool, typer.Option(
+        "--rounded-onset",
+        help="Also test against an onset rounded over more than a factor 9 of the wait (a "
+             "stricter claim: a sharp threshold; needs about 60 × 160 or more).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Estimate the flow threshold: the median personal threshold and the spread τ between
@@ -181,7 +185,7 @@ def threshold(
         pooled = fit_threshold(frame, n_boot=n_boot, n_null=n_null, seed=seed,
                                median_response_tokens=median_tokens, reading_tps=reading_tps)
         personal, test = _fit_personal(frame, detection_share, workers, seed,
-                                       show=not json_out)
+                                       show=not json_out, rounded=rounded_onset)
     except AnalysisInputError as exc:
         raise _fail(str(exc)) from None
     pooled_d = pooled.to_dict()
@@ -224,14 +228,14 @@ def threshold(
 
 
 def _fit_personal(frame: Any, detection_share: float, workers: int | None, seed: int,
-                  show: bool) -> Any:
+                  show: bool, rounded: bool = False) -> Any:
     """`fit_personal_and_test` (personal threshold + the test against the no-threshold
     alternatives) with a rich progress bar on stderr (unless ``show`` is off)."""
     from .threshold_verdict import fit_personal_and_test
 
     if not show:
         return fit_personal_and_test(frame, detection_share=detection_share, workers=workers,
-                                     seed=seed)
+                                     seed=seed, rounded=rounded)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -244,7 +248,7 @@ def _fit_personal(frame: Any, detection_share: float, workers: int | None, seed:
             bar.update(task, completed=done, total=total)
 
         return fit_personal_and_test(frame, detection_share=detection_share, workers=workers,
-                                     seed=seed, progress=advance)
+                                     seed=seed, progress=advance, rounded=rounded)
 
 
 def notebooks(

@@ -29,7 +29,7 @@ from .rb_model import (
     profile_endpoint,
     wald_se,
 )
-from .workers import run_jobs
+from .workers import Background, run_jobs
 
 ProgressFn = Callable[[int, int], None]
 DEFAULT_NODES = (24, 7)
@@ -135,6 +135,12 @@ def pooled_start(data: CycleData) -> np.ndarray:
     return np.array([a[j], 0.3, max(b[j], 0.1), grid[j], 0.3])
 
 
+def _start_job(data: CycleData, detection: float, nodes: tuple[int, ...],
+               start: np.ndarray) -> Fit:
+    """The main fit from one start (runs on a worker process)."""
+    return maximize(RandomBreakpointModel(data, nodes, detection=detection), start)
+
+
 def _job(kind: str, data: CycleData, detection: float, nodes: tuple[int, ...],
          best: Fit, arg: Any) -> Any:
     """One independent refit (runs on a worker process)."""
@@ -178,7 +184,8 @@ def fit_personal_threshold(
             f"detection share {detection_share!r} must be in (0, 1]; 1 = every switch counted")
     data = _data(df)
     model = RandomBreakpointModel(data, nodes, detection=detection_share)
-    best = max((maximize(model, s) for s in starts(data)), key=lambda f: f.loglik)
+    best = max(run_jobs(_start_job, [(data, detection_share, nodes, s) for s in starts(data)],
+                        workers), key=lambda f: f.loglik)
     model, best, nodes, slope = _with_random_slope(data, detection_share, model, best,
                                                    nodes, workers)
     check_nodes = CHECK_NODES if len(nodes) == 2 else SLOPE_CHECK_NODES
@@ -218,15 +225,7 @@ def fit_personal_threshold(
     n = int(data.x.size)
     aic = {m: 2 * _K[m] - 2 * v for m, v in ll.items()}
     bic = {m: _K[m] * math.log(n) - 2 * v for m, v in ll.items()}
-    check: dict[str, Any] | None = None
-    if node_check:
-        f2: Fit = out[8]
-        check = {
-            "nodes": list(check_nodes),
-            "rel_change_median_psi": float(math.expm1(f2.theta[3] - best.theta[3])),
-            "abs_change_tau": float(f2.theta[4] - best.theta[4]),
-            "loglik_change": float(f2.loglik - best.loglik),
-        }
+    check = _check_summary(out[8], best, check_nodes) if node_check else None
     gain = float(two.loglik - best.loglik)
     shape = {"loglik_gain_two_groups": gain,
              "two_groups_psi_s": [math.exp(two.theta[3] - two.theta[4]),
@@ -262,6 +261,42 @@ def fit_personal_threshold(
         n_participants=data.n_participants,
         n_switches=int(data.y.sum()),
     )
+
+
+def _check_summary(f2: Fit, best: Fit, check_nodes: tuple[int, ...]) -> dict[str, Any]:
+    return {"nodes": list(check_nodes),
+            "rel_change_median_psi": float(math.expm1(f2.theta[3] - best.theta[3])),
+            "abs_change_tau": float(f2.theta[4] - best.theta[4]),
+            "loglik_change": float(f2.loglik - best.loglik)}
+
+
+def quadrature_check(df: pd.DataFrame, result: PersonalThresholdResult) -> Background:
+    """The quadrature check of a fit made without it, started on a process of its own: the
+    hinge refitted with finer nodes (`CHECK_NODES`, or `SLOPE_CHECK_NODES` with the random
+    slope) from ``result``'s estimate. ``check_summary(result, job.result())`` gives the
+    relative changes; ``job.cancel()`` stops it when it is not needed."""
+    best = _as_fit(result)
+    nodes = CHECK_NODES if len(result.nodes) == 2 else SLOPE_CHECK_NODES
+    return Background(_job, "check", _data(df), result.detection_share, nodes, best, None)
+
+
+def check_summary(result: PersonalThresholdResult, refit: Fit) -> dict[str, Any]:
+    """Store the quadrature check's changes (``refit``: the finer fit) in ``result``."""
+    nodes = CHECK_NODES if len(result.nodes) == 2 else SLOPE_CHECK_NODES
+    result.node_check = _check_summary(refit, _as_fit(result), nodes)
+    return result.node_check
+
+
+def hinge_theta(result: PersonalThresholdResult) -> np.ndarray:
+    """The fitted hinge's θ = (a, σ_u, b, c, τ[, κ]) (κ with the random slope)."""
+    theta = np.array([result.intercept_a, result.sigma_u, result.slope_b,
+                      math.log(result.median_psi_s), result.tau])
+    return np.r_[theta, result.slope_sd] if len(result.nodes) > 2 else theta
+
+
+def _as_fit(result: PersonalThresholdResult) -> Fit:
+    return Fit(theta=hinge_theta(result), loglik=result.loglik["hinge"],
+               converged=result.converged, n_evals=0)
 
 
 def _with_random_slope(data: CycleData, detection: float, model: RandomBreakpointModel,
@@ -307,5 +342,8 @@ __all__ = [
     "PARAMS",
     "PersonalThresholdResult",
     "estimate_detection_share",
+    "check_summary",
     "fit_personal_threshold",
+    "hinge_theta",
+    "quadrature_check",
 ]

@@ -163,21 +163,25 @@ class RandomBreakpointModel:
     s_i ~ N(0, 1), and θ gains a sixth entry κ (the slopes' log-sd). Without it, people's
     slope differences load onto τ and push the median threshold up (+114 % in issue 27).
 
+    ``kind`` "rounded" is the hinge with its corner rounded: max(0, u) becomes ω·softplus(u/ω)
+    (u = log w − c − τ·z), the breakpoint turned into an onset of width ω ≥ ``min_bend``,
+    θ's last entry (the threshold test's rounded-onset alternative).
+
     The (cycles × nodes) work arrays are allocated once: allocating them per evaluation
     made the kernel map and unmap fresh pages every time (half the run time was system
     time)."""
 
     def __init__(self, data: CycleData, nodes: tuple[int, ...] = (24, 7), *,
                  detection: float = 1.0, kind: str = "hinge",
-                 dtype: type = np.float64) -> None:
+                 dtype: type = np.float64, min_bend: float = 0.3) -> None:
         if not 0 < detection <= 1:
             raise AnalysisInputError(f"detection share {detection!r} must be in (0, 1]")
         self.d = data
         self.kind = kind
         self.detection = float(detection)
         # "hinge_tau0": everyone shares the breakpoint, so z drops out (one node).
-        nz, nv = nodes[:2] if kind in ("hinge", "slopes") else (1, nodes[1])
-        ns = nodes[2] if len(nodes) > 2 and kind.startswith("hinge") else 1
+        nz, nv = nodes[:2] if kind in ("hinge", "slopes", "rounded") else (1, nodes[1])
+        ns = nodes[2] if len(nodes) > 2 and kind.startswith(("hinge", "rounded")) else 1
         if kind == "hinge_tau0":
             kind = self.kind = "hinge"
         self.z, lwz = gh_nodes(nz)
@@ -202,22 +206,31 @@ class RandomBreakpointModel:
         # identified, and e^c would overflow under a flat truth).
         self.bounds = list(_BOUNDS)
         self.bounds[3] = (float(data.x.min()), float(data.x.max()))
+        self.has_slope = ns > 1
         if ns > 1:
             self.bounds.append((0.0, 2.0))  # κ
+        if kind == "rounded":  # ω, the bend's width in log wait, last
+            self.bounds.append((float(min_bend), 3.0))
         q = self.log_w.size
         self._buf: list[np.ndarray] = [np.empty((n, q), dtype=dtype) for _ in range(3)]
         self.n_evals = 0
 
     @property
     def n_params(self) -> int:
-        """5, or 6 with the random slope above the breakpoint (κ)."""
+        """5, or 6 with the random slope above the breakpoint (κ); "rounded" adds ω last."""
         return len(self.bounds)
 
-    def _hinge_basis(self, c: float, tau: float) -> tuple[np.ndarray, np.ndarray | None]:
+    def _hinge_basis(self, c: float, tau: float, omega: float = 0.0
+                     ) -> tuple[np.ndarray, np.ndarray | None]:
         x = self.d.x
         if self.kind == "hinge":
             arg = x[:, None] - c - tau * self.z[None, :]  # (N, nz)
             return np.maximum(arg, 0.0), arg > 0
+        if self.kind == "rounded":  # ω·softplus(arg/ω): the hinge with its corner rounded
+            u = (x[:, None] - c - tau * self.z[None, :]) / omega
+            sp, sig = np.logaddexp(0.0, u), expit(u)
+            self._dh_domega = sp - u * sig
+            return omega * sp, sig
         if self.kind == "slopes":  # c is the pivot where intercept and slope are uncorrelated
             return (x - c)[:, None], None
         if self.kind == "smooth":
@@ -228,8 +241,9 @@ class RandomBreakpointModel:
         """(−ℓ, −∂ℓ/∂θ) at θ = (a, σ_u, b, c, τ[, κ])."""
         self.n_evals += 1
         a, su, b, c, tau = (float(t) for t in theta[:5])
-        kappa = float(theta[5]) if self.n_params == 6 else 0.0
-        h, active = self._hinge_basis(c, tau)
+        kappa = float(theta[5]) if self.has_slope else 0.0
+        omega = float(theta[-1]) if self.kind == "rounded" else 0.0
+        h, active = self._hinge_basis(c, tau, omega)
         es = np.exp(kappa * self.s)  # people's slope factors at the s nodes
         lin = (h * (b + tau * self.z)[None, :] if self.kind == "slopes" else b * h)
         n, nz = lin.shape
@@ -280,8 +294,10 @@ class RandomBreakpointModel:
             rin = r1 * active
             g[3] = -b * float(rin.sum())
             g[4] = -b * float(rin.sum(axis=0) @ self.z)
-        if self.n_params == 6:
+        if self.has_slope:
             g[5] = b * float(((rzs @ (self.s * es)) * h).sum())
+        if self.kind == "rounded" and active is not None:  # ∂h/∂ω = softplus(u) − u·σ(u)
+            g[-1] = b * float((r1 * self._dh_domega).sum())
         return f, -g
 
 
@@ -317,7 +333,7 @@ def maximize(model: LikelihoodModel, start: np.ndarray,
     for k, val in fixed.items():
         theta[k] = val
     free = [k for k in range(n_par) if k not in fixed]
-    if model.kind not in ("hinge", "slopes", "hazard", "spline"):
+    if model.kind not in ("hinge", "slopes", "hazard", "spline", "rounded"):
         # c and τ do not enter; b is absent from the flat model
         free = [k for k in free if k not in (3, 4) and not (model.kind == "flat" and k == 2)]
     elif model.kind == "hazard":  # no breakpoint

@@ -18,6 +18,7 @@ import pandas as pd
 from flowtrial.study.timeline import DEFAULT_READING_TPS
 
 from .threshold_speed import exceedance_table
+from .threshold_test import ONSET_FACTOR, ROUNDED
 from .threshold_verdict import personal_verdict
 
 WAIT_MEASURES = {
@@ -255,7 +256,7 @@ def personal_section(
         if unmeasured:
             raise AnalysisInputError(unmeasured)
         res, test = fit_personal_and_test(frame, detection_share=detection, workers=workers,
-                                          progress=progress)
+                                          progress=progress, alpha=alpha)
     except AnalysisInputError as exc:
         return {**base, "median_psi_s": None, "ci_s": None, "found": False,
                 "reason": f"Threshold not estimated (personal model): {exc}"}
@@ -284,13 +285,27 @@ def threshold_headline(threshold: dict[str, Any], wait_label: str) -> str:
         lo, hi = pt["ci_s"]
         return (f"Flow threshold found: the median person's threshold is "
                 f"{_sig(pt['median_psi_s'])} s of {wait_label} "
-                f"(95 % CI {_sig(lo)}–{_sig(hi)} s).")
+                f"(95 % CI {_sig(lo)}–{_sig(hi)} s). " + onset_caveat(threshold))
     reason = (threshold.get("reason") or threshold.get("pooled_reason")
               or "the threshold was not estimated")
     for prefix in ("No threshold: ", "Threshold not estimated (personal model): ",
                    "Threshold not estimated: "):
         reason = reason.removeprefix(prefix)
     return f"No flow threshold reported: {reason.rstrip('.')}."
+
+
+def onset_caveat(threshold: dict[str, Any]) -> str:
+    """What a found threshold's test ruled out: with the rounded onset among the
+    alternatives, a gradual onset too; without it, only a steady rise."""
+    test = threshold.get("alternatives") or (threshold.get("personal") or {}).get(
+        "alternatives") or {}
+    tested = ROUNDED in (test.get("loglik") or {})
+    if tested:
+        return (f"Sharper than an onset rounded over a factor {ONSET_FACTOR:g} of the wait "
+                "(tested).")
+    return (f"Switching is flat below it and rises above it; the test does not tell a sharp "
+            f"threshold from an onset rounded over up to a factor {ONSET_FACTOR:g} of the "
+            "wait.")
 
 
 def _sig(x: float) -> str:

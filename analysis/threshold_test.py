@@ -9,7 +9,11 @@ the same random-effect flexibility (two person-level effects each):
 * ``hazard``: a background chance plus a constant hazard per second of waiting, people
   differing in background and rate (memoryless switching);
 * ``spline``: a monotone smooth curve in log wait (non-negative I-spline increments,
-  `spline_model`), people differing in level and in the scale of their rise.
+  `spline_model`), people differing in level and in the scale of their rise;
+* ``rounded`` (optional, `ROUNDED`): the hinge itself with its corner rounded over at least
+  a factor `ONSET_FACTOR` of the wait — a gradual onset, not a threshold — with the hinge's
+  person effects. A study of 30 × 80 cannot tell the two apart (docs/concepts/analysis.md),
+  so it is off by default and meant for larger studies.
 
 The statistic is T = ℓ_hinge − max_k ℓ_k (marginal log-likelihoods at `TEST_NODES`). Its null
 distribution comes from the best-fitting alternative itself, at the study's own design: the
@@ -37,10 +41,17 @@ from scipy.special import expit
 
 from .rb_model import CycleData, Fit, HazardModel, RandomBreakpointModel, maximize
 from .spline_model import SplineModel
-from .workers import run_until
+from .workers import run_jobs, run_until
 
 ALTERNATIVES = ("slopes", "hazard", "spline")
+ROUNDED = "rounded"
+#: The rounded onset's narrowest bend: its person's slope goes from 10 % to 90 % of its full
+#: value over at least this factor of the wait (ω ≥ ln F / (2 ln 9) in log wait).
+ONSET_FACTOR = 9.0
+MIN_BEND = math.log(ONSET_FACTOR) / (2 * math.log(9))
 ALT_LABELS = {
+    "rounded": (f"onset rounded over more than a factor {ONSET_FACTOR:g} of the wait (the "
+                "hinge's person effects)"),
     "slopes": "logistic in log wait (people differ in intercept and slope)",
     "hazard": "background + constant hazard per second of waiting (people differ in rate)",
     "spline": "monotone smooth curve in log wait (people differ in level and rise)",
@@ -68,11 +79,22 @@ def make_model(kind: str, data: CycleData, detection: float,
         return HazardModel(data, nodes, detection=detection)
     if kind == "spline":
         return SplineModel(data, nodes, detection=detection)
-    return RandomBreakpointModel(data, nodes, detection=detection, kind=kind)
+    return RandomBreakpointModel(data, nodes, detection=detection, kind=kind, min_bend=MIN_BEND)
 
 
-def alternative_starts(kind: str, data: CycleData) -> list[np.ndarray]:
-    """Starting values for an alternative: from the overall switch rate."""
+def alternative_nodes(kind: str, hinge_theta: np.ndarray | None) -> tuple[int, ...]:
+    """The rounded onset carries the test hinge's nodes (and random slope); the rest
+    `TEST_NODES`."""
+    return hinge_nodes(hinge_theta) if kind == ROUNDED else TEST_NODES
+
+
+def alternative_starts(kind: str, data: CycleData,
+                       hinge: np.ndarray | None = None) -> list[np.ndarray]:
+    """Starting values for an alternative: from the overall switch rate (the rounded onset:
+    from the fitted hinge, narrow and wide)."""
+    if kind == ROUNDED:
+        h = np.asarray(hinge if hinge is not None else pooled_hinge(data), float)
+        return [np.r_[h, MIN_BEND], np.r_[h, 1.0]]
     p = float(np.clip(data.y.mean(), 1e-3, 1 - 1e-3))
     if kind == "hazard":
         lam = -math.log(1 - p) / float(np.exp(data.x).mean())
@@ -86,6 +108,13 @@ def best_fit(model: AnyModel, starts: list[np.ndarray]) -> Fit:
     """The best of L-BFGS-B runs from several starts (the likelihoods are not concave)."""
     fits = [maximize(model, s) for s in starts]
     return max(fits, key=lambda f: f.loglik)
+
+
+def pooled_hinge(data: CycleData) -> np.ndarray:
+    """The pooled-grid hinge start (`personal_threshold.pooled_start`)."""
+    from .personal_threshold import pooled_start
+
+    return pooled_start(data)
 
 
 def hinge_starts(data: CycleData, theta: np.ndarray | None) -> list[np.ndarray]:
@@ -108,12 +137,25 @@ def simulate_alternative(kind: str, theta: np.ndarray, data: CycleData, detectio
     if kind == "hazard":
         bg = expit(a + su * v)
         p = 1 - (1 - bg) * np.exp(-np.exp(b + tau * z) * np.exp(data.x))
+    elif kind == ROUNDED:  # θ = (a, σ_u, b, c, τ[, κ], ω)
+        c, omega = float(theta[3]), float(theta[-1])
+        rise = b * omega * np.logaddexp(0.0, (data.x - c - tau * z) / omega)
+        if len(theta) > 6:
+            rise *= np.exp(float(theta[5]) * np.repeat(
+                rng.standard_normal(data.n_participants), sizes))
+        p = expit(a + su * v + rise)
     elif kind == "spline":  # θ = (a, σ_u, τ, δ…): b holds the scale's log-sd τ
         rise = SplineModel(data).curve(theta, data.x) - a
         p = expit(a + su * v + np.exp(b * z) * rise)
     else:
         p = expit(a + su * v + (b + tau * z) * (data.x - float(theta[3])))
     return (rng.random(data.x.size) < detection * p).astype(float)
+
+
+def _fit_job(kind: str, data: CycleData, detection: float, nodes: tuple[int, ...],
+             starts: list[np.ndarray]) -> Fit:
+    """One of the test's fits to the data (runs on a worker process)."""
+    return best_fit(make_model(kind, data, detection, nodes), starts)
 
 
 def _replicate(kind: str, theta_alt: np.ndarray, theta_hinge: np.ndarray, data: CycleData,
@@ -124,7 +166,8 @@ def _replicate(kind: str, theta_alt: np.ndarray, theta_hinge: np.ndarray, data: 
     if y.sum() in (0, y.size):
         return 0.0  # nothing to fit: neither model can win
     sim = CycleData(x=data.x, y=y, starts=data.starts, n_participants=data.n_participants)
-    alt = best_fit(make_model(kind, sim, detection), [theta_alt])
+    alt = best_fit(make_model(kind, sim, detection, alternative_nodes(kind, theta_hinge)),
+                   [theta_alt])
     hinge = best_fit(make_model("hinge", sim, detection, hinge_nodes(theta_hinge)),
                      hinge_starts(sim, theta_hinge))
     return hinge.loglik - alt.loglik
@@ -155,14 +198,21 @@ class ThresholdTest:
 
 def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | None, *,
                    n_boot: int = 39, seed: int = 0, workers: int | None = None,
-                   progress: Any = None) -> ThresholdTest:
+                   progress: Any = None, rounded: bool = False) -> ThresholdTest:
     """Test the random-breakpoint hinge against the best no-threshold alternative by a
-    parametric bootstrap from that alternative (module docstring)."""
-    fits = {k: best_fit(make_model(k, data, detection), alternative_starts(k, data))
-            for k in ALTERNATIVES}
+    parametric bootstrap from that alternative (module docstring); ``rounded`` adds the
+    rounded onset to the alternatives."""
+    kinds = ALTERNATIVES + ((ROUNDED,) if rounded else ())
     nodes = hinge_nodes(hinge_theta)
-    hinge = best_fit(make_model("hinge", data, detection, nodes), hinge_starts(data, hinge_theta))
-    best = max(ALTERNATIVES, key=lambda k: fits[k].loglik)
+    fit_jobs: list[tuple[Any, ...]] = [
+        (k, data, detection, TEST_NODES, alternative_starts(k, data)) for k in ALTERNATIVES]
+    fit_jobs.append(("hinge", data, detection, nodes, hinge_starts(data, hinge_theta)))
+    *alts, hinge = run_jobs(_fit_job, fit_jobs, workers)
+    fits = dict(zip(ALTERNATIVES, alts, strict=True))
+    if rounded:
+        fits[ROUNDED] = best_fit(make_model(ROUNDED, data, detection, nodes),
+                                 alternative_starts(ROUNDED, data, hinge.theta))
+    best = max(kinds, key=lambda k: fits[k].loglik)
     stat = hinge.loglik - fits[best].loglik
     seeds = np.random.SeedSequence(seed).generate_state(n_boot)
     jobs = [(best, fits[best].theta, hinge.theta, data, detection, int(s)) for s in seeds]
@@ -200,6 +250,11 @@ def _pct(x: float) -> str:
 def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
     """The no-threshold finding in words, with its size at the typical person."""
     a, b = float(theta[0]), float(theta[2])
+    if kind == ROUNDED:
+        width = math.exp(2 * math.log(9) * float(theta[-1]))
+        return (f"switching rises from a gradual onset around {math.exp(float(theta[3])):.3g} s "
+                f"rather than at a threshold: the typical person's rise sets in over a factor "
+                f"of about {_pct(width)} of the wait (a rounded onset)")
     if kind == "spline":
         lo, hi = np.quantile(data.x, [0.25, 0.75])
         p_lo, p_hi = expit(SplineModel(data).curve(theta, np.array([lo, hi])))
@@ -217,5 +272,6 @@ def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
             "the typical person)")
 
 
-__all__ = ["ALTERNATIVES", "STOP_AFTER", "TEST_NODES", "ThresholdTest", "describe_alternative",
-           "sequential_p", "simulate_alternative", "threshold_test"]
+__all__ = ["ALTERNATIVES", "MIN_BEND", "ONSET_FACTOR", "ROUNDED", "STOP_AFTER", "TEST_NODES",
+           "ThresholdTest", "describe_alternative", "sequential_p", "simulate_alternative",
+           "threshold_test"]

@@ -18,7 +18,10 @@ from .personal_threshold import (
     PersonalThresholdResult,
     ProgressFn,
     _data,
+    check_summary,
     fit_personal_threshold,
+    hinge_theta,
+    quadrature_check,
 )
 from .threshold import fit_threshold
 from .threshold_test import ThresholdTest, threshold_test
@@ -26,13 +29,15 @@ from .threshold_test import ThresholdTest, threshold_test
 #: Null replicates of the threshold test: with 19, p <= 0.05 needs the data's statistic to
 #: beat every replicate (an exact Monte Carlo test at 5 %).
 DEFAULT_TEST_REPLICATES = 19
+#: The level of the threshold test (and of the existence test) in the verdict.
+ALPHA = 0.05
 #: Largest relative change of the median threshold under the finer quadrature check that
 #: still lets a threshold be reported.
 MAX_NODE_CHANGE = 0.05
 
 
 def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: np.ndarray,
-                     *, test: dict[str, Any] | None = None, alpha: float = 0.05,
+                     *, test: dict[str, Any] | None = None, alpha: float = ALPHA,
                      max_ci_decades: float = 1.0) -> tuple[bool, str | None]:
     """Is a personal threshold reported? In order: switching must depend on the wait (the
     pooled existence test), rise above the breakpoint (b > 0), the random-breakpoint hinge
@@ -85,32 +90,53 @@ def _num(x: Any) -> str:
 def fit_personal_and_test(frame: pd.DataFrame, *, detection_share: float = 1.0,
                           workers: int | None = None, progress: ProgressFn | None = None,
                           node_check: bool = True, n_test: int = DEFAULT_TEST_REPLICATES,
-                          seed: int = 0) -> tuple[PersonalThresholdResult, ThresholdTest]:
+                          seed: int = 0, rounded: bool = False, alpha: float = ALPHA
+                          ) -> tuple[PersonalThresholdResult, ThresholdTest]:
     """The personal threshold and the test of the hinge against the no-threshold
-    alternatives (`threshold_test`), on the same cycles."""
+    alternatives (`threshold_test`; ``rounded``: the rounded onset too), on the same
+    cycles. The quadrature check (``node_check``) runs only when it can change the verdict:
+    when the test rejects at ``alpha`` and the hinge rises (otherwise there is no threshold
+    whatever it says, and ``node_check`` stays None)."""
     personal = fit_personal_threshold(frame, detection_share=detection_share, workers=workers,
-                                      progress=progress, node_check=node_check)
-    theta = np.array([personal.intercept_a, personal.sigma_u, personal.slope_b,
-                      math.log(personal.median_psi_s), personal.tau])
-    if len(personal.nodes) > 2:  # people's slopes above the breakpoint differ: test that hinge
-        theta = np.r_[theta, personal.slope_sd]
-    test = threshold_test(_data(frame), detection_share, theta, n_boot=n_test, seed=seed,
-                          workers=workers, progress=progress)
+                                      progress=progress, node_check=False)
+    theta = hinge_theta(personal)  # with κ when people's rises differ: the test's hinge too
+    if not node_check or personal.slope_b <= 0:
+        return personal, _test(frame, detection_share, theta, n_test, seed, workers, progress,
+                               rounded)
+    if workers == 1:  # one process: the check only when the test rejects, after it
+        test = _test(frame, detection_share, theta, n_test, seed, workers, progress, rounded)
+        if test.p_value <= alpha:
+            with quadrature_check(frame, personal) as check:
+                check_summary(personal, check.result())
+        return personal, test
+    # The check runs beside the test (it is needed only if the test rejects): a study whose
+    # test stops early never waits for it.
+    with quadrature_check(frame, personal) as check:
+        test = _test(frame, detection_share, theta, n_test, seed, workers, progress, rounded)
+        if test.p_value <= alpha:
+            check_summary(personal, check.result())
     return personal, test
+
+
+def _test(frame: pd.DataFrame, detection: float, theta: np.ndarray, n_test: int, seed: int,
+          workers: int | None, progress: ProgressFn | None, rounded: bool) -> ThresholdTest:
+    return threshold_test(_data(frame), detection, theta, n_boot=n_test, seed=seed,
+                          workers=workers, progress=progress, rounded=rounded)
 
 
 def analyse_threshold(frame: pd.DataFrame, *, detection_share: float = 1.0, n_boot: int = 200,
                       n_null: int = 200, seed: int = 0, workers: int | None = None,
                       progress: ProgressFn | None = None, node_check: bool = True,
-                      n_test: int = DEFAULT_TEST_REPLICATES, alpha: float = 0.05
-                      ) -> dict[str, Any]:
+                      n_test: int = DEFAULT_TEST_REPLICATES, alpha: float = ALPHA,
+                      rounded: bool = False) -> dict[str, Any]:
     """The whole threshold analysis of cycles (`participant_id`, `wait_s`, `switched`):
     ``{"found", "reason", "personal", "alternatives", "pooled"}`` as `flowtrial threshold
     --json` prints."""
     pooled = fit_threshold(frame, n_boot=n_boot, n_null=n_null, seed=seed)
     personal, test = fit_personal_and_test(frame, detection_share=detection_share,
                                            workers=workers, progress=progress,
-                                           node_check=node_check, n_test=n_test, seed=seed)
+                                           node_check=node_check, n_test=n_test, seed=seed,
+                                           rounded=rounded, alpha=alpha)
     pooled_d, pers, test_d = pooled.to_dict(), personal.to_dict(), test.to_dict()
     waits = frame["wait_s"].to_numpy(float)
     found, reason = personal_verdict(pers, pooled_d, waits[np.isfinite(waits) & (waits > 0)],

@@ -108,6 +108,41 @@ def _single_thread_env() -> Iterator[None]:
                 os.environ[k] = v
 
 
+def _nice_worker() -> None:
+    """Initializer of a speculative worker: lowest CPU priority, one BLAS thread."""
+    os.nice(19)  # it takes only the CPU the other workers leave idle
+    _single_thread_blas()
+
+
+class Background:
+    """One job on a process of its own, started now at the lowest CPU priority, beside
+    whatever runs next: `result` waits for it, `cancel` kills it (a speculative job that
+    turned out not to be needed takes only idle CPU). Use as a context manager; leaving it
+    cancels an unfinished job."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        with _single_thread_env():
+            self._pool = mp.get_context(_start_method()).Pool(1, initializer=_nice_worker)
+        self._job = self._pool.apply_async(fn, args)
+
+    def result(self) -> Any:
+        """The job's return value (waits for it)."""
+        out = self._job.get()
+        self._pool.close()
+        return out
+
+    def cancel(self) -> None:
+        """Kill the job if it still runs."""
+        self._pool.terminate()
+        self._pool.join()
+
+    def __enter__(self) -> Background:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()
+
+
 def run_jobs(
     fn: Callable[..., Any],
     jobs: Sequence[tuple[Any, ...]],

@@ -15,6 +15,9 @@ from scipy.special import expit
 from flowtrial.analysis.rb_model import CycleData, HazardModel, RandomBreakpointModel, maximize
 from flowtrial.analysis.spline_model import SplineModel, ispline_basis
 from flowtrial.analysis.threshold_test import (
+    MIN_BEND,
+    ONSET_FACTOR,
+    ROUNDED,
     STOP_AFTER,
     alternative_starts,
     describe_alternative,
@@ -24,7 +27,7 @@ from flowtrial.analysis.threshold_test import (
     threshold_test,
 )
 from flowtrial.analysis.threshold_truth import NO_THRESHOLD_TRUTHS, TRUTHS, simulate_switch_data
-from flowtrial.analysis.threshold_verdict import personal_verdict
+from flowtrial.analysis.threshold_verdict import fit_personal_and_test, personal_verdict
 
 
 def _data(df) -> CycleData:  # noqa: ANN001
@@ -261,3 +264,63 @@ def test_a_clear_no_threshold_study_stops_early_with_the_full_tests_replicates()
     assert res.p_value == pytest.approx(STOP_AFTER / res.n_boot)
     first = threshold_test(hazard, 1.0, None, n_boot=2, seed=1, workers=1)
     assert first.null_stats == pytest.approx(res.null_stats[:2])
+
+
+@pytest.mark.parametrize("nodes", [(8, 3), (8, 3, 3)])
+def test_rounded_onset_gradient_and_its_limit_the_hinge(nodes: tuple[int, ...]) -> None:
+    """The rounded onset's analytic gradient (ω included, with and without the random
+    slope) matches finite differences, and as ω → 0 it becomes the hinge."""
+    data = _data(simulate_switch_data("sigmoid", 8, 40, psi_s=6.0, seed=3, intercept_sd=0.5))
+    model = RandomBreakpointModel(data, nodes, detection=0.8, kind=ROUNDED, min_bend=0.0)
+    kappa = [0.4] if len(nodes) > 2 else []
+    theta = np.array([-2.5, 0.4, 1.5, 1.8, 0.3, *kappa, 0.7])
+    _, grad = model.nll(theta)
+    num = approx_fprime(theta, lambda t: model.nll(t, need_grad=False)[0], 1e-6)
+    assert np.allclose(grad, num, rtol=1e-4, atol=1e-3)
+    hinge = RandomBreakpointModel(data, nodes, detection=0.8, kind="hinge")
+    sharp = np.r_[theta[:-1], 1e-4]
+    assert model.nll(sharp)[0] == pytest.approx(hinge.nll(theta[:-1])[0], abs=1e-3)
+    assert model.bounds[-1] == (0.0, 3.0)
+    assert make_model(ROUNDED, data, 1.0).bounds[-1][0] == pytest.approx(MIN_BEND)
+    # MIN_BEND is the width over which the slope goes from 10 % to 90 %: a factor 4 in wait.
+    assert expit(math.log(ONSET_FACTOR) / 2 / MIN_BEND) == pytest.approx(0.9)
+
+
+def test_rounded_onset_is_recovered_and_named() -> None:
+    """Data drawn from a wide rounded onset give back its width, the rounded alternative
+    then beats the hinge, and the words name a gradual onset, not a threshold."""
+    base = _data(simulate_switch_data("flat", 80, 60, seed=1))
+    theta = np.array([-3.0, 0.4, 1.5, math.log(5.0), 0.3, 1.2])
+    y = simulate_alternative(ROUNDED, theta, base, 1.0, np.random.default_rng(4))
+    sim = CycleData(base.x, y, base.starts, base.n_participants)
+    res = threshold_test(sim, 1.0, None, n_boot=1, seed=1, workers=1, rounded=True)
+    assert res.best == ROUNDED and res.stat < 0
+    omega = res.params[ROUNDED][-1]
+    assert omega == pytest.approx(1.2, abs=0.45)
+    assert "gradual onset" in res.summary and "not" not in res.label
+
+
+def test_the_quadrature_check_runs_only_when_it_can_change_the_verdict() -> None:
+    """A memoryless study's test does not reject, so its check is not run (it could only
+    have withdrawn a threshold that is not there); the CLI test shows a found one has it."""
+    hazard = simulate_switch_data("hazard", 20, 50, seed=5, intercept_sd=0.5)
+    personal, test = fit_personal_and_test(hazard[["participant_id", "wait_s", "switched"]],
+                                           workers=2, n_test=19, seed=1)
+    assert test.p_value > 0.05 and personal.node_check is None
+
+
+def test_a_found_headline_says_what_the_test_ruled_out() -> None:
+    """Without the rounded onset the sentence says a sharp threshold and a rounded onset are
+    not told apart; with it (its fit is in the test's JSON), that a rounded onset was
+    ruled out."""
+    from flowtrial.analysis.report_sections import threshold_headline
+
+    found = {"found": True, "personal": {"median_psi_s": 6.04, "ci_s": [5.1, 7.2]},
+             "alternatives": {"loglik": {"hinge": -1.0, "slopes": -9.0}}}
+    line = threshold_headline(found, "idle wait (definition)")
+    assert line.startswith("Flow threshold found: the median person's threshold is 6.04 s of "
+                           "idle wait (95 % CI 5.1–7.2 s). Switching is flat below it")
+    assert "does not tell a sharp threshold from an onset rounded over up to a factor 9" in line
+    strict = {**found, "alternatives": {"loglik": {"hinge": -1.0, ROUNDED: -5.0}}}
+    assert threshold_headline(strict, "idle wait").endswith(
+        "Sharper than an onset rounded over a factor 9 of the wait (tested).")

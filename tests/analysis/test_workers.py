@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flowtrial.analysis.workers import run_jobs, run_until
+from flowtrial.analysis.workers import Background, run_jobs, run_until
 
 
 def _square(k: int, marks: str) -> int:
@@ -28,3 +28,21 @@ def test_run_until_returns_the_shortest_prefix_in_job_order(tmp_path: Path,
 def test_run_until_without_a_stop_runs_everything(tmp_path: Path) -> None:
     jobs = [(k, str(tmp_path)) for k in range(5)]
     assert run_until(_square, jobs, lambda out: False, 2) == run_jobs(_square, jobs, 2)
+
+
+def _sleep_then(value: int, seconds: float) -> int:
+    import time
+
+    time.sleep(seconds)
+    return value
+
+
+def test_background_job_gives_its_result_or_is_killed() -> None:
+    import time
+
+    with Background(_sleep_then, 7, 0.1) as job:
+        assert job.result() == 7
+    t0 = time.perf_counter()
+    with Background(_sleep_then, 7, 30.0):
+        pass  # leaving the block kills the job: nobody waits 30 s
+    assert time.perf_counter() - t0 < 10
