@@ -170,7 +170,7 @@ def threshold(
 
     from . import AnalysisInputError
     from .threshold import fit_threshold
-    from .threshold_verdict import personal_verdict
+    from .threshold_verdict import personal_verdict, replicates_text
 
     df = _read_csv(file)
     missing = [c for c in (wait, switched, participant) if c not in df.columns]
@@ -217,8 +217,8 @@ def threshold(
         console.print(f"  ≈ {tps:.1f} tokens/s streams {median_tokens:g} tokens with that idle "
                       f"wait at {reading_tps:g} tokens/s reading")
     console.print(f"Threshold vs best no-threshold model ({test.label}): "
-                  f"p = {test.p_value:.3g} ({test.n_boot} of up to {test.n_max} "
-                  "parametric-bootstrap replicates)")
+                  f"p = {test.p_value:.3g} (parametric bootstrap, "
+                  f"{replicates_text(test.to_dict())})")
     console.print(f"Existence test: p = {pooled.p_exists:.3g}. "
                   + ("Threshold found." if found else str(reason)))
     console.print(f"Pooled onset ψ* (secondary) = {pooled.psi_s:.2f} s (95 % CI "

@@ -59,7 +59,7 @@ def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: 
     if test["p_value"] > alpha:
         return False, (f"No threshold: {test['summary']}; a threshold fits no better than "
                        f"this {test['label']} (p = {_num(test['p_value'])} > {alpha:g}, "
-                       f"parametric bootstrap, {_replicates(test)})")
+                       f"parametric bootstrap, {replicates_text(test)})")
     if math.log10(ci[1] / ci[0]) > max_ci_decades:
         return False, (f"No threshold: the 95 % CI of the median personal threshold "
                        f"({ci[0]:.3g}–{ci[1]:.3g} s) spans more than {max_ci_decades:g} decade")
@@ -77,7 +77,7 @@ def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: 
     return True, None
 
 
-def _replicates(test: dict[str, Any]) -> str:
+def replicates_text(test: dict[str, Any]) -> str:
     """"19 replicates", or "7 of up to 19 replicates" when the sequential test stopped."""
     n, most = int(test["n_boot"]), int(test.get("n_max", test["n_boot"]))
     return f"{n} replicates" if n >= most else f"{n} of up to {most} replicates"
@@ -145,4 +145,4 @@ def analyse_threshold(frame: pd.DataFrame, *, detection_share: float = 1.0, n_bo
             "pooled": pooled_d}
 
 
-__all__ = ["analyse_threshold", "fit_personal_and_test", "personal_verdict"]
+__all__ = ["analyse_threshold", "fit_personal_and_test", "personal_verdict", "replicates_text"]
