@@ -188,7 +188,7 @@ def fit_personal_threshold(
                         workers), key=lambda f: f.loglik)
     model, best, nodes, slope = _with_random_slope(data, detection_share, model, best,
                                                    nodes, workers)
-    check_nodes = CHECK_NODES if len(nodes) == 2 else SLOPE_CHECK_NODES
+    check_nodes = _check_nodes(nodes)
     se = wald_se(model, best.theta)
     crit = float(chi2.ppf(level, 1))
     # τ's lower end uses the boundary mixture ½χ²₀ + ½χ²₁ (its quantile at `level` is the
@@ -263,6 +263,11 @@ def fit_personal_threshold(
     )
 
 
+def _check_nodes(nodes: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """The quadrature check's nodes for a fit at ``nodes`` (with the random slope or not)."""
+    return CHECK_NODES if len(nodes) == 2 else SLOPE_CHECK_NODES
+
+
 def _check_summary(f2: Fit, best: Fit, check_nodes: tuple[int, ...]) -> dict[str, Any]:
     return {"nodes": list(check_nodes),
             "rel_change_median_psi": float(math.expm1(f2.theta[3] - best.theta[3])),
@@ -275,15 +280,13 @@ def quadrature_check(df: pd.DataFrame, result: PersonalThresholdResult) -> Backg
     hinge refitted with finer nodes (`CHECK_NODES`, or `SLOPE_CHECK_NODES` with the random
     slope) from ``result``'s estimate. ``check_summary(result, job.result())`` gives the
     relative changes; ``job.cancel()`` stops it when it is not needed."""
-    best = _as_fit(result)
-    nodes = CHECK_NODES if len(result.nodes) == 2 else SLOPE_CHECK_NODES
-    return Background(_job, "check", _data(df), result.detection_share, nodes, best, None)
+    return Background(_job, "check", _data(df), result.detection_share,
+                      _check_nodes(result.nodes), _as_fit(result), None)
 
 
 def check_summary(result: PersonalThresholdResult, refit: Fit) -> dict[str, Any]:
     """Store the quadrature check's changes (``refit``: the finer fit) in ``result``."""
-    nodes = CHECK_NODES if len(result.nodes) == 2 else SLOPE_CHECK_NODES
-    result.node_check = _check_summary(refit, _as_fit(result), nodes)
+    result.node_check = _check_summary(refit, _as_fit(result), _check_nodes(result.nodes))
     return result.node_check
 
 

@@ -32,6 +32,10 @@ from scipy.special import expit, logsumexp
 from . import AnalysisInputError
 
 PARAMS = ("a", "sigma_u", "b", "c", "tau", "kappa")
+#: The rounded onset's narrowest bend: a person's slope goes from 10 % to 90 % of its full
+#: value over at least this factor of the wait (ω ≥ ln F / (2 ln 9) in log wait).
+ONSET_FACTOR = 9.0
+MIN_BEND = math.log(ONSET_FACTOR) / (2 * math.log(9))
 _BOUNDS = [(-15.0, 15.0), (0.0, 5.0), (-20.0, 40.0), (None, None), (0.0, 3.0)]
 
 
@@ -173,7 +177,7 @@ class RandomBreakpointModel:
 
     def __init__(self, data: CycleData, nodes: tuple[int, ...] = (24, 7), *,
                  detection: float = 1.0, kind: str = "hinge",
-                 dtype: type = np.float64, min_bend: float = 0.3) -> None:
+                 dtype: type = np.float64, min_bend: float = MIN_BEND) -> None:
         if not 0 < detection <= 1:
             raise AnalysisInputError(f"detection share {detection!r} must be in (0, 1]")
         self.d = data
@@ -221,21 +225,23 @@ class RandomBreakpointModel:
         return len(self.bounds)
 
     def _hinge_basis(self, c: float, tau: float, omega: float = 0.0
-                     ) -> tuple[np.ndarray, np.ndarray | None]:
+                     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(h, ∂h/∂arg, ∂h/∂ω): the rise's basis at every cycle and z node, its slope in the
+        breakpoint's argument (None where c and τ do not enter) and, for the rounded onset,
+        in ω."""
         x = self.d.x
         if self.kind == "hinge":
             arg = x[:, None] - c - tau * self.z[None, :]  # (N, nz)
-            return np.maximum(arg, 0.0), arg > 0
+            return np.maximum(arg, 0.0), arg > 0, None
         if self.kind == "rounded":  # ω·softplus(arg/ω): the hinge with its corner rounded
             u = (x[:, None] - c - tau * self.z[None, :]) / omega
             sp, sig = np.logaddexp(0.0, u), expit(u)
-            self._dh_domega = sp - u * sig
-            return omega * sp, sig
+            return omega * sp, sig, sp - u * sig
         if self.kind == "slopes":  # c is the pivot where intercept and slope are uncorrelated
-            return (x - c)[:, None], None
+            return (x - c)[:, None], None, None
         if self.kind == "smooth":
-            return (x - self.xc)[:, None], None
-        return np.zeros((x.size, 1)), None
+            return (x - self.xc)[:, None], None, None
+        return np.zeros((x.size, 1)), None, None
 
     def nll(self, theta: np.ndarray, need_grad: bool = True) -> tuple[float, np.ndarray]:
         """(−ℓ, −∂ℓ/∂θ) at θ = (a, σ_u, b, c, τ[, κ])."""
@@ -243,7 +249,7 @@ class RandomBreakpointModel:
         a, su, b, c, tau = (float(t) for t in theta[:5])
         kappa = float(theta[5]) if self.has_slope else 0.0
         omega = float(theta[-1]) if self.kind == "rounded" else 0.0
-        h, active = self._hinge_basis(c, tau, omega)
+        h, active, dh_domega = self._hinge_basis(c, tau, omega)
         es = np.exp(kappa * self.s)  # people's slope factors at the s nodes
         lin = (h * (b + tau * self.z)[None, :] if self.kind == "slopes" else b * h)
         n, nz = lin.shape
@@ -296,8 +302,8 @@ class RandomBreakpointModel:
             g[4] = -b * float(rin.sum(axis=0) @ self.z)
         if self.has_slope:
             g[5] = b * float(((rzs @ (self.s * es)) * h).sum())
-        if self.kind == "rounded" and active is not None:  # ∂h/∂ω = softplus(u) − u·σ(u)
-            g[-1] = b * float((r1 * self._dh_domega).sum())
+        if dh_domega is not None:  # the rounded onset's ω: softplus(u) − u·σ(u)
+            g[-1] = b * float((r1 * dh_domega).sum())
         return f, -g
 
 

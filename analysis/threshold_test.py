@@ -39,16 +39,20 @@ from typing import Any
 import numpy as np
 from scipy.special import expit
 
-from .rb_model import CycleData, Fit, HazardModel, RandomBreakpointModel, maximize
+from .rb_model import (
+    MIN_BEND,
+    ONSET_FACTOR,
+    CycleData,
+    Fit,
+    HazardModel,
+    RandomBreakpointModel,
+    maximize,
+)
 from .spline_model import SplineModel
 from .workers import run_jobs, run_until
 
 ALTERNATIVES = ("slopes", "hazard", "spline")
-ROUNDED = "rounded"
-#: The rounded onset's narrowest bend: its person's slope goes from 10 % to 90 % of its full
-#: value over at least this factor of the wait (ω ≥ ln F / (2 ln 9) in log wait).
-ONSET_FACTOR = 9.0
-MIN_BEND = math.log(ONSET_FACTOR) / (2 * math.log(9))
+ROUNDED = "rounded"  # its narrowest bend: `rb_model.MIN_BEND` (`ONSET_FACTOR` of the wait)
 ALT_LABELS = {
     "rounded": (f"onset rounded over more than a factor {ONSET_FACTOR:g} of the wait (the "
                 "hinge's person effects)"),
@@ -79,7 +83,7 @@ def make_model(kind: str, data: CycleData, detection: float,
         return HazardModel(data, nodes, detection=detection)
     if kind == "spline":
         return SplineModel(data, nodes, detection=detection)
-    return RandomBreakpointModel(data, nodes, detection=detection, kind=kind, min_bend=MIN_BEND)
+    return RandomBreakpointModel(data, nodes, detection=detection, kind=kind)
 
 
 def alternative_nodes(kind: str, hinge_theta: np.ndarray | None) -> tuple[int, ...]:
@@ -119,9 +123,7 @@ def pooled_hinge(data: CycleData) -> np.ndarray:
 
 def hinge_starts(data: CycleData, theta: np.ndarray | None) -> list[np.ndarray]:
     """Starts for the hinge: the given θ (e.g. the main fit) and the pooled-grid start."""
-    from .personal_threshold import pooled_start
-
-    out = [pooled_start(data)]
+    out = [pooled_hinge(data)]
     if theta is not None:
         out.insert(0, np.asarray(theta, float))
     return out

@@ -100,28 +100,20 @@ def fit_personal_and_test(frame: pd.DataFrame, *, detection_share: float = 1.0,
     personal = fit_personal_threshold(frame, detection_share=detection_share, workers=workers,
                                       progress=progress, node_check=False)
     theta = hinge_theta(personal)  # with κ when people's rises differ: the test's hinge too
-    if not node_check or personal.slope_b <= 0:
-        return personal, _test(frame, detection_share, theta, n_test, seed, workers, progress,
-                               rounded)
-    if workers == 1:  # one process: the check only when the test rejects, after it
-        test = _test(frame, detection_share, theta, n_test, seed, workers, progress, rounded)
-        if test.p_value <= alpha:
-            with quadrature_check(frame, personal) as check:
-                check_summary(personal, check.result())
-        return personal, test
-    # The check runs beside the test (it is needed only if the test rejects): a study whose
-    # test stops early never waits for it.
-    with quadrature_check(frame, personal) as check:
-        test = _test(frame, detection_share, theta, n_test, seed, workers, progress, rounded)
-        if test.p_value <= alpha:
+    needed = node_check and personal.slope_b > 0
+    # With workers the check starts beside the test (it is needed only if the test rejects,
+    # and a study whose test stops early never waits for it); with one, after it if needed.
+    check = quadrature_check(frame, personal) if needed and workers != 1 else None
+    try:
+        test = threshold_test(_data(frame), detection_share, theta, n_boot=n_test, seed=seed,
+                              workers=workers, progress=progress, rounded=rounded)
+        if needed and test.p_value <= alpha:
+            check = check or quadrature_check(frame, personal)
             check_summary(personal, check.result())
+    finally:
+        if check is not None:
+            check.cancel()
     return personal, test
-
-
-def _test(frame: pd.DataFrame, detection: float, theta: np.ndarray, n_test: int, seed: int,
-          workers: int | None, progress: ProgressFn | None, rounded: bool) -> ThresholdTest:
-    return threshold_test(_data(frame), detection, theta, n_boot=n_test, seed=seed,
-                          workers=workers, progress=progress, rounded=rounded)
 
 
 def analyse_threshold(frame: pd.DataFrame, *, detection_share: float = 1.0, n_boot: int = 200,

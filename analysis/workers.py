@@ -53,14 +53,19 @@ def run_until(
     workers: int | None = None,
     *,
     on_done: Callable[[int, int], None] | None = None,
+    while_waiting: Callable[[], None] | None = None,
 ) -> list[Any]:
     """The shortest prefix ``[fn(*job) for job in jobs[:L]]`` after which ``stop(prefix)``
-    holds (all jobs when it never does). The prefix is taken in job order, whatever order
-    the workers finish in, so the result does not depend on the number of workers; jobs not
-    yet started when it is decided are cancelled."""
+    holds (all jobs when it never does), in up to ``workers`` processes (default: up to 2
+    CPUs). The prefix is taken in job order, whatever order the workers finish in, so the
+    result does not depend on the number of workers; jobs not yet started when it is decided
+    are cancelled. ``on_done(done, total)`` reports progress; ``while_waiting`` runs in this
+    process while the workers compute."""
     total = len(jobs)
     n = min(workers if workers is not None else default_workers(), total)
     if n <= 1:
+        if while_waiting is not None:
+            while_waiting()
         out: list[Any] = []
         for i, job in enumerate(jobs):
             out.append(fn(*job))
@@ -74,6 +79,8 @@ def run_until(
     with _pool(n) as pool:
         with _single_thread_env():
             futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+        if while_waiting is not None:
+            while_waiting()
         for f in as_completed(futures):
             done[futures[f]] = f.result()
             if on_done:
@@ -151,28 +158,7 @@ def run_jobs(
     on_done: Callable[[int, int], None] | None = None,
     while_waiting: Callable[[], None] | None = None,
 ) -> list[Any]:
-    """``[fn(*job) for job in jobs]`` in up to ``workers`` processes (default: up to 2 CPUs),
-    in job order. ``on_done(done, total)`` reports progress; ``while_waiting`` runs in this
-    process while the workers compute."""
-    total = len(jobs)
-    n = min(workers if workers is not None else default_workers(), total)
-    if n <= 1:
-        if while_waiting is not None:
-            while_waiting()
-        out = []
-        for i, job in enumerate(jobs):
-            out.append(fn(*job))
-            if on_done:
-                on_done(i + 1, total)
-        return out
-    results: list[Any] = [None] * total
-    with _pool(n) as pool:
-        with _single_thread_env():
-            futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
-        if while_waiting is not None:
-            while_waiting()
-        for done, f in enumerate(as_completed(futures), start=1):
-            results[futures[f]] = f.result()
-            if on_done:
-                on_done(done, total)
-    return results
+    """``[fn(*job) for job in jobs]`` in up to ``workers`` processes, in job order
+    (`run_until` without a stop)."""
+    return run_until(fn, jobs, lambda _: False, workers, on_done=on_done,
+                     while_waiting=while_waiting)

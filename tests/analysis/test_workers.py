@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from flowtrial.analysis.workers import Background, run_jobs, run_until
 
 def _square(k: int, marks: str) -> int:
     Path(marks, str(k)).touch()  # which jobs ran at all
+    time.sleep(0.05)  # long enough that the stop comes before the workers run all 40 jobs
     return k * k
 
 
@@ -31,15 +33,11 @@ def test_run_until_without_a_stop_runs_everything(tmp_path: Path) -> None:
 
 
 def _sleep_then(value: int, seconds: float) -> int:
-    import time
-
     time.sleep(seconds)
     return value
 
 
 def test_background_job_gives_its_result_or_is_killed() -> None:
-    import time
-
     with Background(_sleep_then, 7, 0.1) as job:
         assert job.result() == 7
     t0 = time.perf_counter()
