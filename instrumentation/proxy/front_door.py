@@ -14,6 +14,9 @@ uvicorn's httptools protocol, with (settings in ``[proxy]``, docs/operators/limi
 - **idle keep-alive** (``idle_timeout_s``): uvicorn's keep-alive timeout.
 - **open connections** (``max_connections``, HTTP and WebSocket): a new connection beyond it is
   answered **503** and closed; refusals are logged (at most one line per 10 s) and counted.
+  Connections already answered and lingering (below) give way first: the oldest is closed
+  and the new one admitted (:class:`Lingering`), so a flood the other limits answered
+  cannot fill the door for the second its rejections linger.
 - **connections that have not sent a whole request head yet** (``max_preauth_connections`` in
   total, ``max_preauth_per_client`` per client address, both summed over ``--workers``):
   beyond either, the *oldest* such connection (in the worker that sees the excess) is
@@ -46,7 +49,7 @@ from .protocols import shape_for
 from .protocols.base import openai_error
 from .shared_counts import Table
 
-__all__ = ["FrontDoorStats", "GuardedHttpProtocol", "Limits", "PreauthRegistry",
+__all__ = ["FrontDoorStats", "GuardedHttpProtocol", "Limits", "Lingering", "PreauthRegistry",
            "guarded_protocol"]
 
 log = logging.getLogger("flowtrial.proxy")
@@ -180,6 +183,42 @@ class PreauthRegistry:
         return len(self._all)
 
 
+class Lingering:
+    """Rejected connections still reading what their client sends (``LINGER_S``), oldest
+    first. They have had their answer, so a new connection over ``max_connections`` takes the
+    place of the oldest: :meth:`make_room` aborts it, and it stops counting at once (its
+    ``connection_lost`` comes on a later loop turn)."""
+
+    def __init__(self) -> None:
+        self._waiting: OrderedDict[int, GuardedHttpProtocol] = OrderedDict()
+        self._released: set[int] = set()  # aborted, connection_lost not yet seen
+
+    def add(self, conn: GuardedHttpProtocol) -> None:
+        self._waiting[id(conn)] = conn
+
+    def forget(self, conn: GuardedHttpProtocol) -> None:
+        self._waiting.pop(id(conn), None)
+        self._released.discard(id(conn))
+
+    @property
+    def released(self) -> int:
+        """Connections still in uvicorn's set that no longer hold a place."""
+        return len(self._released)
+
+    def make_room(self, wanted: int) -> int:
+        """Abort up to ``wanted`` of the oldest; how many were aborted."""
+        done = 0
+        while done < wanted and self._waiting:
+            key, conn = self._waiting.popitem(last=False)
+            self._released.add(key)
+            conn.transport.abort()
+            done += 1
+        return done
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+
 def _request_path(head: bytes) -> str:
     """The path of a request line (without query or ``/p/<key>``), for the error's shape."""
     parts = head.split(b"\r\n", 1)[0].split(b" ")
@@ -204,11 +243,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None, *, limits: Limits,
-                 stats: FrontDoorStats, preauth: PreauthRegistry | None = None) -> None:
+                 stats: FrontDoorStats, preauth: PreauthRegistry | None = None,
+                 lingering: Lingering | None = None) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self._limits = limits
         self._stats = stats
         self._preauth = preauth
+        self._lingering = lingering if lingering is not None else Lingering()
         self._address = ""
         self._head = bytearray()  # request line + headers, held until their blank line
         self._line = b""  # the start of the last head given to the parser (the error's path)
@@ -222,7 +263,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # -- connection ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self._limits.max_connections:
+        over = len(self.connections) - self._lingering.released - self._limits.max_connections
+        if over > 0:
+            over -= self._lingering.make_room(over)
+        if over > 0:
             self._stats.refused(self.client, len(self.connections))
             self._reject(503, "the proxy has as many open connections as it allows "
                               "(proxy.max_connections): retry shortly", "too_many_connections",
@@ -236,6 +280,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._lingering.forget(self)
         if self._preauth is not None:
             self._preauth.remove(self, self._address)
         super().connection_lost(exc)
@@ -384,6 +429,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head.clear()
         if linger_s > 0 and self.transport.can_write_eof():
             self.transport.write_eof()
+            self._lingering.add(self)
             self.loop.call_later(linger_s, self.transport.close)
         else:
             self.transport.close()
@@ -394,4 +440,4 @@ def guarded_protocol(limits: Limits, stats: FrontDoorStats) -> Any:
     stats.max_connections = limits.max_connections
     preauth = PreauthRegistry(limits.max_preauth, limits.max_preauth_per_client)
     return functools.partial(GuardedHttpProtocol, limits=limits, stats=stats,
-                             preauth=preauth)
+                             preauth=preauth, lingering=Lingering())

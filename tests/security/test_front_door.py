@@ -199,6 +199,37 @@ def test_silent_slow_and_surplus_connections_are_bounded(tmp_path: Path,
     assert_all_answers_recorded(s, answered)
 
 
+def test_answered_connections_give_way_to_new_ones(tmp_path: Path) -> None:
+    """A half-open flood of 80 connections against max_connections = 30: the preauth cap
+    answers 76 of them 408, and while those linger (1 s) they give way, so no connection of
+    the flood's is refused 503 and Alice, right after it, is served at once (no retries; in
+    CI a 1,100-connection flood once got her 503s for as long as its 408s lingered)."""
+    s = study(tmp_path, {"max_connections": 30, "max_preauth_per_client": 4,
+                         "header_timeout_s": 30.0})
+    answered: list[str] = []
+    with proxy(s) as px:
+        flood = []
+        for _ in range(80):
+            c = raw(px)
+            c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+            flood.append(c)
+        answered.append(normal_stream(px, s.keys["alice"]))  # within the flood's linger
+        statuses = []
+        for c in flood[:76]:
+            c.settimeout(3.0)
+            try:
+                statuses.append(status_of(c.recv(200)))
+            except (TimeoutError, ConnectionError) as exc:
+                statuses.append(type(exc).__name__)
+        assert set(statuses) == {408}, {x: statuses.count(x) for x in set(statuses)}
+        front = health(px)["front_door"]
+        assert front["connections_refused"] == 0 and front["preauth_evicted"] >= 76, front
+        for c in flood:
+            c.close()
+    assert_served_within_target(s, answered[0])
+    assert_all_answers_recorded(s, answered)
+
+
 # ---------------------------------------------------------------- 3. text that cannot be stored
 
 @pytest.mark.both_backends
@@ -438,7 +469,9 @@ def test_idle_flood_under_a_small_open_file_limit(tmp_path: Path) -> None:
 
     text = ('[study]\nname = "fd-test"\ndesign = "parallel"\n[upstream.mock]\n'
             'tokens_per_second = 100000\nttft_ms = 0\n[[arms]]\nname = "paced"\nttft_ms = 50\n'
-            'tokens_per_second = 400\n[proxy]\nheader_timeout_s = 2\n')
+            'tokens_per_second = 400\n[proxy]\nheader_timeout_s = 2\n'
+            # The preauth caps above the file limit: it binds, not their evictions.
+            'max_preauth_per_client = 1000\nmax_preauth_connections = 1000\n')
     study_file, db, key = setup_study(tmp_path, text)
     limit = 300  # the proxy can hold (300 - 64) // 2 = 118 connections under it
 
