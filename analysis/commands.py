@@ -154,10 +154,12 @@ def threshold(
     workers: Annotated[
         int | None, typer.Option(help="Worker processes (default: the available CPUs, up to 2).")
     ] = None,
-    rounded_onset: Annotated[bool, typer.Option(
-        "--rounded-onset",
-        help="Also test against an onset rounded over more than a factor 9 of the wait (a "
-             "stricter claim: a sharp threshold; needs about 60 × 160 or more).")] = False,
+    rounded_onset: Annotated[bool | None, typer.Option(
+        "--rounded-onset/--no-rounded-onset",
+        help="Test against an onset rounded over more than a factor 9 of the wait too (a "
+             "sharp threshold, not a gradual onset). Default: from 9,600 cycles on (60 × "
+             "160), below which the two cannot be told apart.",
+        show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Estimate the flow threshold: the median personal threshold and the spread τ between
@@ -228,7 +230,7 @@ def threshold(
 
 
 def _fit_personal(frame: Any, detection_share: float, workers: int | None, seed: int,
-                  show: bool, rounded: bool = False) -> Any:
+                  show: bool, rounded: bool | None = None) -> Any:
     """`fit_personal_and_test` (personal threshold + the test against the no-threshold
     alternatives) with a rich progress bar on stderr (unless ``show`` is off)."""
     from .threshold_verdict import fit_personal_and_test

@@ -18,7 +18,7 @@ import pandas as pd
 from flowtrial.study.timeline import DEFAULT_READING_TPS
 
 from .threshold_speed import exceedance_table
-from .threshold_test import ONSET_FACTOR, ROUNDED
+from .threshold_test import ONSET_FACTOR, ROUNDED, ROUNDED_FROM_CYCLES
 from .threshold_verdict import personal_verdict
 
 WAIT_MEASURES = {
@@ -296,7 +296,8 @@ def threshold_headline(threshold: dict[str, Any], wait_label: str) -> str:
 
 def onset_caveat(threshold: dict[str, Any]) -> str:
     """What a found threshold's test ruled out: with the rounded onset among the
-    alternatives, a gradual onset too; without it, only a steady rise."""
+    alternatives (by default from `ROUNDED_FROM_CYCLES` cycles), a gradual onset too;
+    without it, only a steady rise."""
     test = threshold.get("alternatives") or (threshold.get("personal") or {}).get(
         "alternatives") or {}
     tested = ROUNDED in (test.get("loglik") or {})
@@ -305,7 +306,7 @@ def onset_caveat(threshold: dict[str, Any]) -> str:
                 "(tested).")
     return (f"Switching is flat below it and rises above it; the test does not tell a sharp "
             f"threshold from an onset rounded over up to a factor {ONSET_FACTOR:g} of the "
-            "wait.")
+            f"wait (it tests that from {ROUNDED_FROM_CYCLES:,} cycles on).")
 
 
 def _sig(x: float) -> str:

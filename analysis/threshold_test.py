@@ -10,10 +10,12 @@ the same random-effect flexibility (two person-level effects each):
   differing in background and rate (memoryless switching);
 * ``spline``: a monotone smooth curve in log wait (non-negative I-spline increments,
   `spline_model`), people differing in level and in the scale of their rise;
-* ``rounded`` (optional, `ROUNDED`): the hinge itself with its corner rounded over at least
-  a factor `ONSET_FACTOR` of the wait — a gradual onset, not a threshold — with the hinge's
-  person effects. A study of 30 × 80 cannot tell the two apart (docs/concepts/analysis.md),
-  so it is off by default and meant for larger studies.
+* ``rounded`` (`ROUNDED`): the hinge itself with its corner rounded over at least a factor
+  `ONSET_FACTOR` of the wait — a gradual onset, not a threshold — with the hinge's person
+  effects. A study of 30 × 80 cannot tell the two apart, one of 60 × 160 can
+  (docs/concepts/analysis.md), so by default it is among the alternatives from
+  `ROUNDED_FROM_CYCLES` cycles on (`includes_rounded`); without it, a smooth onset
+  (e.g. an increasing hazard) passes the test at 60 × 160 as a threshold.
 
 The statistic is T = ℓ_hinge − max_k ℓ_k (marginal log-likelihoods at `TEST_NODES`). Its null
 distribution comes from the best-fitting alternative itself, at the study's own design: the
@@ -68,6 +70,15 @@ TEST_NODES = (12, 5)
 SLOPE_TEST_NODES = (12, 5, 5)
 #: The sequential test stops after this many replicates reach the data's statistic (h).
 STOP_AFTER = 4
+#: From this many cycles (60 × 160) the rounded onset is an alternative by default: the
+#: smallest measured size at which hinge and rounded onset told apart in every study.
+ROUNDED_FROM_CYCLES = 9_600
+
+
+def includes_rounded(rounded: bool | None, n_cycles: int) -> bool:
+    """Whether the test includes the rounded onset: as asked, or (None) from
+    `ROUNDED_FROM_CYCLES` cycles on."""
+    return n_cycles >= ROUNDED_FROM_CYCLES if rounded is None else rounded
 
 
 def hinge_nodes(theta: np.ndarray | None) -> tuple[int, ...]:
@@ -200,20 +211,18 @@ class ThresholdTest:
 
 def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | None, *,
                    n_boot: int = 39, seed: int = 0, workers: int | None = None,
-                   progress: Any = None, rounded: bool = False) -> ThresholdTest:
+                   progress: Any = None, rounded: bool | None = None) -> ThresholdTest:
     """Test the random-breakpoint hinge against the best no-threshold alternative by a
     parametric bootstrap from that alternative (module docstring); ``rounded`` adds the
-    rounded onset to the alternatives."""
-    kinds = ALTERNATIVES + ((ROUNDED,) if rounded else ())
+    rounded onset to the alternatives (None: `includes_rounded`)."""
+    kinds = ALTERNATIVES + ((ROUNDED,) if includes_rounded(rounded, data.x.size) else ())
     nodes = hinge_nodes(hinge_theta)
     fit_jobs: list[tuple[Any, ...]] = [
-        (k, data, detection, TEST_NODES, alternative_starts(k, data)) for k in ALTERNATIVES]
+        (k, data, detection, alternative_nodes(k, hinge_theta),
+         alternative_starts(k, data, hinge_theta)) for k in kinds]
     fit_jobs.append(("hinge", data, detection, nodes, hinge_starts(data, hinge_theta)))
     *alts, hinge = run_jobs(_fit_job, fit_jobs, workers)
-    fits = dict(zip(ALTERNATIVES, alts, strict=True))
-    if rounded:
-        fits[ROUNDED] = best_fit(make_model(ROUNDED, data, detection, nodes),
-                                 alternative_starts(ROUNDED, data, hinge.theta))
+    fits = dict(zip(kinds, alts, strict=True))
     best = max(kinds, key=lambda k: fits[k].loglik)
     stat = hinge.loglik - fits[best].loglik
     seeds = np.random.SeedSequence(seed).generate_state(n_boot)
@@ -274,6 +283,6 @@ def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
             "the typical person)")
 
 
-__all__ = ["ALTERNATIVES", "MIN_BEND", "ONSET_FACTOR", "ROUNDED", "STOP_AFTER", "TEST_NODES",
-           "ThresholdTest", "describe_alternative", "sequential_p", "simulate_alternative",
-           "threshold_test"]
+__all__ = ["ALTERNATIVES", "MIN_BEND", "ONSET_FACTOR", "ROUNDED", "ROUNDED_FROM_CYCLES",
+           "STOP_AFTER", "TEST_NODES", "ThresholdTest", "describe_alternative",
+           "includes_rounded", "sequential_p", "simulate_alternative", "threshold_test"]

@@ -90,10 +90,11 @@ def _num(x: Any) -> str:
 def fit_personal_and_test(frame: pd.DataFrame, *, detection_share: float = 1.0,
                           workers: int | None = None, progress: ProgressFn | None = None,
                           node_check: bool = True, n_test: int = DEFAULT_TEST_REPLICATES,
-                          seed: int = 0, rounded: bool = False, alpha: float = ALPHA
+                          seed: int = 0, rounded: bool | None = None, alpha: float = ALPHA
                           ) -> tuple[PersonalThresholdResult, ThresholdTest]:
     """The personal threshold and the test of the hinge against the no-threshold
-    alternatives (`threshold_test`; ``rounded``: the rounded onset too), on the same
+    alternatives (`threshold_test`; ``rounded``: the rounded onset too, None: from
+    `ROUNDED_FROM_CYCLES` cycles on), on the same
     cycles. The quadrature check (``node_check``) runs only when it can change the verdict:
     when the test rejects at ``alpha`` and the hinge rises (otherwise there is no threshold
     whatever it says, and ``node_check`` stays None)."""
@@ -120,7 +121,7 @@ def analyse_threshold(frame: pd.DataFrame, *, detection_share: float = 1.0, n_bo
                       n_null: int = 200, seed: int = 0, workers: int | None = None,
                       progress: ProgressFn | None = None, node_check: bool = True,
                       n_test: int = DEFAULT_TEST_REPLICATES, alpha: float = ALPHA,
-                      rounded: bool = False) -> dict[str, Any]:
+                      rounded: bool | None = None) -> dict[str, Any]:
     """The whole threshold analysis of cycles (`participant_id`, `wait_s`, `switched`):
     ``{"found", "reason", "personal", "alternatives", "pooled"}`` as `flowtrial threshold
     --json` prints."""

@@ -39,13 +39,12 @@ def family_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, An
     df = simulate_switch_data(truth, n_part, n_prompts, psi_s=PSI, seed=seed, **fam)
     t0 = time.perf_counter()
     row: dict[str, Any] = {"family": name, "size": f"{n_part}x{n_prompts}", "seed": seed,
-                           "rounded": bool(cfg.get("rounded")),
                            "threshold_truth": truth not in NO_THRESHOLD_TRUTHS}
     try:
         out = analyse_threshold(df[["participant_id", "wait_s", "switched"]],
                                 n_boot=cfg["n_boot"], n_null=cfg["n_boot"], seed=seed,
                                 workers=1, node_check=False,
-                                rounded=bool(cfg.get("rounded")))
+                                rounded=cfg.get("rounded"))
     except Exception as exc:  # noqa: BLE001 - a failed fit is a benchmark figure too
         row["error"] = f"{type(exc).__name__}: {exc}"
     else:
@@ -57,7 +56,8 @@ def family_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, An
                    kappa=p.get("slope_sd"), p_kappa=p.get("p_slope_sd_zero"),
                    best_alt=(out.get("alternatives") or {}).get("best"),
                    p_threshold=(out.get("alternatives") or {}).get("p_value"),
-                   n_test=(out.get("alternatives") or {}).get("n_boot"))
+                   n_test=(out.get("alternatives") or {}).get("n_boot"),
+                   rounded="rounded" in ((out.get("alternatives") or {}).get("loglik") or {}))
     row["seconds"] = time.perf_counter() - t0
     return row
 

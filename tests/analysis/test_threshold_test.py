@@ -18,9 +18,11 @@ from flowtrial.analysis.threshold_test import (
     MIN_BEND,
     ONSET_FACTOR,
     ROUNDED,
+    ROUNDED_FROM_CYCLES,
     STOP_AFTER,
     alternative_starts,
     describe_alternative,
+    includes_rounded,
     make_model,
     sequential_p,
     simulate_alternative,
@@ -286,14 +288,31 @@ def test_rounded_onset_gradient_and_its_limit_the_hinge(nodes: tuple[int, ...]) 
     assert expit(math.log(ONSET_FACTOR) / 2 / MIN_BEND) == pytest.approx(0.9)
 
 
-def test_rounded_onset_is_recovered_and_named() -> None:
+def test_the_rounded_onset_is_an_alternative_from_a_size_on() -> None:
+    """By default the rounded onset joins the alternatives from 9,600 cycles (60 × 160);
+    True or False overrides the rule either way."""
+    assert ROUNDED_FROM_CYCLES == 60 * 160
+    assert not includes_rounded(None, ROUNDED_FROM_CYCLES - 1)
+    assert includes_rounded(None, ROUNDED_FROM_CYCLES)
+    assert includes_rounded(True, 10) and not includes_rounded(False, 10**6)
+    small = _data(simulate_switch_data("hazard", 10, 40, seed=2, intercept_sd=0.5))
+    res = threshold_test(small, 1.0, None, n_boot=1, seed=1, workers=1)
+    assert ROUNDED not in res.loglik and set(res.loglik) == {"hinge", "slopes", "hazard",
+                                                            "spline"}
+
+
+def test_rounded_onset_is_recovered_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """Data drawn from a wide rounded onset give back its width, the rounded alternative
-    then beats the hinge, and the words name a gradual onset, not a threshold."""
+    then beats the hinge, and the words name a gradual onset, not a threshold. (The study
+    is 80 × 60: the size rule is lowered to it, so the default includes the onset.)"""
+    import flowtrial.analysis.threshold_test as tt
+
     base = _data(simulate_switch_data("flat", 80, 60, seed=1))
     theta = np.array([-3.0, 0.4, 1.5, math.log(5.0), 0.3, 1.2])
     y = simulate_alternative(ROUNDED, theta, base, 1.0, np.random.default_rng(4))
     sim = CycleData(base.x, y, base.starts, base.n_participants)
-    res = threshold_test(sim, 1.0, None, n_boot=1, seed=1, workers=1, rounded=True)
+    monkeypatch.setattr(tt, "ROUNDED_FROM_CYCLES", sim.x.size)
+    res = threshold_test(sim, 1.0, None, n_boot=1, seed=1, workers=1)
     assert res.best == ROUNDED and res.stat < 0
     omega = res.params[ROUNDED][-1]
     assert omega == pytest.approx(1.2, abs=0.45)
