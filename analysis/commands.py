@@ -158,7 +158,7 @@ def threshold(
         "--rounded-onset/--no-rounded-onset",
         help="Test against an onset rounded over more than a factor 9 of the wait too (a "
              "sharp threshold, not a gradual onset). Default: from 9,600 cycles on (60 × "
-             "160), below which the two cannot be told apart.",
+             "160); at 30 × 80 the two could not be told apart.",
         show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:

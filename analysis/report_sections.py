@@ -18,7 +18,7 @@ import pandas as pd
 from flowtrial.study.timeline import DEFAULT_READING_TPS
 
 from .threshold_speed import exceedance_table
-from .threshold_test import ONSET_FACTOR, ROUNDED, ROUNDED_FROM_CYCLES
+from .threshold_test import ONSET_FACTOR, ROUNDED_FROM_CYCLES, rounded_tested
 from .threshold_verdict import personal_verdict
 
 WAIT_MEASURES = {
@@ -300,8 +300,7 @@ def onset_caveat(threshold: dict[str, Any]) -> str:
     without it, only a steady rise."""
     test = threshold.get("alternatives") or (threshold.get("personal") or {}).get(
         "alternatives") or {}
-    tested = ROUNDED in (test.get("loglik") or {})
-    if tested:
+    if rounded_tested(test):
         return (f"Sharper than an onset rounded over a factor {ONSET_FACTOR:g} of the wait "
                 "(tested).")
     return (f"Switching is flat below it and rises above it; the test does not tell a sharp "

@@ -70,8 +70,9 @@ TEST_NODES = (12, 5)
 SLOPE_TEST_NODES = (12, 5, 5)
 #: The sequential test stops after this many replicates reach the data's statistic (h).
 STOP_AFTER = 4
-#: From this many cycles (60 × 160) the rounded onset is an alternative by default: the
-#: smallest measured size at which hinge and rounded onset told apart in every study.
+#: From this many cycles (60 × 160) the rounded onset is an alternative by default. Of the
+#: two sizes measured, 30 × 80 could not tell it from the hinge and 60 × 160 could (sizes
+#: between, and other splits of the same count, are not measured).
 ROUNDED_FROM_CYCLES = 9_600
 
 
@@ -79,6 +80,12 @@ def includes_rounded(rounded: bool | None, n_cycles: int) -> bool:
     """Whether the test includes the rounded onset: as asked, or (None) from
     `ROUNDED_FROM_CYCLES` cycles on."""
     return n_cycles >= ROUNDED_FROM_CYCLES if rounded is None else rounded
+
+
+def rounded_tested(test: dict[str, Any]) -> bool:
+    """Whether a test's JSON (`ThresholdTest.to_dict`) had the rounded onset among its
+    alternatives."""
+    return ROUNDED in (test.get("loglik") or {})
 
 
 def hinge_nodes(theta: np.ndarray | None) -> tuple[int, ...]:
@@ -285,4 +292,5 @@ def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
 
 __all__ = ["ALTERNATIVES", "MIN_BEND", "ONSET_FACTOR", "ROUNDED", "ROUNDED_FROM_CYCLES",
            "STOP_AFTER", "TEST_NODES", "ThresholdTest", "describe_alternative",
-           "includes_rounded", "sequential_p", "simulate_alternative", "threshold_test"]
+           "includes_rounded", "rounded_tested", "sequential_p", "simulate_alternative",
+           "threshold_test"]

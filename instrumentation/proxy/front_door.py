@@ -215,9 +215,6 @@ class Lingering:
             done += 1
         return done
 
-    def __len__(self) -> int:
-        return len(self._waiting)
-
 
 def _request_path(head: bytes) -> str:
     """The path of a request line (without query or ``/p/<key>``), for the error's shape."""
