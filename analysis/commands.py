@@ -154,11 +154,12 @@ def threshold(
     workers: Annotated[
         int | None, typer.Option(help="Worker processes (default: the available CPUs, up to 2).")
     ] = None,
-    rounded_onset: Annotated[bool | None, typer.Option(
-        "--rounded-onset/--no-rounded-onset",
-        help="Test against an onset rounded over more than a factor 9 of the wait too (a "
-             "sharp threshold, not a gradual onset). Default: from 9,600 cycles on (60 × "
-             "160); at 30 × 80 the two could not be told apart.",
+    gradual_onsets: Annotated[bool | None, typer.Option(
+        "--gradual-onsets/--no-gradual-onsets",
+        help="Test against gradual onsets too (an onset rounded over more than a factor 9 "
+             "of the wait, an S-curve whose lower bend spans as much): a sharp threshold, "
+             "not a gradual onset. Default: from 9,600 cycles on (60 × 160); at 30 × 80 the "
+             "two could not be told apart.",
         show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
@@ -187,7 +188,7 @@ def threshold(
         pooled = fit_threshold(frame, n_boot=n_boot, n_null=n_null, seed=seed,
                                median_response_tokens=median_tokens, reading_tps=reading_tps)
         personal, test = _fit_personal(frame, detection_share, workers, seed,
-                                       show=not json_out, rounded=rounded_onset)
+                                       show=not json_out, onsets=gradual_onsets)
     except AnalysisInputError as exc:
         raise _fail(str(exc)) from None
     pooled_d = pooled.to_dict()
@@ -230,14 +231,14 @@ def threshold(
 
 
 def _fit_personal(frame: Any, detection_share: float, workers: int | None, seed: int,
-                  show: bool, rounded: bool | None = None) -> Any:
+                  show: bool, onsets: bool | None = None) -> Any:
     """`fit_personal_and_test` (personal threshold + the test against the no-threshold
     alternatives) with a rich progress bar on stderr (unless ``show`` is off)."""
     from .threshold_verdict import fit_personal_and_test
 
     if not show:
         return fit_personal_and_test(frame, detection_share=detection_share, workers=workers,
-                                     seed=seed, rounded=rounded)
+                                     seed=seed, onsets=onsets)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -250,7 +251,7 @@ def _fit_personal(frame: Any, detection_share: float, workers: int | None, seed:
             bar.update(task, completed=done, total=total)
 
         return fit_personal_and_test(frame, detection_share=detection_share, workers=workers,
-                                     seed=seed, progress=advance, rounded=rounded)
+                                     seed=seed, progress=advance, onsets=onsets)
 
 
 def notebooks(

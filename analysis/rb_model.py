@@ -339,7 +339,7 @@ def maximize(model: LikelihoodModel, start: np.ndarray,
     for k, val in fixed.items():
         theta[k] = val
     free = [k for k in range(n_par) if k not in fixed]
-    if model.kind not in ("hinge", "slopes", "hazard", "spline", "rounded"):
+    if model.kind not in ("hinge", "slopes", "hazard", "spline", "rounded", "scurve"):
         # c and τ do not enter; b is absent from the flat model
         free = [k for k in free if k not in (3, 4) and not (model.kind == "flat" and k == 2)]
     elif model.kind == "hazard":  # no breakpoint

@@ -18,7 +18,7 @@ import pandas as pd
 from flowtrial.study.timeline import DEFAULT_READING_TPS
 
 from .threshold_speed import exceedance_table
-from .threshold_test import ONSET_FACTOR, ROUNDED_FROM_CYCLES, rounded_tested
+from .threshold_test import ONSET_FACTOR, ONSETS_FROM_CYCLES, onsets_tested
 from .threshold_verdict import personal_verdict
 
 WAIT_MEASURES = {
@@ -295,17 +295,17 @@ def threshold_headline(threshold: dict[str, Any], wait_label: str) -> str:
 
 
 def onset_caveat(threshold: dict[str, Any]) -> str:
-    """What a found threshold's test ruled out: with the rounded onset among the
-    alternatives (by default from `ROUNDED_FROM_CYCLES` cycles), a gradual onset too;
-    without it, only a steady rise."""
+    """What a found threshold's test ruled out: with the gradual onsets among the
+    alternatives (by default from `ONSETS_FROM_CYCLES` cycles), a gradual onset too;
+    without them, only a steady rise."""
     test = threshold.get("alternatives") or (threshold.get("personal") or {}).get(
         "alternatives") or {}
-    if rounded_tested(test):
-        return (f"Sharper than an onset rounded over a factor {ONSET_FACTOR:g} of the wait "
-                "(tested).")
+    if onsets_tested(test):
+        return (f"Sharper than an onset rounded over a factor {ONSET_FACTOR:g} of the wait or "
+                "an S-curve bending as gradually (tested).")
     return (f"Switching is flat below it and rises above it; the test does not tell a sharp "
-            f"threshold from an onset rounded over up to a factor {ONSET_FACTOR:g} of the "
-            f"wait (it tests that from {ROUNDED_FROM_CYCLES:,} cycles on).")
+            f"threshold from a gradual onset, rounded over up to a factor {ONSET_FACTOR:g} of "
+            f"the wait (it tests that from {ONSETS_FROM_CYCLES:,} cycles on).")
 
 
 def _sig(x: float) -> str:

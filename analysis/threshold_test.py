@@ -10,12 +10,15 @@ the same random-effect flexibility (two person-level effects each):
   differing in background and rate (memoryless switching);
 * ``spline``: a monotone smooth curve in log wait (non-negative I-spline increments,
   `spline_model`), people differing in level and in the scale of their rise;
-* ``rounded`` (`ROUNDED`): the hinge itself with its corner rounded over at least a factor
-  `ONSET_FACTOR` of the wait — a gradual onset, not a threshold — with the hinge's person
-  effects. A study of 30 × 80 cannot tell the two apart, one of 60 × 160 can
-  (docs/concepts/analysis.md), so by default it is among the alternatives from
-  `ROUNDED_FROM_CYCLES` cycles on (`includes_rounded`); without it, a smooth onset
-  (e.g. an increasing hazard) passes the test at 60 × 160 as a threshold.
+* the gradual onsets (`ONSETS`): ``rounded`` (`ROUNDED`), the hinge itself with its corner
+  rounded over at least a factor `ONSET_FACTOR` of the wait, with the hinge's person
+  effects; and ``scurve`` (`SCURVE`, `scurve_model`), a floor, a rise and a ceiling along a
+  logistic curve in log wait whose lower bend spans at least the same factor, with the
+  spline's person effects. A study of 30 × 80 cannot tell them from a threshold, one of
+  60 × 160 can (docs/concepts/analysis.md), so by default they are among the alternatives
+  from `ONSETS_FROM_CYCLES` cycles on (`includes_onsets`); without the rounded onset an
+  increasing hazard, without the S-curve an S-shaped rise, passes the test at 60 × 160 as a
+  threshold (at the foot of its rise).
 
 The statistic is T = ℓ_hinge − max_k ℓ_k (marginal log-likelihoods at `TEST_NODES`). Its null
 distribution comes from the best-fitting alternative itself, at the study's own design: the
@@ -50,19 +53,25 @@ from .rb_model import (
     RandomBreakpointModel,
     maximize,
 )
+from .scurve_model import LOWER_BEND_UNITS, SCurveModel
 from .spline_model import SplineModel
 from .workers import run_jobs, run_until
 
 ALTERNATIVES = ("slopes", "hazard", "spline")
 ROUNDED = "rounded"  # its narrowest bend: `rb_model.MIN_BEND` (`ONSET_FACTOR` of the wait)
+SCURVE = "scurve"  # its narrowest bend: `scurve_model.MIN_WIDTH` (the same factor)
+#: The gradual-onset alternatives, tested together (`includes_onsets`).
+ONSETS = (ROUNDED, SCURVE)
 ALT_LABELS = {
     "rounded": (f"onset rounded over more than a factor {ONSET_FACTOR:g} of the wait (the "
                 "hinge's person effects)"),
+    SCURVE: (f"S-curve in log wait whose lower bend spans more than a factor {ONSET_FACTOR:g} "
+             "of the wait (people differ in level and rise)"),
     "slopes": "logistic in log wait (people differ in intercept and slope)",
     "hazard": "background + constant hazard per second of waiting (people differ in rate)",
     "spline": "monotone smooth curve in log wait (people differ in level and rise)",
 }
-AnyModel = RandomBreakpointModel | HazardModel | SplineModel
+AnyModel = RandomBreakpointModel | HazardModel | SplineModel | SCurveModel
 #: Quadrature nodes of the test's fits (the same for the data and every replicate, so the
 #: test is calibrated whatever the quadrature error of the statistic).
 TEST_NODES = (12, 5)
@@ -70,20 +79,20 @@ TEST_NODES = (12, 5)
 SLOPE_TEST_NODES = (12, 5, 5)
 #: The sequential test stops after this many replicates reach the data's statistic (h).
 STOP_AFTER = 4
-#: From this many cycles (60 × 160) the rounded onset is an alternative by default. Of the
+#: From this many cycles (60 × 160) the gradual onsets are alternatives by default. Of the
 #: two sizes measured, 30 × 80 could not tell it from the hinge and 60 × 160 could (sizes
 #: between, and other splits of the same count, are not measured).
-ROUNDED_FROM_CYCLES = 9_600
+ONSETS_FROM_CYCLES = 9_600
 
 
-def includes_rounded(rounded: bool | None, n_cycles: int) -> bool:
-    """Whether the test includes the rounded onset: as asked, or (None) from
-    `ROUNDED_FROM_CYCLES` cycles on."""
-    return n_cycles >= ROUNDED_FROM_CYCLES if rounded is None else rounded
+def includes_onsets(onsets: bool | None, n_cycles: int) -> bool:
+    """Whether the test includes the gradual onsets (`ONSETS`): as asked, or (None) from
+    `ONSETS_FROM_CYCLES` cycles on."""
+    return n_cycles >= ONSETS_FROM_CYCLES if onsets is None else onsets
 
 
-def rounded_tested(test: dict[str, Any]) -> bool:
-    """Whether a test's JSON (`ThresholdTest.to_dict`) had the rounded onset among its
+def onsets_tested(test: dict[str, Any]) -> bool:
+    """Whether a test's JSON (`ThresholdTest.to_dict`) had the gradual onsets among its
     alternatives."""
     return ROUNDED in (test.get("loglik") or {})
 
@@ -96,11 +105,14 @@ def hinge_nodes(theta: np.ndarray | None) -> tuple[int, ...]:
 
 def make_model(kind: str, data: CycleData, detection: float,
                nodes: tuple[int, ...] = TEST_NODES) -> AnyModel:
-    """The model object of ``kind`` ("hinge", "slopes", "hazard" or "spline")."""
+    """The model object of ``kind`` ("hinge", "slopes", "hazard", "spline", "rounded" or
+    "scurve")."""
     if kind == "hazard":
         return HazardModel(data, nodes, detection=detection)
     if kind == "spline":
         return SplineModel(data, nodes, detection=detection)
+    if kind == SCURVE:
+        return SCurveModel(data, nodes, detection=detection)
     return RandomBreakpointModel(data, nodes, detection=detection, kind=kind)
 
 
@@ -113,7 +125,7 @@ def alternative_nodes(kind: str, hinge_theta: np.ndarray | None) -> tuple[int, .
 def alternative_starts(kind: str, data: CycleData,
                        hinge: np.ndarray | None = None) -> list[np.ndarray]:
     """Starting values for an alternative: from the overall switch rate (the rounded onset:
-    from the fitted hinge, narrow and wide)."""
+    from the fitted hinge, narrow and wide; the S-curve: two midpoints)."""
     if kind == ROUNDED:
         h = np.asarray(hinge if hinge is not None else pooled_hinge(data), float)
         return [np.r_[h, MIN_BEND], np.r_[h, 1.0]]
@@ -123,6 +135,9 @@ def alternative_starts(kind: str, data: CycleData,
         return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, math.log(lam), 0.0, 0.3])]
     if kind == "spline":
         return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, 0.3, 1.0, 1.0])]
+    if kind == SCURVE:  # midpoint at the median and at the upper quartile of the waits
+        return [np.array([math.log(p / (1 - p)) - 1.5, 0.3, 0.3, 3.0, float(c), 1.0])
+                for c in np.quantile(data.x, [0.5, 0.75])]
     return [np.array([math.log(p / (1 - p)), 0.3, 0.5, float(data.x.mean()), 0.3])]
 
 
@@ -164,8 +179,9 @@ def simulate_alternative(kind: str, theta: np.ndarray, data: CycleData, detectio
             rise *= np.exp(float(theta[5]) * np.repeat(
                 rng.standard_normal(data.n_participants), sizes))
         p = expit(a + su * v + rise)
-    elif kind == "spline":  # θ = (a, σ_u, τ, δ…): b holds the scale's log-sd τ
-        rise = SplineModel(data).curve(theta, data.x) - a
+    elif kind in ("spline", SCURVE):  # θ = (a, σ_u, τ, ρ…): b holds the scale's log-sd τ
+        shape = SCurveModel(data) if kind == SCURVE else SplineModel(data)
+        rise = shape.curve(theta, data.x) - a
         p = expit(a + su * v + np.exp(b * z) * rise)
     else:
         p = expit(a + su * v + (b + tau * z) * (data.x - float(theta[3])))
@@ -218,11 +234,11 @@ class ThresholdTest:
 
 def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | None, *,
                    n_boot: int = 39, seed: int = 0, workers: int | None = None,
-                   progress: Any = None, rounded: bool | None = None) -> ThresholdTest:
+                   progress: Any = None, onsets: bool | None = None) -> ThresholdTest:
     """Test the random-breakpoint hinge against the best no-threshold alternative by a
-    parametric bootstrap from that alternative (module docstring); ``rounded`` adds the
-    rounded onset to the alternatives (None: `includes_rounded`)."""
-    kinds = ALTERNATIVES + ((ROUNDED,) if includes_rounded(rounded, data.x.size) else ())
+    parametric bootstrap from that alternative (module docstring); ``onsets`` adds the
+    gradual onsets to the alternatives (None: `includes_onsets`)."""
+    kinds = ALTERNATIVES + (ONSETS if includes_onsets(onsets, data.x.size) else ())
     nodes = hinge_nodes(hinge_theta)
     fit_jobs: list[tuple[Any, ...]] = [
         (k, data, detection, alternative_nodes(k, hinge_theta),
@@ -273,6 +289,13 @@ def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
         return (f"switching rises from a gradual onset around {math.exp(float(theta[3])):.3g} s "
                 f"rather than at a threshold: the typical person's rise sets in over a factor "
                 f"of about {_pct(width)} of the wait (a rounded onset)")
+    if kind == SCURVE:
+        floor, ceiling = expit(a), expit(a + float(theta[3]))
+        width = math.exp(LOWER_BEND_UNITS * float(theta[5]))
+        return (f"switching rises along an S-curve rather than at a threshold: for the typical "
+                f"person from {_pct(100 * floor)} % to {_pct(100 * ceiling)} %, half of the rise "
+                f"reached at {math.exp(float(theta[4])):.3g} s, its lower bend spread over a "
+                f"factor of about {_pct(width)} of the wait (an S-curve in log wait)")
     if kind == "spline":
         lo, hi = np.quantile(data.x, [0.25, 0.75])
         p_lo, p_hi = expit(SplineModel(data).curve(theta, np.array([lo, hi])))
@@ -290,7 +313,7 @@ def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
             "the typical person)")
 
 
-__all__ = ["ALTERNATIVES", "MIN_BEND", "ONSET_FACTOR", "ROUNDED", "ROUNDED_FROM_CYCLES",
-           "STOP_AFTER", "TEST_NODES", "ThresholdTest", "describe_alternative",
-           "includes_rounded", "rounded_tested", "sequential_p", "simulate_alternative",
-           "threshold_test"]
+__all__ = ["ALTERNATIVES", "MIN_BEND", "ONSETS", "ONSETS_FROM_CYCLES", "ONSET_FACTOR",
+           "ROUNDED", "SCURVE", "STOP_AFTER", "TEST_NODES", "ThresholdTest",
+           "describe_alternative", "includes_onsets", "onsets_tested", "sequential_p",
+           "simulate_alternative", "threshold_test"]

@@ -90,14 +90,14 @@ def _num(x: Any) -> str:
 def fit_personal_and_test(frame: pd.DataFrame, *, detection_share: float = 1.0,
                           workers: int | None = None, progress: ProgressFn | None = None,
                           node_check: bool = True, n_test: int = DEFAULT_TEST_REPLICATES,
-                          seed: int = 0, rounded: bool | None = None, alpha: float = ALPHA
+                          seed: int = 0, onsets: bool | None = None, alpha: float = ALPHA
                           ) -> tuple[PersonalThresholdResult, ThresholdTest]:
     """The personal threshold and the test of the hinge against the no-threshold
-    alternatives (`threshold_test`; ``rounded``: the rounded onset too, None: from
-    `ROUNDED_FROM_CYCLES` cycles on), on the same
-    cycles. The quadrature check (``node_check``) runs only when it can change the verdict:
-    when the test rejects at ``alpha`` and the hinge rises (otherwise there is no threshold
-    whatever it says, and ``node_check`` stays None)."""
+    alternatives (`threshold_test`; ``onsets``: the gradual onsets too, None: from
+    `ONSETS_FROM_CYCLES` cycles on), on the same cycles. The quadrature check
+    (``node_check``) runs only when it can change the verdict: when the test rejects at
+    ``alpha`` and the hinge rises (otherwise there is no threshold whatever it says, and
+    ``node_check`` stays None)."""
     personal = fit_personal_threshold(frame, detection_share=detection_share, workers=workers,
                                       progress=progress, node_check=False)
     theta = hinge_theta(personal)  # with κ when people's rises differ: the test's hinge too
@@ -107,7 +107,7 @@ def fit_personal_and_test(frame: pd.DataFrame, *, detection_share: float = 1.0,
     check = quadrature_check(frame, personal) if needed and workers != 1 else None
     try:
         test = threshold_test(_data(frame), detection_share, theta, n_boot=n_test, seed=seed,
-                              workers=workers, progress=progress, rounded=rounded)
+                              workers=workers, progress=progress, onsets=onsets)
         if needed and test.p_value <= alpha:
             check = check or quadrature_check(frame, personal)
             check_summary(personal, check.result())
@@ -121,7 +121,7 @@ def analyse_threshold(frame: pd.DataFrame, *, detection_share: float = 1.0, n_bo
                       n_null: int = 200, seed: int = 0, workers: int | None = None,
                       progress: ProgressFn | None = None, node_check: bool = True,
                       n_test: int = DEFAULT_TEST_REPLICATES, alpha: float = ALPHA,
-                      rounded: bool | None = None) -> dict[str, Any]:
+                      onsets: bool | None = None) -> dict[str, Any]:
     """The whole threshold analysis of cycles (`participant_id`, `wait_s`, `switched`):
     ``{"found", "reason", "personal", "alternatives", "pooled"}`` as `flowtrial threshold
     --json` prints."""
@@ -129,7 +129,7 @@ def analyse_threshold(frame: pd.DataFrame, *, detection_share: float = 1.0, n_bo
     personal, test = fit_personal_and_test(frame, detection_share=detection_share,
                                            workers=workers, progress=progress,
                                            node_check=node_check, n_test=n_test, seed=seed,
-                                           rounded=rounded, alpha=alpha)
+                                           onsets=onsets, alpha=alpha)
     pooled_d, pers, test_d = pooled.to_dict(), personal.to_dict(), test.to_dict()
     waits = frame["wait_s"].to_numpy(float)
     found, reason = personal_verdict(pers, pooled_d, waits[np.isfinite(waits) & (waits > 0)],

@@ -194,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="K > 1: also run every cell as an agent study of K calls per turn")
     ap.add_argument("--families", nargs="?", const="all", default=None,
                     help="run the truth families (all, or a comma list) instead of the cells")
-    ap.add_argument("--rounded-onset", choices=("auto", "on", "off"), default="auto",
-                    help="families: the rounded onset among the test's alternatives (auto: "
+    ap.add_argument("--gradual-onsets", choices=("auto", "on", "off"), default="auto",
+                    help="families: the gradual onsets (rounded onset, S-curve) among the test's "
+                         "alternatives (auto: "
                          "from 9,600 cycles, as flowtrial threshold does)")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--timing-only", action="store_true", help="only the 100 × 200 timing")
@@ -321,7 +322,7 @@ def run_families(args: argparse.Namespace, console: Any) -> int:
     names = list(FAMILIES) if args.families == "all" else args.families.split(",")
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",") if s]
     cfg = {"n_boot": args.n_boot,
-           "rounded": {"auto": None, "on": True, "off": False}[args.rounded_onset]}
+           "onsets": {"auto": None, "on": True, "off": False}[args.gradual_onsets]}
     results: list[dict[str, Any]] = []
     if args.from_jsonl:
         for f in args.from_jsonl:

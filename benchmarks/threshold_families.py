@@ -30,7 +30,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
 
 def family_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, Any]:
     """Simulate one study of a family and analyse it; the figures the table aggregates."""
-    from flowtrial.analysis.threshold_test import rounded_tested
+    from flowtrial.analysis.threshold_test import onsets_tested
     from flowtrial.analysis.threshold_truth import NO_THRESHOLD_TRUTHS, simulate_switch_data
     from flowtrial.analysis.threshold_verdict import analyse_threshold
 
@@ -45,7 +45,7 @@ def family_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, An
         out = analyse_threshold(df[["participant_id", "wait_s", "switched"]],
                                 n_boot=cfg["n_boot"], n_null=cfg["n_boot"], seed=seed,
                                 workers=1, node_check=False,
-                                rounded=cfg.get("rounded"))
+                                onsets=cfg.get("onsets"))
     except Exception as exc:  # noqa: BLE001 - a failed fit is a benchmark figure too
         row["error"] = f"{type(exc).__name__}: {exc}"
     else:
@@ -58,7 +58,7 @@ def family_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, An
                    best_alt=(out.get("alternatives") or {}).get("best"),
                    p_threshold=(out.get("alternatives") or {}).get("p_value"),
                    n_test=(out.get("alternatives") or {}).get("n_boot"),
-                   rounded=rounded_tested(out.get("alternatives") or {}))
+                   onsets=onsets_tested(out.get("alternatives") or {}))
     row["seconds"] = time.perf_counter() - t0
     return row
 

@@ -120,11 +120,12 @@ def test_threshold_command(tmp_path: Path) -> None:
     assert pooled["ci_s"][0] <= pooled["psi_s"] <= pooled["ci_s"][1]
     # Found, so the quadrature check (run beside the test) entered the verdict.
     assert pers["node_check"]["nodes"] in ([48, 11], [24, 7, 7])
-    assert "rounded" not in data["alternatives"]["loglik"]  # 2,400 cycles: not by default
+    # 2,400 cycles: the gradual onsets are not alternatives by default
+    assert not {"rounded", "scurve"} & set(data["alternatives"]["loglik"])
     assert data["found"] and data["tokens_per_second_at_median_length"] == pytest.approx(
         300 / (pers["median_psi_s"] + 300 / 5.3))
     text = runner.invoke(app, ["threshold", str(path), "--wait", "idle_wait_s", "--n-boot", "20",
-                               "--n-null", "20", "--workers", "1", "--no-rounded-onset"])
+                               "--n-null", "20", "--workers", "1", "--no-gradual-onsets"])
     assert text.exit_code == 0 and "Median personal threshold" in text.stdout
     assert "Pooled onset ψ*" in text.stdout
     share = runner.invoke(app, ["threshold", str(path), "--wait", "idle_wait_s",

@@ -13,16 +13,20 @@ from scipy.optimize import approx_fprime
 from scipy.special import expit
 
 from flowtrial.analysis.rb_model import CycleData, HazardModel, RandomBreakpointModel, maximize
+from flowtrial.analysis.scurve_model import LOWER_BEND_UNITS, MIN_WIDTH, SCurveModel
 from flowtrial.analysis.spline_model import SplineModel, ispline_basis
 from flowtrial.analysis.threshold_test import (
     MIN_BEND,
     ONSET_FACTOR,
+    ONSETS_FROM_CYCLES,
     ROUNDED,
-    ROUNDED_FROM_CYCLES,
+    SCURVE,
     STOP_AFTER,
     alternative_starts,
+    best_fit,
     describe_alternative,
-    includes_rounded,
+    hinge_starts,
+    includes_onsets,
     make_model,
     sequential_p,
     simulate_alternative,
@@ -38,16 +42,19 @@ def _data(df) -> CycleData:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("detection", [1.0, 0.7])
-@pytest.mark.parametrize("kind", ["slopes", "hazard", "spline"])
+@pytest.mark.parametrize("kind", ["slopes", "hazard", "spline", "scurve"])
 def test_alternative_gradients_match_finite_differences(kind: str, detection: float) -> None:
     data = _data(simulate_switch_data("hazard", 8, 40, seed=3, intercept_sd=0.5))
     if kind == "hazard":
-        model: RandomBreakpointModel | HazardModel | SplineModel = HazardModel(
+        model: RandomBreakpointModel | HazardModel | SplineModel | SCurveModel = HazardModel(
             data, (12, 5), detection=detection)
         theta = np.array([-3.0, 0.4, -4.0, 0.0, 0.5])
     elif kind == "spline":
         model = SplineModel(data, (12, 5), detection=detection)
         theta = np.array([-2.5, 0.4, 0.3, 1.0, 2.0])
+    elif kind == "scurve":
+        model = SCurveModel(data, (12, 5), detection=detection)
+        theta = np.array([-2.5, 0.4, 0.3, 2.0, 1.5, 0.9])
     else:
         model = RandomBreakpointModel(data, (12, 5), detection=detection, kind="slopes")
         theta = np.array([-2.0, 0.4, 0.8, 1.0, 0.3])
@@ -73,22 +80,26 @@ def test_hazard_likelihood_matches_brute_force_integration() -> None:
     assert -f == pytest.approx(ll, abs=2e-3)
 
 
-@pytest.mark.parametrize("kind", ["slopes", "hazard", "spline"])
+@pytest.mark.parametrize("kind", ["slopes", "hazard", "spline", "scurve"])
 def test_simulated_alternative_is_recovered(kind: str) -> None:
     """Data drawn from a fitted alternative give back its parameters (the bootstrap's null
     generator and the fit agree on what θ means)."""
     base = _data(simulate_switch_data("flat", 80, 60, seed=1))
     theta = {"hazard": np.array([-3.2, 0.5, -4.0, 0.0, 0.5]),
              "slopes": np.array([-1.5, 0.5, 0.9, 1.5, 0.4]),
-             "spline": np.array([-3.0, 0.5, 0.3, 1.0, 2.0])}[kind]
+             "spline": np.array([-3.0, 0.5, 0.3, 1.0, 2.0]),
+             "scurve": np.array([-3.0, 0.5, 0.3, 3.0, 1.5, 0.9])}[kind]
     y = simulate_alternative(kind, theta, base, 1.0, np.random.default_rng(2))
     sim = CycleData(base.x, y, base.starts, base.n_participants)
     model = make_model(kind, sim, 1.0)
-    fit = maximize(model, alternative_starts(kind, sim)[0])
+    fit = best_fit(model, alternative_starts(kind, sim))
     assert fit.theta[0] == pytest.approx(theta[0], abs=0.4)
     assert fit.theta[2] == pytest.approx(theta[2], abs=0.3)
     if kind == "spline":  # the whole rise, not each increment, is what the data pin down
         assert fit.theta[3:].sum() == pytest.approx(theta[3:].sum(), rel=0.25)
+    if kind == "scurve":  # the rise and its midpoint
+        assert fit.theta[3] == pytest.approx(theta[3], rel=0.25)
+        assert fit.theta[4] == pytest.approx(theta[4], abs=0.3)
 
 
 def test_spline_alternative_is_monotone() -> None:
@@ -291,14 +302,53 @@ def test_rounded_onset_gradient_and_its_limit_the_hinge(nodes: tuple[int, ...]) 
 def test_the_rounded_onset_is_an_alternative_from_a_size_on() -> None:
     """By default the rounded onset joins the alternatives from 9,600 cycles (60 × 160);
     True or False overrides the rule either way."""
-    assert ROUNDED_FROM_CYCLES == 60 * 160
-    assert not includes_rounded(None, ROUNDED_FROM_CYCLES - 1)
-    assert includes_rounded(None, ROUNDED_FROM_CYCLES)
-    assert includes_rounded(True, 10) and not includes_rounded(False, 10**6)
+    assert ONSETS_FROM_CYCLES == 60 * 160
+    assert not includes_onsets(None, ONSETS_FROM_CYCLES - 1)
+    assert includes_onsets(None, ONSETS_FROM_CYCLES)
+    assert includes_onsets(True, 10) and not includes_onsets(False, 10**6)
     small = _data(simulate_switch_data("hazard", 10, 40, seed=2, intercept_sd=0.5))
     res = threshold_test(small, 1.0, None, n_boot=1, seed=1, workers=1)
     assert ROUNDED not in res.loglik and set(res.loglik) == {"hinge", "slopes", "hazard",
                                                             "spline"}
+    both = threshold_test(small, 1.0, None, n_boot=1, seed=1, workers=1, onsets=True)
+    assert set(both.loglik) == {"hinge", "slopes", "hazard", "spline", ROUNDED, SCURVE}
+
+
+def test_the_s_curves_lower_bend_spans_the_onset_factor() -> None:
+    """At its narrowest width the S-curve's slope goes from 10 % to 90 % of its steepest
+    over `ONSET_FACTOR` of the wait, the rounded onset's yardstick; the fit cannot go
+    narrower, so at 60 × 160 a step (everyone switching above 8 s) beats it."""
+    u = np.linspace(-12.0, 0.0, 240_001) * MIN_WIDTH
+    slope = expit(u / MIN_WIDTH) * (1 - expit(u / MIN_WIDTH))
+    rel = slope / slope.max()
+    span = u[np.argmax(rel >= 0.9)] - u[np.argmax(rel >= 0.1)]
+    assert math.exp(span) == pytest.approx(ONSET_FACTOR, rel=1e-3)
+    assert LOWER_BEND_UNITS * MIN_WIDTH == pytest.approx(math.log(ONSET_FACTOR))
+    step = _data(simulate_switch_data("hinge", 60, 160, psi_sd=0.0, seed=1))
+    model = SCurveModel(step, (12, 5))
+    assert model.bounds[-1][0] == pytest.approx(MIN_WIDTH)
+    fit = best_fit(model, alternative_starts(SCURVE, step))
+    assert fit.theta[-1] == pytest.approx(MIN_WIDTH)  # pinned at the bound
+    hinge = best_fit(make_model("hinge", step, 1.0), hinge_starts(step, None))
+    assert hinge.loglik > fit.loglik + 3
+
+
+def test_s_curve_is_recovered_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Data drawn from an S-curve (floor 5 %, ceiling 60 %, midpoint 5 s) make it the best
+    alternative, beating the hinge, and the words name the S-curve and its midpoint."""
+    import flowtrial.analysis.threshold_test as tt
+
+    base = _data(simulate_switch_data("flat", 60, 80, seed=1))
+    theta = np.array([-3.0, 0.4, 0.3, 3.4, math.log(5.0), 0.9])
+    y = simulate_alternative(SCURVE, theta, base, 1.0, np.random.default_rng(4))
+    sim = CycleData(base.x, y, base.starts, base.n_participants)
+    monkeypatch.setattr(tt, "ONSETS_FROM_CYCLES", sim.x.size)
+    res = threshold_test(sim, 1.0, None, n_boot=1, seed=1, workers=1)
+    assert res.best == SCURVE and res.stat < 0
+    mid = math.exp(res.params[SCURVE][4])
+    assert mid == pytest.approx(5.0, rel=0.3)
+    assert res.summary.startswith("switching rises along an S-curve rather than at a threshold")
+    assert f"reached at {mid:.3g} s" in res.summary
 
 
 def test_rounded_onset_is_recovered_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -311,7 +361,7 @@ def test_rounded_onset_is_recovered_and_named(monkeypatch: pytest.MonkeyPatch) -
     theta = np.array([-3.0, 0.4, 1.5, math.log(5.0), 0.3, 1.2])
     y = simulate_alternative(ROUNDED, theta, base, 1.0, np.random.default_rng(4))
     sim = CycleData(base.x, y, base.starts, base.n_participants)
-    monkeypatch.setattr(tt, "ROUNDED_FROM_CYCLES", sim.x.size)
+    monkeypatch.setattr(tt, "ONSETS_FROM_CYCLES", sim.x.size)
     res = threshold_test(sim, 1.0, None, n_boot=1, seed=1, workers=1)
     assert res.best == ROUNDED and res.stat < 0
     omega = res.params[ROUNDED][-1]
@@ -329,9 +379,9 @@ def test_the_quadrature_check_runs_only_when_it_can_change_the_verdict() -> None
 
 
 def test_a_found_headline_says_what_the_test_ruled_out() -> None:
-    """Without the rounded onset the sentence says a sharp threshold and a rounded onset are
-    not told apart; with it (its fit is in the test's JSON), that a rounded onset was
-    ruled out."""
+    """Without the gradual onsets the sentence says a sharp threshold and a gradual onset are
+    not told apart; with them (their fits are in the test's JSON), that they were ruled
+    out."""
     from flowtrial.analysis.report_sections import threshold_headline
 
     found = {"found": True, "personal": {"median_psi_s": 6.04, "ci_s": [5.1, 7.2]},
@@ -339,7 +389,9 @@ def test_a_found_headline_says_what_the_test_ruled_out() -> None:
     line = threshold_headline(found, "idle wait (definition)")
     assert line.startswith("Flow threshold found: the median person's threshold is 6.04 s of "
                            "idle wait (95 % CI 5.1–7.2 s). Switching is flat below it")
-    assert "does not tell a sharp threshold from an onset rounded over up to a factor 9" in line
-    strict = {**found, "alternatives": {"loglik": {"hinge": -1.0, ROUNDED: -5.0}}}
+    assert ("does not tell a sharp threshold from a gradual onset, rounded over up to a factor "
+            "9 of the wait (it tests that from 9,600 cycles on).") in line
+    strict = {**found, "alternatives": {"loglik": {"hinge": -1.0, ROUNDED: -5.0, SCURVE: -7.0}}}
     assert threshold_headline(strict, "idle wait").endswith(
-        "Sharper than an onset rounded over a factor 9 of the wait (tested).")
+        "Sharper than an onset rounded over a factor 9 of the wait or an S-curve bending as "
+        "gradually (tested).")

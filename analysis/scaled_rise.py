@@ -1,0 +1,95 @@
+"""The likelihood shared by the threshold test's smooth alternatives (issue 27): switching
+rises along a curve in log wait, people differ in their level and in the size of their rise.
+
+    logit p_ij = a + σ_u·v_i + e^(τ·z_i)·rise(log w_ij; ρ),   z_i, v_i ~ N(0, 1)
+
+θ = (a, σ_u, τ, ρ…). A subclass says what the rise is (`rise` and its Jacobian in ρ): the
+monotone spline (`spline_model`) or the S-curve (`scurve_model`). The marginal likelihood is
+integrated by Gauss–Hermite quadrature (`rb_model.gh_nodes`) and maximised with the analytic
+gradient, as the hinge is; the detection share d enters as in the hinge:
+P(counted switch) = d·expit(η).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import expit, logsumexp
+
+from . import AnalysisInputError
+from .rb_model import CycleData, gh_nodes
+
+
+class ScaledRiseModel:
+    """Negative marginal log-likelihood of a person-scaled rise (module docstring)."""
+
+    kind = "scaled_rise"
+    sd_params = (1, 2)
+    #: Bounds of (a, σ_u, τ); a subclass appends those of ρ in `rise_bounds`.
+    base_bounds: list[tuple[float | None, float | None]] = [(-15.0, 15.0), (0.0, 5.0),
+                                                            (0.0, 3.0)]
+
+    def __init__(self, data: CycleData, nodes: tuple[int, ...] = (12, 5), *,
+                 detection: float = 1.0) -> None:
+        if not 0 < detection <= 1:
+            raise AnalysisInputError(f"detection share {detection!r} must be in (0, 1]")
+        self.d = data
+        self.detection = float(detection)
+        self.z, lwz = gh_nodes(nodes[0])
+        self.v, lwv = gh_nodes(nodes[1])
+        self.log_w = (lwz[:, None] + lwv[None, :]).ravel()
+        self.sign = (2.0 * data.y - 1.0)[:, None]
+        self.no_switch = (data.y <= 0.5).astype(float)[:, None]
+        sizes = np.diff(np.r_[data.starts, data.x.size])
+        self.person_of_row = np.repeat(np.arange(data.n_participants), sizes)
+        self.bounds = self.base_bounds + self.rise_bounds()
+        self.n_evals = 0
+
+    def rise_bounds(self) -> list[tuple[float | None, float | None]]:
+        """Bounds of ρ (a subclass's)."""
+        raise NotImplementedError
+
+    def rise(self, rho: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """The typical person's rise at log waits ``x``."""
+        raise NotImplementedError
+
+    def rise_jacobian(self, rho: np.ndarray) -> np.ndarray:
+        """(N, len(ρ)): ∂rise/∂ρ at the data's log waits."""
+        raise NotImplementedError
+
+    def curve(self, theta: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """The typical person's (v = z = 0) linear predictor at log waits ``x``."""
+        return float(theta[0]) + self.rise(np.asarray(theta[3:], float), np.asarray(x, float))
+
+    def nll(self, theta: np.ndarray, need_grad: bool = True) -> tuple[float, np.ndarray]:
+        """(−ℓ, −∂ℓ/∂θ) at θ = (a, σ_u, τ, ρ…)."""
+        self.n_evals += 1
+        a, su, tau = (float(t) for t in theta[:3])
+        rho = np.asarray(theta[3:], float)
+        rise = self.rise(rho, self.d.x)  # (N,)
+        ez = np.exp(tau * self.z)  # (nz,)
+        n, nz, nv = rise.size, ez.size, self.v.size
+        eta = (a + rise[:, None, None] * ez[None, :, None]
+               + su * self.v[None, None, :]).reshape(n, nz * nv)
+        p1 = expit(np.clip(eta * self.sign, -80.0, 80.0))
+        d = self.detection
+        m = p1 * d + self.no_switch * (1.0 - d) if d < 1.0 else p1
+        per = np.add.reduceat(np.log(m), self.d.starts, axis=0) + self.log_w
+        tot = logsumexp(per, axis=1)
+        f = -float(tot.sum())
+        if not need_grad:
+            return f, np.zeros(len(theta))
+        score = (1.0 - p1) * self.sign
+        if d < 1.0:
+            score *= p1 * d / m
+        score *= np.exp(per - tot[:, None])[self.person_of_row]
+        r3 = score.reshape(n, nz, nv)
+        rz = r3.sum(axis=2)  # (N, nz)
+        g = np.zeros(len(theta))
+        g[0] = rz.sum()
+        g[1] = float(r3.sum(axis=(0, 1)) @ self.v)
+        g[2] = float(rise @ (rz @ (ez * self.z)))
+        g[3:] = self.rise_jacobian(rho).T @ (rz @ ez)
+        return f, -g
+
+
+__all__ = ["ScaledRiseModel"]
