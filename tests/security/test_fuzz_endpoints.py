@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -359,6 +360,23 @@ WS_END = ("response.completed", "response.incomplete", "response.failed", "error
 WS_OWN_CODES = ("invalid_json", "unsupported_type", "request_too_large")
 
 
+def next_message(ws: Any, timeout: float = 30.0) -> dict[str, Any]:
+    """The proxy's next WebSocket message as JSON, or a failure after ``timeout`` s: a message
+    left unanswered must fail its example (so Hypothesis reports it), not hang the suite
+    (TestClient's ``receive_text`` waits forever, out of pytest-timeout's reach)."""
+
+    async def within() -> Any:
+        with anyio.fail_after(timeout):
+            return await ws._send_rx.receive()
+
+    try:
+        message = ws.portal.call(within)
+    except TimeoutError:
+        pytest.fail(f"no WebSocket message from the proxy within {timeout:g} s")
+    ws._raise_on_close(message)
+    return dict(json.loads(message["text"]))
+
+
 def settle(client: TestClient, timeout: float = 10.0) -> None:
     """Wait until no cycle is in flight (each turn closes its cycle once it is recorded)."""
     state = client.app.state.proxy  # type: ignore[attr-defined]
@@ -378,9 +396,9 @@ def test_websocket_refuses_bad_messages_and_stays_usable(served: Any, batch: lis
         for raw in batch:
             before = study.counts()
             ws.send_text(raw)
-            msg = json.loads(ws.receive_text())
+            msg = next_message(ws)
             while msg.get("type") not in WS_END:  # a turn: read it to its end
-                msg = json.loads(ws.receive_text())
+                msg = next_message(ws)
             # An upstream `error` event reaches the client before its turn's row is durable
             # (unlike response.completed): wait for the turn to close before counting.
             settle(client)
@@ -400,7 +418,7 @@ def test_websocket_refuses_bad_messages_and_stays_usable(served: Any, batch: lis
         before = study.counts()
         ws.send_text(json.dumps({"type": "response.create", "model": "flowtrial-sim-1",
                                  "input": "hello", "max_output_tokens": 16}))
-        while (msg := json.loads(ws.receive_text()))["type"] not in WS_END:
+        while (msg := next_message(ws))["type"] not in WS_END:
             pass
         assert msg["type"] in ("response.completed", "response.incomplete"), msg
         assert study.count("cycles") == before["cycles"] + 1
