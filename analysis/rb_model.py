@@ -53,6 +53,20 @@ def gh_nodes(n: int) -> tuple[np.ndarray, np.ndarray]:
     return x[keep], np.log(w[keep])
 
 
+def check_detection(detection: float) -> float:
+    """The detection share as a float, or a one-line error when it is not in (0, 1]."""
+    if not 0 < detection <= 1:
+        raise AnalysisInputError(f"detection share {detection!r} must be in (0, 1]")
+    return float(detection)
+
+
+def two_effect_grid(nodes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Nodes of two person effects z and v, and the log weights of their grid (z-major)."""
+    z, lwz = gh_nodes(nodes[0])
+    v, lwv = gh_nodes(nodes[1])
+    return z, v, (lwz[:, None] + lwv[None, :]).ravel()
+
+
 @dataclass
 class CycleData:
     """Cycles sorted by participant: log wait `x`, switch flag `y`, participant row starts."""
@@ -92,13 +106,9 @@ class HazardModel:
 
     def __init__(self, data: CycleData, nodes: tuple[int, ...] = (12, 7), *,
                  detection: float = 1.0) -> None:
-        if not 0 < detection <= 1:
-            raise AnalysisInputError(f"detection share {detection!r} must be in (0, 1]")
         self.d = data
-        self.detection = float(detection)
-        self.z, lwz = gh_nodes(nodes[0])
-        self.v, lwv = gh_nodes(nodes[1])
-        self.log_w = (lwz[:, None] + lwv[None, :]).ravel()
+        self.detection = check_detection(detection)
+        self.z, self.v, self.log_w = two_effect_grid(nodes)
         self.w = np.exp(data.x)
         y1 = data.y > 0.5
         self.sign = np.where(y1, 1.0, -1.0)[:, None]
@@ -178,11 +188,9 @@ class RandomBreakpointModel:
     def __init__(self, data: CycleData, nodes: tuple[int, ...] = (24, 7), *,
                  detection: float = 1.0, kind: str = "hinge",
                  dtype: type = np.float64, min_bend: float = MIN_BEND) -> None:
-        if not 0 < detection <= 1:
-            raise AnalysisInputError(f"detection share {detection!r} must be in (0, 1]")
         self.d = data
         self.kind = kind
-        self.detection = float(detection)
+        self.detection = check_detection(detection)
         # "hinge_tau0": everyone shares the breakpoint, so z drops out (one node).
         nz, nv = nodes[:2] if kind in ("hinge", "slopes", "rounded") else (1, nodes[1])
         ns = nodes[2] if len(nodes) > 2 and kind.startswith(("hinge", "rounded")) else 1

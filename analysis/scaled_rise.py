@@ -15,8 +15,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit, logsumexp
 
-from . import AnalysisInputError
-from .rb_model import CycleData, gh_nodes
+from .rb_model import CycleData, check_detection, two_effect_grid
 
 
 class ScaledRiseModel:
@@ -30,13 +29,9 @@ class ScaledRiseModel:
 
     def __init__(self, data: CycleData, nodes: tuple[int, ...] = (12, 5), *,
                  detection: float = 1.0) -> None:
-        if not 0 < detection <= 1:
-            raise AnalysisInputError(f"detection share {detection!r} must be in (0, 1]")
         self.d = data
-        self.detection = float(detection)
-        self.z, lwz = gh_nodes(nodes[0])
-        self.v, lwv = gh_nodes(nodes[1])
-        self.log_w = (lwz[:, None] + lwv[None, :]).ravel()
+        self.detection = check_detection(detection)
+        self.z, self.v, self.log_w = two_effect_grid(nodes)
         self.sign = (2.0 * data.y - 1.0)[:, None]
         self.no_switch = (data.y <= 0.5).astype(float)[:, None]
         sizes = np.diff(np.r_[data.starts, data.x.size])
