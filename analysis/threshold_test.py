@@ -80,7 +80,7 @@ SLOPE_TEST_NODES = (12, 5, 5)
 #: The sequential test stops after this many replicates reach the data's statistic (h).
 STOP_AFTER = 4
 #: From this many cycles (60 × 160) the gradual onsets are alternatives by default. Of the
-#: two sizes measured, 30 × 80 could not tell it from the hinge and 60 × 160 could (sizes
+#: two sizes measured, 30 × 80 could not tell them from the hinge and 60 × 160 could (sizes
 #: between, and other splits of the same count, are not measured).
 ONSETS_FROM_CYCLES = 9_600
 
@@ -94,7 +94,7 @@ def includes_onsets(onsets: bool | None, n_cycles: int) -> bool:
 def onsets_tested(test: dict[str, Any]) -> bool:
     """Whether a test's JSON (`ThresholdTest.to_dict`) had the gradual onsets among its
     alternatives."""
-    return ROUNDED in (test.get("loglik") or {})
+    return set(ONSETS) <= set(test.get("loglik") or {})
 
 
 def hinge_nodes(theta: np.ndarray | None) -> tuple[int, ...]:

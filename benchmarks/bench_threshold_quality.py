@@ -195,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", nargs="?", const="all", default=None,
                     help="run the truth families (all, or a comma list) instead of the cells")
     ap.add_argument("--gradual-onsets", choices=("auto", "on", "off"), default="auto",
-                    help="families: the gradual onsets (rounded onset, S-curve) among the test's "
-                         "alternatives (auto: "
-                         "from 9,600 cycles, as flowtrial threshold does)")
+                    help="families: the gradual onsets (rounded onset, S-curve) among the "
+                         "test's alternatives (auto: from 9,600 cycles, as flowtrial threshold "
+                         "does)")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--timing-only", action="store_true", help="only the 100 × 200 timing")
     ap.add_argument("--jsonl", type=Path, help="also append every study's figures here")

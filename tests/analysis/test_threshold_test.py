@@ -395,3 +395,6 @@ def test_a_found_headline_says_what_the_test_ruled_out() -> None:
     assert threshold_headline(strict, "idle wait").endswith(
         "Sharper than an onset rounded over a factor 9 of the wait or an S-curve bending as "
         "gradually (tested).")
+    # A test with the rounded onset alone (an earlier default) did not rule out an S-curve.
+    rounded_only = {**found, "alternatives": {"loglik": {"hinge": -1.0, ROUNDED: -5.0}}}
+    assert "does not tell" in threshold_headline(rounded_only, "idle wait")
