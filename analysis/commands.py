@@ -161,6 +161,11 @@ def threshold(
              "not a gradual onset. Default: from 9,600 cycles on (60 × 160); at 30 × 80 the "
              "two could not be told apart.",
         show_default=False)] = None,
+    all_intervals: Annotated[bool, typer.Option(
+        "--all-intervals",
+        help="Compute the profile CIs of the median threshold and τ even when the test finds "
+             "no threshold (by default only for a threshold it supports: they are the "
+             "slowest refits).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Estimate the flow threshold: the median personal threshold and the spread τ between
@@ -188,7 +193,8 @@ def threshold(
         pooled = fit_threshold(frame, n_boot=n_boot, n_null=n_null, seed=seed,
                                median_response_tokens=median_tokens, reading_tps=reading_tps)
         personal, test = _fit_personal(frame, detection_share, workers, seed,
-                                       show=not json_out, onsets=gradual_onsets)
+                                       show=not json_out, onsets=gradual_onsets,
+                                       intervals=all_intervals)
     except AnalysisInputError as exc:
         raise _fail(str(exc)) from None
     pooled_d = pooled.to_dict()
@@ -214,8 +220,8 @@ def threshold(
     p = personal
     console.print(
         f"Median personal threshold e^c = [bold]{p.median_psi_s:.2f} s[/bold] (95 % CI "
-        f"{p.ci_s[0]:.2f}–{p.ci_s[1]:.2f} s); spread τ = {p.tau:.2f} (95 % CI "
-        f"{p.tau_ci[0]:.2f}–{p.tau_ci[1]:.2f}; test of τ = 0: p = {p.p_tau_zero:.3g})")
+        f"{_interval(p.ci_s, ' s')}); spread τ = {p.tau:.2f} (95 % CI {_interval(p.tau_ci)}; "
+        f"test of τ = 0: p = {p.p_tau_zero:.3g})")
     if tps is not None:
         console.print(f"  ≈ {tps:.1f} tokens/s streams {median_tokens:g} tokens with that idle "
                       f"wait at {reading_tps:g} tokens/s reading")
@@ -230,15 +236,23 @@ def threshold(
         console.print(f"  {model:10s} AIC {p.aic[model]:.1f}  BIC {p.bic[model]:.1f}")
 
 
+def _interval(bounds: list[float] | None, unit: str = "") -> str:
+    """"1.28–8.66 s", or why there is none (the CIs are computed only for a threshold the
+    test supports)."""
+    if bounds is None:
+        return "not computed: no threshold to bound"
+    return f"{bounds[0]:.2f}–{bounds[1]:.2f}{unit}"
+
+
 def _fit_personal(frame: Any, detection_share: float, workers: int | None, seed: int,
-                  show: bool, onsets: bool | None = None) -> Any:
+                  show: bool, onsets: bool | None = None, intervals: bool = False) -> Any:
     """`fit_personal_and_test` (personal threshold + the test against the no-threshold
     alternatives) with a rich progress bar on stderr (unless ``show`` is off)."""
     from .threshold_verdict import fit_personal_and_test
 
     if not show:
         return fit_personal_and_test(frame, detection_share=detection_share, workers=workers,
-                                     seed=seed, onsets=onsets)
+                                     seed=seed, onsets=onsets, intervals=intervals)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -251,7 +265,8 @@ def _fit_personal(frame: Any, detection_share: float, workers: int | None, seed:
             bar.update(task, completed=done, total=total)
 
         return fit_personal_and_test(frame, detection_share=detection_share, workers=workers,
-                                     seed=seed, progress=advance, onsets=onsets)
+                                     seed=seed, progress=advance, onsets=onsets,
+                                     intervals=intervals)
 
 
 def notebooks(

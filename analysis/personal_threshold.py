@@ -5,7 +5,9 @@ comparison (random-breakpoint hinge vs random-intercept smooth and flat logistic
 The model and its numerics live in `analysis.rb_model`. After the main fit, the independent
 refits (four profile endpoints, the τ = 0 fit, the comparison models and the quadrature
 check) run on worker processes (`analysis.workers.run_jobs`, single-threaded BLAS), so a
-fit uses every core; ``progress(done, total)`` reports them.
+fit uses every core; ``progress(done, total)`` reports them. The profile endpoints, the
+slowest, can be left for later (``intervals=False``, then `add_intervals`): the threshold
+analysis computes them only for a threshold its test supports (`threshold_verdict`).
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ class PersonalThresholdResult:
     """Outcome of `fit_personal_threshold` (JSON-ready via `to_dict`)."""
 
     median_psi_s: float
-    ci_s: list[float]
+    ci_s: list[float] | None  # None: not computed (`add_intervals`)
     tau: float
-    tau_ci: list[float]
+    tau_ci: list[float] | None
     tau_lr: float
     p_tau_zero: float
     sigma_u: float
@@ -170,6 +172,7 @@ def fit_personal_threshold(
     nodes: tuple[int, ...] = DEFAULT_NODES,
     level: float = 0.95,
     node_check: bool = True,
+    intervals: bool = True,
     workers: int | None = None,
     progress: ProgressFn | None = None,
 ) -> PersonalThresholdResult:
@@ -177,8 +180,10 @@ def fit_personal_threshold(
 
     ``detection_share`` d: the share of real switches the switch rule counts (known, or
     estimated with `estimate_detection_share`); P(counted) = d·expit(η). ``node_check``
-    refits with finer quadrature nodes and reports the relative changes. When people's slopes
-    above the breakpoint differ (`_with_random_slope`), every fit has the random slope."""
+    refits with finer quadrature nodes and reports the relative changes. ``intervals``: the
+    profile CIs of e^c and τ, the slowest refits (without them ``ci_s`` and ``tau_ci`` stay
+    None until `add_intervals`). When people's slopes above the breakpoint differ
+    (`_with_random_slope`), every fit has the random slope."""
     if not 0 < detection_share <= 1:
         raise AnalysisInputError(
             f"detection share {detection_share!r} must be in (0, 1]; 1 = every switch counted")
@@ -188,8 +193,62 @@ def fit_personal_threshold(
                         workers), key=lambda f: f.loglik)
     model, best, nodes, slope = _with_random_slope(data, detection_share, model, best,
                                                    nodes, workers)
-    check_nodes = _check_nodes(nodes)
     se = wald_se(model, best.theta)
+    # The profile ends first: they are the longest jobs, the short ones fill in beside them.
+    jobs = _interval_jobs(data, detection_share, nodes, best, se, level) if intervals else []
+    jobs += [(kind, data, detection_share, nodes, best, None)
+             for kind in ("tau0", "smooth", "flat", "two_groups")]
+    if node_check:
+        jobs.append(("check", data, detection_share, _check_nodes(nodes), best, None))
+    out = run_jobs(_job, jobs, workers, on_done=progress)
+    n_ends = 4 if intervals else 0
+    ends, (tau0, smooth, flat, two), checked = out[:n_ends], out[n_ends:n_ends + 4], \
+        out[n_ends + 4:]
+    result = _result(data, best, nodes, slope, se, level, detection_share,
+                     {"hinge": best.loglik, "hinge_tau0": tau0.loglik, "smooth": smooth.loglik,
+                      "flat": flat.loglik}, two)
+    if checked:
+        result.node_check = _check_summary(checked[0], best, _check_nodes(nodes))
+    if ends:
+        _set_intervals(result, ends, level)
+    return result
+
+
+def _result(data: CycleData, best: Fit, nodes: tuple[int, ...], p_slope: float,
+            se: np.ndarray, level: float, detection: float, ll: dict[str, float], two: Fit
+            ) -> PersonalThresholdResult:
+    """The result of the main fit and its comparison fits, without the profile CIs."""
+    tau_lr = max(0.0, 2 * (ll["hinge"] - ll["hinge_tau0"]))
+    n = int(data.x.size)
+    gain = float(two.loglik - best.loglik)
+    z = math.sqrt(float(chi2.ppf(level, 1)))
+    wald = None
+    # A degenerate fit (a handful of waits) can have a standard error so large that the
+    # interval's end overflows a float: no Wald interval then (the profile CI still stands).
+    if np.isfinite(se[3]) and z * se[3] < 700:
+        wald = [math.exp(best.theta[3] - z * se[3]), math.exp(best.theta[3] + z * se[3])]
+    return PersonalThresholdResult(
+        median_psi_s=math.exp(best.theta[3]), ci_s=None, tau=float(best.theta[4]),
+        tau_ci=None, tau_lr=float(tau_lr),
+        # Boundary LR test (Self & Liang 1987): ½χ²₀ + ½χ²₁ under τ = 0.
+        p_tau_zero=1.0 if tau_lr <= 0 else 0.5 * float(chi2.sf(tau_lr, 1)),
+        sigma_u=float(best.theta[1]), slope_b=float(best.theta[2]),
+        slope_sd=float(best.theta[5]) if best.theta.size > 5 else 0.0,
+        p_slope_sd_zero=p_slope, intercept_a=float(best.theta[0]), wald_ci_s=wald, loglik=ll,
+        aic={m: 2 * _K[m] - 2 * v for m, v in ll.items()},
+        bic={m: _K[m] * math.log(n) - 2 * v for m, v in ll.items()},
+        detection_share=float(detection), nodes=list(nodes), node_check=None,
+        shape={"loglik_gain_two_groups": gain,
+               "two_groups_psi_s": [math.exp(two.theta[3] - two.theta[4]),
+                                    math.exp(two.theta[3] + two.theta[4])],
+               "lognormal_like": bool(gain <= SHAPE_MARGIN)},
+        converged=bool(best.converged), n_obs=n, n_participants=data.n_participants,
+        n_switches=int(data.y.sum()))
+
+
+def _interval_jobs(data: CycleData, detection: float, nodes: tuple[int, ...], best: Fit,
+                   se: np.ndarray, level: float) -> list[tuple[Any, ...]]:
+    """The four profile-end refits (c low, c high, τ low, τ high) as `_job` arguments."""
     crit = float(chi2.ppf(level, 1))
     # τ's lower end uses the boundary mixture ½χ²₀ + ½χ²₁ (its quantile at `level` is the
     # χ²₁ quantile at 2·level − 1), as the τ = 0 test does: the interval excludes 0 exactly
@@ -201,66 +260,33 @@ def fit_personal_threshold(
         s = se[k] if np.isfinite(se[k]) and se[k] > 0 else 0.1
         return float(best.theta[k] + side * z * s)
 
-    jobs: list[tuple[Any, ...]] = [
-        ("end", data, detection_share, nodes, best, (3, -1, guess(3, -1), crit, None)),
-        ("end", data, detection_share, nodes, best, (3, 1, guess(3, 1), crit, None)),
-        ("end", data, detection_share, nodes, best, (4, -1, guess(4, -1), crit_tau_lo, 0.0)),
-        ("end", data, detection_share, nodes, best, (4, 1, guess(4, 1), crit, None)),
-        ("tau0", data, detection_share, nodes, best, None),
-        ("smooth", data, detection_share, nodes, best, None),
-        ("flat", data, detection_share, nodes, best, None),
-        ("two_groups", data, detection_share, nodes, best, None),
-    ]
-    if node_check:
-        jobs.append(("check", data, detection_share, check_nodes, best, None))
-    out = run_jobs(_job, jobs, workers, on_done=progress)
-    c_lo, c_hi, t_lo, t_hi, tau0, smooth, flat, two = out[:8]
-    tau_lr = max(0.0, 2 * (best.loglik - tau0.loglik))
-    # Boundary LR test (Self & Liang 1987): ½χ²₀ + ½χ²₁ under τ = 0.
-    p_tau = 1.0 if tau_lr <= 0 else 0.5 * float(chi2.sf(tau_lr, 1))
-    if p_tau >= 1 - level:
+    ends = [(3, -1, crit, None), (3, 1, crit, None), (4, -1, crit_tau_lo, 0.0),
+            (4, 1, crit, None)]
+    return [("end", data, detection, nodes, best, (k, side, guess(k, side), c, lower))
+            for k, side, c, lower in ends]
+
+
+def _set_intervals(result: PersonalThresholdResult, ends: list[float], level: float) -> None:
+    """Store the profile ends (c low, c high, τ low, τ high) as ``ci_s`` and ``tau_ci``."""
+    c_lo, c_hi, t_lo, t_hi = ends
+    if result.p_tau_zero >= 1 - level:
         t_lo = 0.0  # the test and the interval agree even where the two fits differ slightly
-    ll = {"hinge": best.loglik, "hinge_tau0": tau0.loglik, "smooth": smooth.loglik,
-          "flat": flat.loglik}
-    n = int(data.x.size)
-    aic = {m: 2 * _K[m] - 2 * v for m, v in ll.items()}
-    bic = {m: _K[m] * math.log(n) - 2 * v for m, v in ll.items()}
-    check = _check_summary(out[8], best, check_nodes) if node_check else None
-    gain = float(two.loglik - best.loglik)
-    shape = {"loglik_gain_two_groups": gain,
-             "two_groups_psi_s": [math.exp(two.theta[3] - two.theta[4]),
-                                  math.exp(two.theta[3] + two.theta[4])],
-             "lognormal_like": bool(gain <= SHAPE_MARGIN)}
-    wald = None
-    # A degenerate fit (a handful of waits) can have a standard error so large that the
-    # interval's end overflows a float: no Wald interval then (the profile CI still stands).
-    if np.isfinite(se[3]) and z * se[3] < 700:
-        wald = [math.exp(best.theta[3] - z * se[3]), math.exp(best.theta[3] + z * se[3])]
-    return PersonalThresholdResult(
-        median_psi_s=math.exp(best.theta[3]),
-        ci_s=[math.exp(c_lo), math.exp(c_hi)],
-        tau=float(best.theta[4]),
-        tau_ci=[float(max(0.0, t_lo)), float(t_hi)],
-        tau_lr=float(tau_lr),
-        p_tau_zero=p_tau,
-        sigma_u=float(best.theta[1]),
-        slope_b=float(best.theta[2]),
-        slope_sd=float(best.theta[5]) if best.theta.size > 5 else 0.0,
-        p_slope_sd_zero=slope,
-        intercept_a=float(best.theta[0]),
-        wald_ci_s=wald,
-        loglik=ll,
-        aic=aic,
-        bic=bic,
-        detection_share=float(detection_share),
-        nodes=list(nodes),
-        node_check=check,
-        shape=shape,
-        converged=bool(best.converged),
-        n_obs=n,
-        n_participants=data.n_participants,
-        n_switches=int(data.y.sum()),
-    )
+    result.ci_s = [math.exp(c_lo), math.exp(c_hi)]
+    result.tau_ci = [float(max(0.0, t_lo)), float(t_hi)]
+
+
+def add_intervals(df: pd.DataFrame, result: PersonalThresholdResult, *, level: float = 0.95,
+                  workers: int | None = None, progress: ProgressFn | None = None
+                  ) -> PersonalThresholdResult:
+    """The profile CIs of a fit made without them (``intervals=False``), stored in
+    ``result`` (the same cycles)."""
+    data, best = _data(df), _as_fit(result)
+    nodes = tuple(result.nodes)
+    se = wald_se(RandomBreakpointModel(data, nodes, detection=result.detection_share),
+                 best.theta)
+    jobs = _interval_jobs(data, result.detection_share, nodes, best, se, level)
+    _set_intervals(result, run_jobs(_job, jobs, workers, on_done=progress), level)
+    return result
 
 
 def _check_nodes(nodes: tuple[int, ...] | list[int]) -> tuple[int, ...]:

@@ -37,13 +37,14 @@ def share_exceeding(psi_s: float, tokens: np.ndarray, tps: float, ttft_s: float,
     return float(np.mean(waits > psi_s))
 
 
-def exceedance_table(psi_s: float, psi_ci_s: Sequence[float],
+def exceedance_table(psi_s: float, psi_ci_s: Sequence[float] | None,
                      answer_tokens: Sequence[float] | np.ndarray,
                      *, reading_tps: float = DEFAULT_READING_TPS, wait_unit: str = "cycle",
                      speeds: Sequence[float] = SPEEDS_TPS, ttfts: Sequence[float] = TTFTS_S
                      ) -> dict[str, Any]:
     """Rows (tokens/s, TTFT, share of answers waiting longer than ψ, its range over ψ's CI
-    and the reading-speed range), or ``rows: None`` with the reason it is not defined."""
+    and the reading-speed range), or ``rows: None`` with the reason it is not defined (no
+    CI of ψ: no threshold to translate)."""
     tok = np.asarray(answer_tokens, dtype=float)
     tok = tok[np.isfinite(tok) & (tok > 0)]
     base: dict[str, Any] = {"psi_s": psi_s, "reading_tps": reading_tps,
@@ -54,7 +55,7 @@ def exceedance_table(psi_s: float, psi_ci_s: Sequence[float],
         base["reason"] = ("not defined for agent turns: their waits hold intermediate calls "
                           "and tool time, which no single model pace sets")
         return base
-    if tok.size == 0 or not np.isfinite(psi_s):
+    if tok.size == 0 or not np.isfinite(psi_s) or psi_ci_s is None:
         base["reason"] = "no answer lengths recorded" if tok.size == 0 else "no threshold"
         return base
     lo_psi, hi_psi = float(psi_ci_s[0]), float(psi_ci_s[1])

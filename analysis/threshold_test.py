@@ -27,12 +27,14 @@ same participants, waits and detection share, switches redrawn from the fitted a
 Williams 1970; Cox 1962). The replicate statistic uses only that alternative (ℓ_hinge* − ℓ_A*
 ≥ T*), which makes the test conservative, never liberal.
 
-The replicates are drawn sequentially (Besag & Clifford 1991): drawing stops once
-`STOP_AFTER` of them reach T, with p = h / L (h replicates ≥ T among the L drawn); otherwise
-all B are drawn and p = (1 + #{T* ≥ T}) / (B + 1). A study is rejected at 1/(B + 1) exactly
-when the full test would reject it (no replicate reaches T), so the verdict is the full
-test's; only studies that clearly do not reject stop early — the no-threshold studies, whose
-alternatives are the slowest to refit.
+The replicates are drawn sequentially (Besag & Clifford 1991): drawing stops as soon as the
+full test could no longer reject at α — once h = `stop_count` replicates reach T (with 19
+replicates at α = 0.05, the first one that does) — with p = max(h / L, (1 + h) / (B + 1))
+(h replicates ≥ T among the L drawn; the second term only matters where α(B + 1) is not a
+whole number, and keeps p above α); otherwise all B are drawn and p = (1 + #{T* ≥ T}) /
+(B + 1). So the verdict at α is the full test's exactly; only studies that do not reject stop
+early — the no-threshold studies, whose alternatives are the slowest to refit — and their p
+is coarse but valid (it is h / L's, Besag & Clifford's, or larger).
 """
 
 from __future__ import annotations
@@ -77,8 +79,8 @@ AnyModel = RandomBreakpointModel | HazardModel | SplineModel | SCurveModel
 TEST_NODES = (12, 5)
 #: With a random slope above the breakpoint (a 6-entry hinge θ): 5 nodes for the slope.
 SLOPE_TEST_NODES = (12, 5, 5)
-#: The sequential test stops after this many replicates reach the data's statistic (h).
-STOP_AFTER = 4
+#: The level of the threshold test (and of the existence test) in the verdict.
+ALPHA = 0.05
 #: From this many cycles (60 × 160) the gradual onsets are alternatives by default. Of the
 #: two sizes measured, 30 × 80 could not tell them from the hinge and 60 × 160 could (sizes
 #: between, and other splits of the same count, are not measured).
@@ -95,6 +97,12 @@ def onsets_tested(test: dict[str, Any]) -> bool:
     """Whether a test's JSON (`ThresholdTest.to_dict`) had the gradual onsets among its
     alternatives."""
     return set(ONSETS) <= set(test.get("loglik") or {})
+
+
+def stop_count(n_max: int, alpha: float = ALPHA) -> int:
+    """Replicates reaching T after which the full test of ``n_max`` replicates can no longer
+    reject at ``alpha``: the smallest h with (1 + h) / (n_max + 1) > alpha."""
+    return max(1, math.floor(alpha * (n_max + 1) + 1e-9))
 
 
 def hinge_nodes(theta: np.ndarray | None) -> tuple[int, ...]:
@@ -234,10 +242,12 @@ class ThresholdTest:
 
 def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | None, *,
                    n_boot: int = 39, seed: int = 0, workers: int | None = None,
-                   progress: Any = None, onsets: bool | None = None) -> ThresholdTest:
+                   progress: Any = None, onsets: bool | None = None, alpha: float = ALPHA
+                   ) -> ThresholdTest:
     """Test the random-breakpoint hinge against the best no-threshold alternative by a
     parametric bootstrap from that alternative (module docstring); ``onsets`` adds the
-    gradual onsets to the alternatives (None: `includes_onsets`)."""
+    gradual onsets to the alternatives (None: `includes_onsets`); drawing stops once the test
+    cannot reject at ``alpha``."""
     kinds = ALTERNATIVES + (ONSETS if includes_onsets(onsets, data.x.size) else ())
     nodes = hinge_nodes(hinge_theta)
     fit_jobs: list[tuple[Any, ...]] = [
@@ -250,10 +260,11 @@ def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | 
     stat = hinge.loglik - fits[best].loglik
     seeds = np.random.SeedSequence(seed).generate_state(n_boot)
     jobs = [(best, fits[best].theta, hinge.theta, data, detection, int(s)) for s in seeds]
+    stop = stop_count(n_boot, alpha)
     null = [float(t) for t in run_until(_replicate, jobs,
-                                        lambda got: _exceed(got, stat) >= STOP_AFTER,
+                                        lambda got: _exceed(got, stat) >= stop,
                                         workers, on_done=progress)]
-    p = sequential_p(null, stat, n_boot)
+    p = sequential_p(null, stat, n_boot, stop)
     return ThresholdTest(
         best=best, label=ALT_LABELS[best],
         loglik={"hinge": hinge.loglik, **{k: f.loglik for k, f in fits.items()}},
@@ -267,12 +278,13 @@ def _exceed(null: list[float], stat: float) -> int:
     return sum(t >= stat - 1e-9 for t in null)
 
 
-def sequential_p(null: list[float], stat: float, n_max: int) -> float:
-    """Besag–Clifford p-value of replicates drawn until `STOP_AFTER` reach ``stat`` (or all
-    ``n_max``): h / L when stopped early, else (1 + #{T* ≥ T}) / (n_max + 1)."""
+def sequential_p(null: list[float], stat: float, n_max: int, stop: int) -> float:
+    """Besag–Clifford p-value of replicates drawn until ``stop`` of them reach ``stat`` (or
+    all ``n_max``): max(h / L, (1 + h) / (n_max + 1)) when stopped, else (1 + #{T* ≥ T}) /
+    (n_max + 1)."""
     h = _exceed(null, stat)
-    if h >= STOP_AFTER and len(null) <= n_max:
-        return h / len(null)
+    if h >= stop:
+        return max(h / len(null), (1 + h) / (n_max + 1))
     return (1 + h) / (n_max + 1)
 
 
@@ -313,7 +325,7 @@ def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
             "the typical person)")
 
 
-__all__ = ["ALTERNATIVES", "MIN_BEND", "ONSETS", "ONSETS_FROM_CYCLES", "ONSET_FACTOR",
-           "ROUNDED", "SCURVE", "STOP_AFTER", "TEST_NODES", "ThresholdTest",
-           "describe_alternative", "includes_onsets", "onsets_tested", "sequential_p",
-           "simulate_alternative", "threshold_test"]
+__all__ = ["ALPHA", "ALTERNATIVES", "MIN_BEND", "ONSETS", "ONSETS_FROM_CYCLES", "ONSET_FACTOR",
+           "ROUNDED", "SCURVE", "TEST_NODES", "ThresholdTest", "describe_alternative",
+           "includes_onsets", "onsets_tested", "sequential_p", "simulate_alternative",
+           "stop_count", "threshold_test"]

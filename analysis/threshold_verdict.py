@@ -18,19 +18,18 @@ from .personal_threshold import (
     PersonalThresholdResult,
     ProgressFn,
     _data,
+    add_intervals,
     check_summary,
     fit_personal_threshold,
     hinge_theta,
     quadrature_check,
 )
 from .threshold import fit_threshold
-from .threshold_test import ThresholdTest, threshold_test
+from .threshold_test import ALPHA, ThresholdTest, threshold_test
 
 #: Null replicates of the threshold test: with 19, p <= 0.05 needs the data's statistic to
 #: beat every replicate (an exact Monte Carlo test at 5 %).
 DEFAULT_TEST_REPLICATES = 19
-#: The level of the threshold test (and of the existence test) in the verdict.
-ALPHA = 0.05
 #: Largest relative change of the median threshold under the finer quadrature check that
 #: still lets a threshold be reported.
 MAX_NODE_CHANGE = 0.05
@@ -43,7 +42,7 @@ def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: 
     pooled existence test), rise above the breakpoint (b > 0), the random-breakpoint hinge
     must beat the best no-threshold alternative, p <= ``alpha`` (``test``: the parametric
     bootstrap of `threshold_test`, an exact Monte Carlo test; without it, no threshold is
-    claimed), and the CI of e^c must span at most ``max_ci_decades`` and stay inside the
+    claimed), and the CI of e^c (computed) must span at most ``max_ci_decades`` and stay inside the
     observed waits, and the finer quadrature check (when run) must move it by at most
     `MAX_NODE_CHANGE`.
     Returns (found, reason)."""
@@ -60,6 +59,9 @@ def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: 
         return False, (f"No threshold: {test['summary']}; a threshold fits no better than "
                        f"this {test['label']} (p = {_num(test['p_value'])} > {alpha:g}, "
                        f"parametric bootstrap, {replicates_text(test)})")
+    if ci is None:
+        return False, ("No threshold: the 95 % CI of the median personal threshold was not "
+                       "computed (fit it with intervals)")
     if math.log10(ci[1] / ci[0]) > max_ci_decades:
         return False, (f"No threshold: the 95 % CI of the median personal threshold "
                        f"({ci[0]:.3g}–{ci[1]:.3g} s) spans more than {max_ci_decades:g} decade")
@@ -90,27 +92,34 @@ def _num(x: Any) -> str:
 def fit_personal_and_test(frame: pd.DataFrame, *, detection_share: float = 1.0,
                           workers: int | None = None, progress: ProgressFn | None = None,
                           node_check: bool = True, n_test: int = DEFAULT_TEST_REPLICATES,
-                          seed: int = 0, onsets: bool | None = None, alpha: float = ALPHA
+                          seed: int = 0, onsets: bool | None = None, alpha: float = ALPHA,
+                          intervals: bool = False
                           ) -> tuple[PersonalThresholdResult, ThresholdTest]:
     """The personal threshold and the test of the hinge against the no-threshold
     alternatives (`threshold_test`; ``onsets``: the gradual onsets too, None: from
-    `ONSETS_FROM_CYCLES` cycles on), on the same cycles. The quadrature check
-    (``node_check``) runs only when it can change the verdict: when the test rejects at
-    ``alpha`` and the hinge rises (otherwise there is no threshold whatever it says, and
-    ``node_check`` stays None)."""
+    `ONSETS_FROM_CYCLES` cycles on), on the same cycles. The profile CIs of e^c and τ (the
+    slowest refits) and the quadrature check (``node_check``) run only when they can matter
+    to the verdict: when the test rejects at ``alpha`` and the hinge rises (otherwise there
+    is no threshold to bound, ``ci_s``, ``tau_ci`` and ``node_check`` stay None);
+    ``intervals``: the CIs always."""
     personal = fit_personal_threshold(frame, detection_share=detection_share, workers=workers,
-                                      progress=progress, node_check=False)
+                                      progress=progress, node_check=False, intervals=intervals)
     theta = hinge_theta(personal)  # with κ when people's rises differ: the test's hinge too
-    needed = node_check and personal.slope_b > 0
+    rises = personal.slope_b > 0
     # With workers the check starts beside the test (it is needed only if the test rejects,
     # and a study whose test stops early never waits for it); with one, after it if needed.
-    check = quadrature_check(frame, personal) if needed and workers != 1 else None
+    check = quadrature_check(frame, personal) if node_check and rises and workers != 1 \
+        else None
     try:
         test = threshold_test(_data(frame), detection_share, theta, n_boot=n_test, seed=seed,
-                              workers=workers, progress=progress, onsets=onsets)
-        if needed and test.p_value <= alpha:
-            check = check or quadrature_check(frame, personal)
-            check_summary(personal, check.result())
+                              workers=workers, progress=progress, onsets=onsets,
+                              alpha=alpha)
+        if rises and test.p_value <= alpha:
+            if personal.ci_s is None:
+                add_intervals(frame, personal, workers=workers, progress=progress)
+            if node_check:
+                check = check or quadrature_check(frame, personal)
+                check_summary(personal, check.result())
     finally:
         if check is not None:
             check.cancel()
@@ -121,15 +130,15 @@ def analyse_threshold(frame: pd.DataFrame, *, detection_share: float = 1.0, n_bo
                       n_null: int = 200, seed: int = 0, workers: int | None = None,
                       progress: ProgressFn | None = None, node_check: bool = True,
                       n_test: int = DEFAULT_TEST_REPLICATES, alpha: float = ALPHA,
-                      onsets: bool | None = None) -> dict[str, Any]:
+                      onsets: bool | None = None, intervals: bool = False) -> dict[str, Any]:
     """The whole threshold analysis of cycles (`participant_id`, `wait_s`, `switched`):
     ``{"found", "reason", "personal", "alternatives", "pooled"}`` as `flowtrial threshold
-    --json` prints."""
+    --json` prints (``intervals``: `fit_personal_and_test`'s)."""
     pooled = fit_threshold(frame, n_boot=n_boot, n_null=n_null, seed=seed)
     personal, test = fit_personal_and_test(frame, detection_share=detection_share,
                                            workers=workers, progress=progress,
                                            node_check=node_check, n_test=n_test, seed=seed,
-                                           onsets=onsets, alpha=alpha)
+                                           onsets=onsets, alpha=alpha, intervals=intervals)
     pooled_d, pers, test_d = pooled.to_dict(), personal.to_dict(), test.to_dict()
     waits = frame["wait_s"].to_numpy(float)
     found, reason = personal_verdict(pers, pooled_d, waits[np.isfinite(waits) & (waits > 0)],

@@ -88,9 +88,23 @@ def run_until(
             while len(prefix) in done:
                 prefix.append(done[len(prefix)])
                 if stop(prefix):
-                    pool.shutdown(wait=True, cancel_futures=True)
+                    _stop_now(pool)
                     return prefix
     return prefix
+
+
+def _stop_now(pool: ProcessPoolExecutor) -> None:
+    """Cancel the jobs not started and kill the workers running the rest: shutting down
+    waits for every job already handed to a worker, and the executor hands a worker a job
+    beyond the one it runs (measured: 3 jobs more, 15 s where 0.4 s were needed)."""
+    # The executor has no public way to stop a running job; its worker processes are
+    # `_processes` (pid -> Process) in every CPython version that has `cancel_futures`.
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.join()
 
 
 def _pool(n: int) -> ProcessPoolExecutor:

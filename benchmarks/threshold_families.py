@@ -45,7 +45,10 @@ def family_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, An
         out = analyse_threshold(df[["participant_id", "wait_s", "switched"]],
                                 n_boot=cfg["n_boot"], n_null=cfg["n_boot"], seed=seed,
                                 workers=1, node_check=False,
-                                onsets=cfg.get("onsets"))
+                                onsets=cfg.get("onsets"),
+                                # The CIs of every threshold-truth study (found or not), for
+                                # their coverage; elsewhere only when the test rejects.
+                                intervals=bool(row["threshold_truth"]))
     except Exception as exc:  # noqa: BLE001 - a failed fit is a benchmark figure too
         row["error"] = f"{type(exc).__name__}: {exc}"
     else:

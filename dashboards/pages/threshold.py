@@ -43,7 +43,8 @@ def headline(pt: dict, summary: dict, settings: compute.FitSettings, report_boot
                 help="e^c of the random-breakpoint model: the typical person's threshold "
                      "(the report's headline)")
     m[1].metric("95 % CI", ui.ci(pt.get("ci_s"), " s") if pt else "fitting…",
-                help="profile-likelihood interval, as in the report")
+                help="profile-likelihood interval, as in the report; computed only for a "
+                     "threshold the test supports")
     m[2].metric("Spread τ (log-sd)", ui.num(pt.get("tau")),
                 help=f"95 % CI {ui.ci(pt.get('tau_ci'))}; test of τ = 0: "
                      f"p = {ui.num(pt.get('p_tau_zero'))}")

@@ -133,3 +133,23 @@ def test_threshold_command(tmp_path: Path) -> None:
     assert share.exit_code == 2 and "--detection-share" in share.stderr
     bad = runner.invoke(app, ["threshold", str(path)])
     assert bad.exit_code == 2 and "wait_s" in bad.stderr
+
+
+def test_threshold_command_bounds_only_a_threshold_it_finds(tmp_path: Path) -> None:
+    """Memoryless switching: no threshold, so no CI of one (the slowest refits skipped) —
+    said in words, None in JSON; ``--all-intervals`` computes them anyway."""
+    path = tmp_path / "cycles.csv"
+    simulate_switch_data("hazard", 20, 50, seed=5, intercept_sd=0.5).to_csv(path, index=False)
+    base = ["threshold", str(path), "--n-boot", "20", "--n-null", "20", "--workers", "1"]
+    text = runner.invoke(app, base)
+    assert text.exit_code == 0, text.output
+    words = " ".join(text.stdout.split())  # rich wraps long lines
+    assert "(95 % CI not computed: no threshold to bound)" in words
+    assert "No threshold:" in words
+    plain = json.loads(runner.invoke(app, [*base, "--json"]).stdout)
+    assert not plain["found"] and plain["personal"]["ci_s"] is None
+    assert plain["personal"]["tau_ci"] is None
+    full = json.loads(runner.invoke(app, [*base, "--json", "--all-intervals"]).stdout)
+    ci = full["personal"]["ci_s"]
+    assert not full["found"] and ci[0] < full["personal"]["median_psi_s"] < ci[1]
+    assert full["reason"] == plain["reason"]

@@ -12,6 +12,7 @@ import pytest
 from scipy.optimize import approx_fprime
 from scipy.special import expit
 
+from flowtrial.analysis.personal_threshold import add_intervals, fit_personal_threshold
 from flowtrial.analysis.rb_model import CycleData, HazardModel, RandomBreakpointModel, maximize
 from flowtrial.analysis.scurve_model import LOWER_BEND_UNITS, MIN_WIDTH, SCurveModel
 from flowtrial.analysis.spline_model import SplineModel, ispline_basis
@@ -21,7 +22,6 @@ from flowtrial.analysis.threshold_test import (
     ONSETS_FROM_CYCLES,
     ROUNDED,
     SCURVE,
-    STOP_AFTER,
     alternative_starts,
     best_fit,
     describe_alternative,
@@ -30,6 +30,7 @@ from flowtrial.analysis.threshold_test import (
     make_model,
     sequential_p,
     simulate_alternative,
+    stop_count,
     threshold_test,
 )
 from flowtrial.analysis.threshold_truth import NO_THRESHOLD_TRUTHS, TRUTHS, simulate_switch_data
@@ -138,7 +139,8 @@ def test_memoryless_switching_loses_to_the_hazard_and_a_threshold_wins() -> None
     hazard = _data(simulate_switch_data("hazard", 20, 50, seed=5, intercept_sd=0.5))
     res = threshold_test(hazard, 1.0, None, n_boot=3, seed=1, workers=1)
     assert res.best in ("hazard", "spline") and res.stat < 2.0
-    assert res.loglik["hazard"] > res.loglik["slopes"] and len(res.null_stats) == 3
+    assert res.loglik["hazard"] > res.loglik["slopes"] and 1 <= len(res.null_stats) <= 3
+    assert res.p_value > 0.25  # it stopped at the first replicate that reached T (or drew 3)
     assert "each extra second" in describe_alternative("hazard", np.array(
         res.params["hazard"]), hazard)
     hinge = _data(simulate_switch_data("hinge", 30, 80, psi_sd=0.0, seed=1))
@@ -205,7 +207,6 @@ def test_speed_table_shares_and_ranges() -> None:
 def test_shape_check_flags_two_groups_of_people() -> None:
     """Half the people at 2.4 s, half at 15 s: two groups fit better than log-normal
     thresholds, so percentiles are withheld; log-normal thresholds pass the check."""
-    from flowtrial.analysis.personal_threshold import fit_personal_threshold
 
     two = fit_personal_threshold(simulate_switch_data("bimodal", 30, 80, psi_s=6.0, seed=3),
                                  workers=1, node_check=False)
@@ -259,22 +260,45 @@ def test_a_random_slope_hinge_is_tested_with_its_random_slope() -> None:
 
 
 def test_sequential_p_is_besag_clifford() -> None:
-    """Stopped after h = STOP_AFTER replicates reach T among L drawn: p = h / L; all drawn:
-    (1 + #) / (B + 1) — so a rejection at 1/(B + 1) is the full test's."""
-    assert STOP_AFTER == 4
-    assert sequential_p([5.0, 1.0, 6.0, 7.0, 8.0], 4.0, 19) == pytest.approx(4 / 5)
-    assert sequential_p([1.0] * 19, 4.0, 19) == pytest.approx(1 / 20)
-    assert sequential_p([1.0] * 17 + [4.0, 9.0], 4.0, 19) == pytest.approx(3 / 20)
+    """Stopped once h = stop_count replicates reach T among L drawn: p = max(h / L,
+    (1 + h) / (B + 1)); all drawn: (1 + #) / (B + 1)."""
+    assert (stop_count(19), stop_count(39), stop_count(29), stop_count(19, 0.1)) == (1, 2, 1, 2)
+    assert sequential_p([1.0, 1.0, 5.0], 4.0, 19, 1) == pytest.approx(1 / 3)
+    assert sequential_p([5.0, 1.0, 6.0], 4.0, 39, 2) == pytest.approx(2 / 3)
+    assert sequential_p([1.0] * 19, 4.0, 19, 1) == pytest.approx(1 / 20)
+    # α(B + 1) = 1.5: the first exceedance as the 29th replicate stops it, and p stays > α
+    # (h / L alone would be 1/29 < 0.05, a rejection the full test does not make).
+    assert sequential_p([1.0] * 28 + [4.0], 4.0, 29, 1) == pytest.approx(2 / 30)
+
+
+@pytest.mark.parametrize(("n_max", "alpha"), [(19, 0.05), (29, 0.05), (39, 0.05), (99, 0.01),
+                                              (19, 0.1)])
+def test_the_sequential_verdict_is_the_full_tests(n_max: int, alpha: float) -> None:
+    """Over many replicate sequences (the data's statistic ranked anywhere among them), the
+    test that stops at `stop_count` rejects at α exactly when the test drawing all of them
+    does."""
+    rng = np.random.default_rng(n_max)
+    stop = stop_count(n_max, alpha)
+    for _ in range(400):
+        null = list(rng.standard_normal(n_max))
+        stat = float(rng.choice([*null, 2.5, 3.5, -3.0]))
+        full = sequential_p(null, stat, n_max, n_max + 1)  # never stops
+        hits = np.cumsum(np.asarray(null) >= stat - 1e-9)
+        length = int(np.argmax(hits >= stop)) + 1 if hits[-1] >= stop else n_max
+        p = sequential_p(null[:length], stat, n_max, stop)
+        assert (p <= alpha) == (full <= alpha)
 
 
 def test_a_clear_no_threshold_study_stops_early_with_the_full_tests_replicates() -> None:
-    """Memoryless switching: the test stops once four replicates reach T, and the replicates
-    it drew are the full test's first ones (same seeds)."""
+    """Memoryless switching: the test stops once it cannot reject at 5 % (with 19 replicates:
+    the first replicate that reaches T), and the replicates it drew are the full test's first
+    ones (same seeds)."""
     hazard = _data(simulate_switch_data("hazard", 20, 50, seed=5, intercept_sd=0.5))
     res = threshold_test(hazard, 1.0, None, n_boot=19, seed=1, workers=2)
-    assert res.n_max == 19 and STOP_AFTER <= res.n_boot < 19
-    assert sum(t >= res.stat - 1e-9 for t in res.null_stats) == STOP_AFTER
-    assert res.p_value == pytest.approx(STOP_AFTER / res.n_boot)
+    assert res.n_max == 19 and 1 <= res.n_boot < 19
+    hits = [t >= res.stat - 1e-9 for t in res.null_stats]
+    assert sum(hits) == stop_count(19) == 1 and hits[-1]
+    assert res.p_value == pytest.approx(max(1 / res.n_boot, 2 / 20)) and res.p_value > 0.05
     first = threshold_test(hazard, 1.0, None, n_boot=2, seed=1, workers=1)
     assert first.null_stats == pytest.approx(res.null_stats[:2])
 
@@ -369,13 +393,29 @@ def test_rounded_onset_is_recovered_and_named(monkeypatch: pytest.MonkeyPatch) -
     assert "gradual onset" in res.summary and "not" not in res.label
 
 
-def test_the_quadrature_check_runs_only_when_it_can_change_the_verdict() -> None:
-    """A memoryless study's test does not reject, so its check is not run (it could only
-    have withdrawn a threshold that is not there); the CLI test shows a found one has it."""
+def test_the_check_and_the_cis_run_only_when_they_can_change_the_verdict() -> None:
+    """A memoryless study's test does not reject, so neither the quadrature check nor the
+    profile CIs are computed (there is no threshold to check or bound; the CLI test shows a
+    found one has both); `add_intervals` adds the CIs a fit with them has."""
     hazard = simulate_switch_data("hazard", 20, 50, seed=5, intercept_sd=0.5)
-    personal, test = fit_personal_and_test(hazard[["participant_id", "wait_s", "switched"]],
-                                           workers=2, n_test=19, seed=1)
+    frame = hazard[["participant_id", "wait_s", "switched"]]
+    personal, test = fit_personal_and_test(frame, workers=2, n_test=19, seed=1)
     assert test.p_value > 0.05 and personal.node_check is None
+    assert personal.ci_s is None and personal.tau_ci is None
+    full = fit_personal_threshold(frame, workers=2, node_check=False)
+    assert full.ci_s is not None and full.ci_s[0] < full.median_psi_s < full.ci_s[1]
+    assert full.median_psi_s == pytest.approx(personal.median_psi_s)
+    assert add_intervals(frame, personal, workers=2) is personal
+    assert personal.ci_s == pytest.approx(full.ci_s) and personal.tau_ci == pytest.approx(
+        full.tau_ci)
+
+
+def test_a_supported_threshold_without_its_ci_is_not_reported() -> None:
+    """The verdict never reports a threshold whose CI was not computed."""
+    found, reason = personal_verdict({"ci_s": None, "slope_b": 1.0}, {"p_exists": 0.001},
+                                     np.array([1.0, 60.0]), test={"p_value": 0.05})
+    assert not found and reason == ("No threshold: the 95 % CI of the median personal "
+                                    "threshold was not computed (fit it with intervals)")
 
 
 def test_a_found_headline_says_what_the_test_ruled_out() -> None:

@@ -44,3 +44,14 @@ def test_background_job_gives_its_result_or_is_killed() -> None:
     with Background(_sleep_then, 7, 30.0):
         pass  # leaving the block kills the job: nobody waits 30 s
     assert time.perf_counter() - t0 < 10
+
+
+def test_run_until_does_not_wait_for_jobs_the_stop_made_useless() -> None:
+    """The stop kills the workers still running jobs beyond the prefix (30 s each here):
+    shutting the pool down would wait for them and for the jobs queued behind them."""
+    jobs = [(k, 0.05 if k < 3 else 30.0) for k in range(10)]
+    t0 = time.perf_counter()
+    assert run_until(_sleep_then, jobs, lambda out: len(out) >= 3, 2) == [0, 1, 2]
+    assert time.perf_counter() - t0 < 15
+    # The next pool works as before.
+    assert run_jobs(_sleep_then, [(1, 0.01), (2, 0.01)], 2) == [1, 2]
