@@ -33,7 +33,7 @@ report), and the wall time of one full 100 × 200 analysis (with the threshold t
 With ``--families`` it instead runs the truth families of `threshold_families.py` (smooth
 with person slopes, memoryless hazard, slope heterogeneity, bimodal thresholds, unbalanced
 participants; issue 27) through the CLI's analysis path and prints, per family and size, the
-rate of threshold claims with its Clopper-Pearson CI, ψ̂ bias, CI and τ coverage and the
+rate of threshold claims with its Wilson 95 % CI, ψ̂ bias, CI and τ coverage and the
 time per analysis.
 
 Usage: python benchmarks/bench_threshold_quality.py [--sizes 30x80,100x200] [--seeds 20]
