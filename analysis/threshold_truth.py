@@ -45,12 +45,16 @@ def _sim_logit_eta(
 
 
 Truth = Literal["hinge", "smooth", "flat", "logistic_slopes", "hazard", "hinge_slopes",
-                "bimodal", "sigmoid", "weibull_frailty"]
+                "bimodal", "sigmoid", "weibull_frailty", "sigmoid_midpoints", "gompertz"]
 TRUTHS: tuple[str, ...] = ("hinge", "smooth", "flat", "logistic_slopes", "hazard",
-                           "hinge_slopes", "bimodal", "sigmoid", "weibull_frailty")
+                           "hinge_slopes", "bimodal", "sigmoid", "weibull_frailty",
+                           "sigmoid_midpoints", "gompertz")
 #: Truths without a threshold: a test that reports one under them makes a false claim.
 NO_THRESHOLD_TRUTHS = frozenset({"smooth", "flat", "logistic_slopes", "hazard", "sigmoid",
-                                 "weibull_frailty"})
+                                 "weibull_frailty", "sigmoid_midpoints", "gompertz"})
+#: The S-shaped truths: their rise in log wait, and its width (log-sd of the normal CDF).
+S_SHAPED = ("sigmoid", "sigmoid_midpoints", "gompertz")
+S_WIDTH = 1.2
 
 
 def _prompt_counts(rng: np.random.Generator, n_participants: int, n_prompts: int,
@@ -102,6 +106,11 @@ def simulate_switch_data(
       background on the logit scale); no threshold;
     * sigmoid: a smooth S-shaped rise with no breakpoint, logit p = logit(p_low) + uᵢ +
       sᵢ·R·Φ((log w − log ψ)/1.2), R = logit(p_high) − logit(p_low) (slope_sd 0.4 when 0);
+    * sigmoid_midpoints: the sigmoid's rise with its midpoint differing between people, at
+      log ψᵢ (as the hinge's thresholds do), instead of its size;
+    * gompertz: an asymmetric rise, R·exp(−e^(−1.5·(log w − log ψᵢ)/1.2)), midpoints
+      differing as in sigmoid_midpoints (both are skeptics' truths: the S-curve alternative
+      was not built for them);
     * weibull_frailty: an increasing hazard with gamma frailty, P = 1 − (1 − p_low)·
       exp(−(Gᵢ·λ·w)^1.5), Gᵢ ~ Gamma(2, 1/2) (mean 1), λ such that the median person reaches
       p_high at the longest wait; no threshold (a family the estimator was not built for);
@@ -132,8 +141,9 @@ def simulate_switch_data(
     # Drawn after the waits, and only when used, so the older truths keep their seeds' data.
     s_i = (np.exp(slope_sd * rng.standard_normal(n_participants)) if slope_sd > 0
            else np.ones(n_participants))
-    if truth in ("sigmoid", "weibull_frailty"):
-        p = _smooth_family_p(truth, logw, pid, u_i, s_i, rng, p_low, p_high, psi_s, w_max)
+    if truth in (*S_SHAPED, "weibull_frailty"):
+        p = _smooth_family_p(truth, logw, pid, u_i, s_i, np.log(psi_i), rng, p_low, p_high,
+                             psi_s, w_max)
     elif truth == "hazard":
         lam = -math.log((1 - p_high) / (1 - p_low)) / w_max * np.exp(rate_sd * zs)
         base = _expit(math.log(p_low / (1 - p_low)) + u_i)
@@ -159,14 +169,18 @@ def simulate_switch_data(
 
 
 def _smooth_family_p(truth: str, logw: np.ndarray, pid: np.ndarray, u_i: np.ndarray,
-                     s_i: np.ndarray, rng: np.random.Generator, p_low: float, p_high: float,
-                     psi_s: float, w_max: float) -> np.ndarray:
-    """Switch probabilities of the "sigmoid" and "weibull_frailty" truths (no threshold)."""
+                     s_i: np.ndarray, log_psi_i: np.ndarray, rng: np.random.Generator,
+                     p_low: float, p_high: float, psi_s: float, w_max: float) -> np.ndarray:
+    """Switch probabilities of the S-shaped truths (`S_SHAPED`) and "weibull_frailty" (no
+    threshold)."""
     from scipy.stats import norm
 
     lo = math.log(p_low / (1 - p_low))
-    if truth == "sigmoid":
-        rise = (math.log(p_high / (1 - p_high)) - lo) * norm.cdf((logw - math.log(psi_s)) / 1.2)
+    if truth in S_SHAPED:
+        mid = math.log(psi_s) if truth == "sigmoid" else log_psi_i[pid]
+        arg = (logw - mid) / S_WIDTH
+        shape = np.exp(-np.exp(-1.5 * arg)) if truth == "gompertz" else norm.cdf(arg)
+        rise = (math.log(p_high / (1 - p_high)) - lo) * shape
         return np.asarray(_expit(lo + u_i[pid] + s_i[pid] * rise))
     g = rng.gamma(2.0, 0.5, size=u_i.size)
     lam = (-math.log((1 - p_high) / (1 - p_low))) ** (1 / 1.5) / w_max

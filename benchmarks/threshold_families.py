@@ -19,6 +19,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "hazard_unbal": {"truth": "hazard", "intercept_sd": 0.5, "unbalanced": True},
     "sigmoid": {"truth": "sigmoid", "intercept_sd": 0.5},
     "weibull_frailty": {"truth": "weibull_frailty", "intercept_sd": 0.5},
+    # skeptics' truths the S-curve alternative was not built for (people's midpoints differ)
+    "sigmoid_mid": {"truth": "sigmoid_midpoints", "intercept_sd": 0.5},
+    "gompertz": {"truth": "gompertz", "intercept_sd": 0.5},
     # threshold (median personal ψ = PSI)
     "hinge": {"truth": "hinge", "intercept_sd": 0.5},
     "hinge_strong": {"truth": "hinge_slopes", "slope_sd": 0.8},

@@ -132,6 +132,21 @@ def test_truth_families_are_known() -> None:
         [6 / math.sqrt(6), 6 * math.sqrt(6)], rel=1e-3)
 
 
+@pytest.mark.parametrize("truth", ["sigmoid_midpoints", "gompertz"])
+def test_skeptics_s_curves_move_each_persons_midpoint(truth: str) -> None:
+    """The skeptics' S-shaped truths (no threshold) rise around each person's own ψᵢ: people
+    with a short ψᵢ switch far more often at middling waits than people with a long one —
+    unlike the sigmoid, whose people differ in the size of one shared rise."""
+    assert truth in NO_THRESHOLD_TRUTHS
+
+    def gap(name: str) -> float:
+        d = simulate_switch_data(name, 200, 300, psi_s=6.0, psi_sd=0.8, seed=1)
+        mid, short = d["wait_s"].between(2, 12), d["true_psi_s"] < 6.0
+        return float(d[mid & short]["switched"].mean() - d[mid & ~short]["switched"].mean())
+
+    assert gap(truth) > 0.1 and abs(gap("sigmoid")) < 0.05
+
+
 def test_memoryless_switching_loses_to_the_hazard_and_a_threshold_wins() -> None:
     """Constant-hazard data: the hazard fits better than the logistic, a smooth alternative
     wins (the monotone spline can also follow a constant hazard's curve) and the hinge gains
