@@ -201,9 +201,8 @@ def fit_personal_threshold(
     if node_check:
         jobs.append(("check", data, detection_share, _check_nodes(nodes), best, None))
     out = run_jobs(_job, jobs, workers, on_done=progress)
-    n_ends = 4 if intervals else 0
-    ends, (tau0, smooth, flat, two), checked = out[:n_ends], out[n_ends:n_ends + 4], \
-        out[n_ends + 4:]
+    ends = out[:4] if intervals else []
+    tau0, smooth, flat, two, *checked = out[len(ends):]
     result = _result(data, best, nodes, slope, se, level, detection_share,
                      {"hinge": best.loglik, "hinge_tau0": tau0.loglik, "smooth": smooth.loglik,
                       "flat": flat.loglik}, two)

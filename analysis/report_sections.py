@@ -489,7 +489,8 @@ def compare_truth(
                            "pooled_ci_s": pooled_ci, "found": bool(threshold.get("found"))}
     if truth["has_threshold"] and psi_median and est:
         out["log_ratio"] = math.log(est / psi_median)
-        out["ci_covers_truth"] = bool(ci and ci[0] <= psi_median <= ci[1])
+        # None, not False, when the CI was not computed (no threshold found to bound).
+        out["ci_covers_truth"] = bool(ci[0] <= psi_median <= ci[1]) if ci else None
         if tau_true is not None and tau_ci:
             out["tau_ci_covers_truth"] = bool(tau_ci[0] <= tau_true <= tau_ci[1])
     if truth["has_threshold"] and psi_star and pooled_ci:

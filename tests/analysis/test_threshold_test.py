@@ -453,3 +453,17 @@ def test_a_found_headline_says_what_the_test_ruled_out() -> None:
     # A test with the rounded onset alone (an earlier default) did not rule out an S-curve.
     rounded_only = {**found, "alternatives": {"loglik": {"hinge": -1.0, ROUNDED: -5.0}}}
     assert "does not tell" in threshold_headline(rounded_only, "idle wait")
+
+
+def test_ground_truth_coverage_is_unknown_without_a_ci() -> None:
+    """A simulated threshold study whose test found none has no CI: its coverage is unknown
+    (None, printed "—"), not a miss; with a CI it is checked."""
+    from flowtrial.analysis.report_sections import compare_truth
+
+    truth = {"truth_model": "hinge", "threshold_s": 6.0, "threshold_logsd": 0.35,
+             "has_threshold": True}
+    none = compare_truth(truth, {"personal": {"median_psi_s": 5.0, "ci_s": None}})
+    assert none["ci_covers_truth"] is None and none["log_ratio"] == pytest.approx(
+        math.log(5 / 6))
+    some = compare_truth(truth, {"personal": {"median_psi_s": 5.0, "ci_s": [4.0, 5.5]}})
+    assert some["ci_covers_truth"] is False
