@@ -30,6 +30,7 @@ from scipy.optimize import minimize
 from scipy.special import expit, logsumexp
 
 from . import AnalysisInputError
+from .hinge_kernel import hinge_nll
 
 PARAMS = ("a", "sigma_u", "b", "c", "tau", "kappa")
 #: The rounded onset's narrowest bend: a person's slope goes from 10 % to 90 % of its full
@@ -187,9 +188,13 @@ class RandomBreakpointModel:
 
     def __init__(self, data: CycleData, nodes: tuple[int, ...] = (24, 7), *,
                  detection: float = 1.0, kind: str = "hinge",
-                 dtype: type = np.float64, min_bend: float = MIN_BEND) -> None:
+                 dtype: type = np.float64, min_bend: float = MIN_BEND,
+                 dense: bool = False) -> None:
         self.d = data
         self.kind = kind
+        # The hinge is computed where it is active (`hinge_kernel`); ``dense`` keeps the
+        # full (cycles × nodes) pass, the reference it is tested against.
+        self.dense = dense
         self.detection = check_detection(detection)
         # "hinge_tau0": everyone shares the breakpoint, so z drops out (one node).
         nz, nv = nodes[:2] if kind in ("hinge", "slopes", "rounded") else (1, nodes[1])
@@ -211,6 +216,7 @@ class RandomBreakpointModel:
         self.dtype = dtype
         self.sign: np.ndarray = (2.0 * data.y - 1.0)[:, None].astype(dtype)
         self.no_switch: np.ndarray = (data.y <= 0.5).astype(dtype)[:, None]
+        self.y1: np.ndarray = data.y > 0.5
         sizes = np.diff(np.r_[data.starts, n])
         self.person_of_row = np.repeat(np.arange(data.n_participants), sizes)
         self.xc = float(data.x.mean())
@@ -254,6 +260,8 @@ class RandomBreakpointModel:
     def nll(self, theta: np.ndarray, need_grad: bool = True) -> tuple[float, np.ndarray]:
         """(−ℓ, −∂ℓ/∂θ) at θ = (a, σ_u, b, c, τ[, κ])."""
         self.n_evals += 1
+        if self.kind == "hinge" and not self.dense:
+            return hinge_nll(self, theta, need_grad)
         a, su, b, c, tau = (float(t) for t in theta[:5])
         kappa = float(theta[5]) if self.has_slope else 0.0
         omega = float(theta[-1]) if self.kind == "rounded" else 0.0

@@ -7,8 +7,10 @@ random-slope, shape and quadrature checks, and the sequential threshold test (up
 replicates). Studies come from `threshold_families.py` (every switch counted).
 
 The floor is a fixed kernel: one evaluation of the random-breakpoint likelihood and its
-gradient on a 100 × 200 study with 12 × 5 × 5 nodes (the threshold test's hinge), the median
-of 5, single-threaded. On a shared machine the wall time moves with other people's load;
+gradient on a 100 × 200 study with 12 × 5 × 5 nodes (the threshold test's hinge) by the dense
+pass over every cycle and node (``dense=True``: the analysis itself uses the faster
+`hinge_kernel`, the floor stays the same code across versions), the median of 5,
+single-threaded. On a shared machine the wall time moves with other people's load;
 the ratio wall / floor moves less, so compare ratios within one run.
 
 Usage: python benchmarks/bench_threshold_time.py [--families hinge,logistic_slopes,hazard]
@@ -54,7 +56,8 @@ def floor_s(n_part: int, n_prompts: int) -> float:
     from flowtrial.analysis.personal_threshold import _data
     from flowtrial.analysis.rb_model import RandomBreakpointModel
 
-    model = RandomBreakpointModel(_data(study("hinge", n_part, n_prompts, 1)), (12, 5, 5))
+    model = RandomBreakpointModel(_data(study("hinge", n_part, n_prompts, 1)), (12, 5, 5),
+                                  dense=True)
     theta = np.array([-3.0, 0.5, 1.9, np.log(PSI), 0.35, 0.3])
     times = []
     for _ in range(5):
