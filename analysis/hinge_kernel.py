@@ -25,26 +25,36 @@ def _log_p(eta: np.ndarray, sign: np.ndarray | float, no_switch: np.ndarray | fl
            d: float) -> tuple[np.ndarray, np.ndarray]:
     """(log P(observed y), ∂log P/∂η) for linear predictors ``eta`` and outcome signs ±1 with
     detection share ``d``: P = d·expit(η) for a counted switch, 1 − d·expit(η) otherwise."""
-    p1 = expit(np.clip(eta * sign, -80.0, 80.0))
+    p1 = np.multiply(eta, sign)
+    np.clip(p1, -80.0, 80.0, out=p1)
+    expit(p1, out=p1)
     if d < 1.0:
-        m = p1 * d + no_switch * (1.0 - d)
-        return np.log(m), (1.0 - p1) * p1 * d / m * sign
-    return np.log(p1), (1.0 - p1) * sign
+        m = p1 * d
+        m += no_switch * (1.0 - d)
+        score = np.subtract(1.0, p1)
+        score *= p1
+        score *= d
+        score /= m
+    else:
+        m, score = p1, np.subtract(1.0, p1)
+    score *= sign
+    return np.log(m), score
 
 
 @dataclass
 class _Block:
-    """The active cycles of one threshold node: their rows and hinge values, and ∂log P/∂η
-    at (row, s node, v node)."""
+    """The active cycles of one threshold node, by person: the persons with such cycles, where
+    their rows begin, and the per-person sums of ∂log P/∂η and of h·∂log P/∂η at (v, s)."""
 
-    rows: np.ndarray
-    h: np.ndarray
-    score: np.ndarray
+    people: np.ndarray
+    score: np.ndarray  # (people, n_v, n_s)
+    score_h: np.ndarray
 
 
 def hinge_nll(model: RandomBreakpointModel, theta: np.ndarray, need_grad: bool = True
               ) -> tuple[float, np.ndarray]:
-    """(−ℓ, −∂ℓ/∂θ) of the hinge at θ = (a, σ_u, b, c, τ[, κ]); the same as the dense pass."""
+    """(−ℓ, −∂ℓ/∂θ) of the hinge at θ = (a, σ_u, b, c, τ[, κ]); the same as the dense pass.
+    Node layout (v, z, s), as the dense pass's."""
     a, su, b, c, tau = (float(t) for t in theta[:5])
     kappa = float(theta[5]) if model.has_slope else 0.0
     z, s, v, d = model.z, model.s, model.v, model.detection
@@ -54,51 +64,50 @@ def hinge_nll(model: RandomBreakpointModel, theta: np.ndarray, need_grad: bool =
     eta0 = a + su * v
     ll1, dl1 = _log_p(eta0, 1.0, 0.0, d)  # a switch below the breakpoint, per v node
     ll0, dl0 = _log_p(eta0, -1.0, 1.0, d)  # no switch below it
-    per = np.empty((n_people, nz, ns, nv))
+    per = np.empty((n_people, nv, nz, ns))
     blocks: list[_Block] = []
-    below1: list[np.ndarray] = []
-    below0: list[np.ndarray] = []
+    below: list[np.ndarray] = []  # per person and v node: the score of the cycles below
     for j in range(nz):
         active = x > c + tau * z[j]
-        n1 = np.add.reduceat(y1 & ~active, model.d.starts).astype(float)
-        n0 = np.add.reduceat(~y1 & ~active, model.d.starts).astype(float)
-        per[:, j] = (n1[:, None] * ll1 + n0[:, None] * ll0)[:, None, :]
-        below1.append(n1)
-        below0.append(n0)
+        n1 = np.add.reduceat(y1 & ~active, model.d.starts).astype(float)[:, None]
+        n0 = np.add.reduceat(~y1 & ~active, model.d.starts).astype(float)[:, None]
+        per[:, :, j, :] = (n1 * ll1 + n0 * ll0)[:, :, None]
+        below.append(n1 * dl1 + n0 * dl0)
         rows = np.flatnonzero(active)
+        if not rows.size:
+            blocks.append(_Block(rows, np.zeros((0, nv, ns)), np.zeros((0, nv, ns))))
+            continue
         h = x[rows] - c - tau * z[j]
-        eta = (a + su * v)[None, None, :] + (b * h)[:, None, None] * es[None, :, None]
+        eta = eta0[None, :, None] + (b * h)[:, None, None] * es[None, None, :]
         ll, score = _log_p(eta, model.sign[rows][:, :, None], model.no_switch[rows][:, :, None],
                            d)
         pid = model.person_of_row[rows]
-        if rows.size:
-            firsts = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])
-            per[pid[firsts], j] += np.add.reduceat(ll, firsts, axis=0)
-        blocks.append(_Block(rows, h, score))
+        firsts = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])
+        people = pid[firsts]
+        per[people, :, j, :] += np.add.reduceat(ll, firsts, axis=0)
+        if need_grad:
+            score_h = np.add.reduceat(score * h[:, None, None], firsts, axis=0)
+            blocks.append(_Block(people, np.add.reduceat(score, firsts, axis=0), score_h))
     flat = per.reshape(n_people, -1) + model.log_w
     tot = logsumexp(flat, axis=1)
     f = -float(tot.sum())
     if not need_grad:
         return f, np.zeros(model.n_params)
-    post = np.exp(flat - tot[:, None]).reshape(n_people, nz, ns, nv)
+    post = np.exp(flat - tot[:, None]).reshape(n_people, nv, nz, ns)
     g = np.zeros(model.n_params)
     for j, blk in enumerate(blocks):
         # Below the breakpoint: the counts' scores, weighted by the posterior summed over s.
-        w = post[:, j].sum(axis=1)  # (P, nv)
-        r_in = w * (below1[j][:, None] * dl1 + below0[j][:, None] * dl0)
-        g[0] += r_in.sum()
-        g[1] += float(r_in.sum(axis=0) @ v)
-        if not blk.rows.size:
-            continue
-        pid = model.person_of_row[blk.rows]
-        r = blk.score * post[pid, j]  # (rows, s, v): posterior-weighted score
-        rs = r.sum(axis=2)  # (rows, s)
-        r1 = rs @ es  # weighted by the slope factor
-        g[0] += rs.sum()
-        g[1] += float(r.sum(axis=(0, 1)) @ v)
-        g[2] += float(r1 @ blk.h)
-        g[3] -= b * float(r1.sum())
-        g[4] -= b * float(r1.sum()) * z[j]
+        r_in = post[:, :, j, :].sum(axis=2) * below[j]  # (P, nv)
+        # Above it: the per-person score sums, weighted by the person's posterior.
+        w = post[blk.people, :, j, :]
+        r0 = (blk.score * w).sum(axis=0)  # (nv, ns)
+        rh = (blk.score_h * w).sum(axis=0).sum(axis=0)  # (ns,)
+        r0_s = r0.sum(axis=0)
+        g[0] += r_in.sum() + r0.sum()
+        g[1] += float(r_in.sum(axis=0) @ v) + float(r0.sum(axis=1) @ v)
+        g[2] += float(rh @ es)
+        g[3] -= b * float(r0_s @ es)
+        g[4] -= b * float(r0_s @ es) * z[j]
         if model.has_slope:
-            g[5] += b * float((rs @ (s * es)) @ blk.h)
+            g[5] += b * float(rh @ (s * es))
     return f, -g
