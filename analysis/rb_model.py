@@ -30,7 +30,7 @@ from scipy.optimize import minimize
 from scipy.special import expit, logsumexp
 
 from . import AnalysisInputError
-from .hinge_kernel import hinge_nll
+from .hinge_kernel import PersonNodes, adapted, hinge_nll, posterior_moments
 
 PARAMS = ("a", "sigma_u", "b", "c", "tau", "kappa")
 #: The rounded onset's narrowest bend: a person's slope goes from 10 % to 90 % of its full
@@ -202,6 +202,7 @@ class RandomBreakpointModel:
         if kind == "hinge_tau0":
             kind = self.kind = "hinge"
         self.z, lwz = gh_nodes(nz)
+        self.two_groups = kind == "hinge_two_groups"
         if kind == "hinge_two_groups":
             # Two equal groups at c ± τ instead of log-normal thresholds (the shape check).
             kind = self.kind = "hinge"
@@ -230,9 +231,28 @@ class RandomBreakpointModel:
             self.bounds.append((0.0, 2.0))  # κ
         if kind == "rounded":  # ω, the bend's width in log wait, last
             self.bounds.append((float(min_bend), 3.0))
+        # Plain Gauss–Hermite nodes, shared; `adapt_nodes` centres them per person.
+        self.person_nodes = PersonNodes.plain(self)
         q = self.log_w.size
         self._buf: list[np.ndarray] = [np.empty((n, q), dtype=dtype) for _ in range(3)]
         self.n_evals = 0
+
+    def adapt_nodes(self, theta: np.ndarray, rounds: int = 1) -> None:
+        """Centre and scale each person's nodes on their posterior at θ (adaptive
+        Gauss–Hermite quadrature; ``rounds`` repeats it from the nodes it gives, since the
+        posterior read off coarse nodes is coarse). Only the active-only hinge has person
+        nodes; the two-group hinge keeps its two thresholds."""
+        if self.kind != "hinge" or self.dense:
+            raise ValueError("adaptive nodes are implemented for the hinge only")
+        for _ in range(rounds):
+            mean, sd = posterior_moments(self, theta)
+            if self.two_groups:
+                mean[:, 0], sd[:, 0] = 0.0, 1.0  # nodes ±1 stay ±1, weights unchanged
+            self.person_nodes = adapted(self, mean, sd)
+
+    def plain_nodes(self) -> None:
+        """Back to the shared Gauss–Hermite nodes."""
+        self.person_nodes = PersonNodes.plain(self)
 
     @property
     def n_params(self) -> int:

@@ -6,11 +6,13 @@ the pooled ψ* with 200 bootstrap + 200 null refits, the personal threshold with
 random-slope, shape and quadrature checks, and the sequential threshold test (up to 19
 replicates). Studies come from `threshold_families.py` (every switch counted).
 
-The floor is a fixed kernel: one evaluation of the random-breakpoint likelihood and its
-gradient on a 100 × 200 study with 12 × 5 × 5 nodes (the threshold test's hinge) by the dense
-pass over every cycle and node (``dense=True``: the analysis itself uses the faster
-`hinge_kernel`, the floor stays the same code across versions), the median of 5,
-single-threaded. On a shared machine the wall time moves with other people's load;
+The floor is a fixed kernel written here, so that it never changes with the code it
+measures: the core of one likelihood evaluation at the threshold test's size — a linear
+predictor, expit, log and a per-person sum over a (cycles × 300 nodes) array of a 100 × 200
+study — the median of 5, single-threaded. (Until 2026-11-29 the floor was one evaluation of
+the package's own hinge likelihood, ~200 ms; that changed when the likelihood got faster.)
+
+On a shared machine the wall time moves with other people's load;
 the ratio wall / floor moves less, so compare ratios within one run.
 
 Usage: python benchmarks/bench_threshold_time.py [--families hinge,logistic_slopes,hazard]
@@ -52,17 +54,19 @@ def study(name: str, n_part: int, n_prompts: int, seed: int):  # type: ignore[no
 def floor_s(n_part: int, n_prompts: int) -> float:
     """The fixed kernel's time (module docstring)."""
     import numpy as np
+    from scipy.special import expit
 
-    from flowtrial.analysis.personal_threshold import _data
-    from flowtrial.analysis.rb_model import RandomBreakpointModel
-
-    model = RandomBreakpointModel(_data(study("hinge", n_part, n_prompts, 1)), (12, 5, 5),
-                                  dense=True)
-    theta = np.array([-3.0, 0.5, 1.9, np.log(PSI), 0.35, 0.3])
+    rng = np.random.default_rng(0)
+    n, q = n_part * n_prompts, 300
+    lin = rng.normal(size=(n, 1))
+    nodes = rng.normal(size=(1, q))
+    starts = np.arange(0, n, n_prompts)
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
-        model.nll(theta)
+        eta = lin * nodes - 2.0
+        np.log(expit(eta, out=eta), out=eta)
+        np.add.reduceat(eta, starts, axis=0)
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
 
