@@ -166,6 +166,10 @@ def threshold(
         help="Compute the profile CIs of the median threshold and τ even when the test finds "
              "no threshold (by default only for a threshold it supports: they are the "
              "slowest refits).")] = False,
+    quadrature: Annotated[str, typer.Option(
+        help="The personal fit's quadrature: 'plain' (one grid for everyone) or 'adaptive' "
+             "(each person's nodes on their posterior; slower, and more accurate when "
+             "people have 100+ cycles each and their slopes differ).")] = "plain",
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Estimate the flow threshold: the median personal threshold and the spread τ between
@@ -188,13 +192,15 @@ def threshold(
         raise _fail(f"--detection-share {detection_share:g}: give a share in (0, 1]")
     if not 1 <= reading_tps <= 50:
         raise _fail(f"--reading-tps {reading_tps:g}: give a reading speed in 1-50 tokens/s")
+    if quadrature not in ("plain", "adaptive"):
+        raise _fail(f"--quadrature {quadrature}: give plain or adaptive")
     frame = df.rename(columns={wait: "wait_s", switched: "switched", participant: "participant_id"})
     try:
         pooled = fit_threshold(frame, n_boot=n_boot, n_null=n_null, seed=seed,
                                median_response_tokens=median_tokens, reading_tps=reading_tps)
         personal, test = _fit_personal(frame, detection_share, workers, seed,
                                        show=not json_out, onsets=gradual_onsets,
-                                       intervals=all_intervals)
+                                       intervals=all_intervals, quadrature=quadrature)
     except AnalysisInputError as exc:
         raise _fail(str(exc)) from None
     pooled_d = pooled.to_dict()
@@ -245,14 +251,16 @@ def _interval(bounds: list[float] | None, unit: str = "") -> str:
 
 
 def _fit_personal(frame: Any, detection_share: float, workers: int | None, seed: int,
-                  show: bool, onsets: bool | None = None, intervals: bool = False) -> Any:
+                  show: bool, onsets: bool | None = None, intervals: bool = False,
+                  quadrature: str = "plain") -> Any:
     """`fit_personal_and_test` (personal threshold + the test against the no-threshold
     alternatives) with a rich progress bar on stderr (unless ``show`` is off)."""
     from .threshold_verdict import fit_personal_and_test
 
     if not show:
         return fit_personal_and_test(frame, detection_share=detection_share, workers=workers,
-                                     seed=seed, onsets=onsets, intervals=intervals)
+                                     seed=seed, onsets=onsets, intervals=intervals,
+                                     quadrature=quadrature)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -266,7 +274,7 @@ def _fit_personal(frame: Any, detection_share: float, workers: int | None, seed:
 
         return fit_personal_and_test(frame, detection_share=detection_share, workers=workers,
                                      seed=seed, progress=advance, onsets=onsets,
-                                     intervals=intervals)
+                                     intervals=intervals, quadrature=quadrature)
 
 
 def notebooks(

@@ -178,13 +178,15 @@ def posterior_moments(model: RandomBreakpointModel, theta: np.ndarray
 def adapted(model: RandomBreakpointModel, mean: np.ndarray, sd: np.ndarray) -> PersonNodes:
     """Nodes centred on each person's posterior ``mean`` and scaled by its ``sd`` (adaptive
     Gauss–Hermite: ∫f(u)φ(u)du = Σ_k w_k·σ·f(μ + σt_k)·φ(μ + σt_k)/φ(t_k)). A dimension with
-    one node (absent from the model) keeps its node at 0."""
+    one node (absent from the model) keeps its node at 0, and the two-group hinge its two
+    thresholds ±1."""
     base = (model.z, model.v, model.s)
     out, extra = [], []
     for k, t in enumerate(base):
-        if t.size == 1:
-            out.append(np.zeros((mean.shape[0], 1)))
-            extra.append(np.zeros((mean.shape[0], 1)))
+        if t.size == 1 or (k == 0 and model.two_groups):
+            # absent (one node at 0) or the two groups' thresholds ±1: kept as they are
+            out.append(np.broadcast_to(t, (mean.shape[0], t.size)).copy())
+            extra.append(np.zeros((mean.shape[0], t.size)))
             continue
         sd_k = np.clip(sd[:, k], 1e-3, 2.0)[:, None]
         u = mean[:, k][:, None] + sd_k * t[None, :]

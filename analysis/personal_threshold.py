@@ -22,6 +22,8 @@ import pandas as pd
 from scipy.stats import chi2
 
 from . import AnalysisInputError
+from .adaptive_fit import maximize_adaptive, start_adaptation
+from .hinge_kernel import PersonNodes
 from .rb_model import (
     PARAMS,
     CycleData,
@@ -39,6 +41,15 @@ CHECK_NODES = (48, 11)  # the quadrature check: twice the breakpoint nodes
 #: Nodes (z, v, s) of the hinge with a random slope above the breakpoint, and of its check.
 SLOPE_NODES = (16, 5, 5)
 SLOPE_CHECK_NODES = (24, 7, 7)
+#: Under adaptive quadrature (`adaptive_fit`) each person's nodes follow their posterior, so
+#: fewer do: the main fit, the random-slope fit and their quadrature checks.
+ADAPTIVE_NODES = (12, 5)
+ADAPTIVE_SLOPE_NODES = (12, 5, 5)
+ADAPTIVE_CHECK_NODES = (20, 7)
+ADAPTIVE_SLOPE_CHECK_NODES = (16, 7, 7)
+#: "plain": one Gauss–Hermite grid for everyone; "adaptive": each person's nodes centred on
+#: their posterior (docs/concepts/analysis.md, "Quadrature where people have many cycles").
+QUADRATURES = ("plain", "adaptive")
 #: The random slope is kept when the boundary LR test of κ = 0 rejects at this level.
 SLOPE_ALPHA = 0.05
 #: The shape check: thresholds are called log-normal-like unless two equal groups of people
@@ -78,6 +89,7 @@ class PersonalThresholdResult:
     n_obs: int
     n_participants: int
     n_switches: int
+    quadrature: str = "plain"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary."""
@@ -137,10 +149,29 @@ def pooled_start(data: CycleData) -> np.ndarray:
     return np.array([a[j], 0.3, max(b[j], 0.1), grid[j], 0.3])
 
 
+def _fitter(adaptive: bool, model: RandomBreakpointModel) -> Callable[..., Fit]:
+    """`maximize_adaptive` for a hinge under adaptive quadrature, else `maximize` (the smooth
+    and flat comparison models have only the intercept effect, on the plain grid)."""
+    return maximize_adaptive if adaptive and model.kind == "hinge" else maximize
+
+
 def _start_job(data: CycleData, detection: float, nodes: tuple[int, ...],
-               start: np.ndarray) -> Fit:
+               start: np.ndarray, adaptive: bool = False) -> Fit:
     """The main fit from one start (runs on a worker process)."""
-    return maximize(RandomBreakpointModel(data, nodes, detection=detection), start)
+    model = RandomBreakpointModel(data, nodes, detection=detection)
+    return _fitter(adaptive, model)(model, start)
+
+
+def _anchor(data: CycleData, detection: float, nodes: tuple[int, ...], best: Fit,
+            adaptive: bool) -> tuple[RandomBreakpointModel, Fit, PersonNodes | None]:
+    """The model the intervals are read from, the fit at its nodes, and those nodes (None on
+    the plain grid). Under adaptive quadrature the nodes are centred at the estimate and
+    the fit is repeated there, so the profile fits and ℓ̂ share one set of nodes."""
+    model = RandomBreakpointModel(data, nodes, detection=detection)
+    if not adaptive:
+        return model, best, None
+    start_adaptation(model, best.theta, rounds=3)
+    return model, maximize(model, best.theta), model.person_nodes
 
 
 def _job(kind: str, data: CycleData, detection: float, nodes: tuple[int, ...],
@@ -149,32 +180,36 @@ def _job(kind: str, data: CycleData, detection: float, nodes: tuple[int, ...],
     kinds = {"end": "hinge", "check": "hinge", "tau0": "hinge_tau0",
              "two_groups": "hinge_two_groups"}
     model = RandomBreakpointModel(data, nodes, detection=detection, kind=kinds.get(kind, kind))
-    if kind == "end":
-        k, side, guess, crit, lower = arg
+    if kind == "end":  # arg: the profile end, and the person nodes of adaptive quadrature
+        k, side, guess, crit, lower, person_nodes = arg
+        if person_nodes is not None:
+            model.person_nodes = person_nodes
         return profile_endpoint(model, best, k, side, guess, crit, lower_bound=lower)[0]
+    fit = _fitter(bool(arg), model)  # arg: adaptive quadrature or not
     if kind == "tau0":
-        return maximize(model, best.theta, fixed={4: 0.0})
+        return fit(model, best.theta, fixed={4: 0.0})
     if kind == "check":
-        return maximize(model, best.theta)
+        return fit(model, best.theta)
     if kind == "two_groups":
         start = best.theta.copy()
         start[4] = max(start[4], 0.3)
-        return maximize(model, start)
+        return fit(model, start)
     p = float(np.clip(data.y.mean(), 1e-3, 1 - 1e-3))
     start = np.array([math.log(p / (1 - p)), 0.3, 0.0 if kind == "flat" else 0.5, 0.0, 0.0])
-    return maximize(model, start)
+    return fit(model, start)
 
 
 def fit_personal_threshold(
     df: pd.DataFrame,
     *,
     detection_share: float = 1.0,
-    nodes: tuple[int, ...] = DEFAULT_NODES,
+    nodes: tuple[int, ...] | None = None,
     level: float = 0.95,
     node_check: bool = True,
     intervals: bool = True,
     workers: int | None = None,
     progress: ProgressFn | None = None,
+    quadrature: str = "plain",
 ) -> PersonalThresholdResult:
     """Fit the random-breakpoint hinge to cycles (`participant_id`, `wait_s` > 0, `switched`).
 
@@ -183,34 +218,48 @@ def fit_personal_threshold(
     refits with finer quadrature nodes and reports the relative changes. ``intervals``: the
     profile CIs of e^c and τ, the slowest refits (without them ``ci_s`` and ``tau_ci`` stay
     None until `add_intervals`). When people's slopes above the breakpoint differ
-    (`_with_random_slope`), every fit has the random slope."""
+    (`_with_random_slope`), every fit has the random slope. ``quadrature`` "adaptive"
+    centres each person's nodes on their posterior (`QUADRATURES`); ``nodes`` defaults to
+    `DEFAULT_NODES` or `ADAPTIVE_NODES`."""
     if not 0 < detection_share <= 1:
         raise AnalysisInputError(
             f"detection share {detection_share!r} must be in (0, 1]; 1 = every switch counted")
+    adaptive = _is_adaptive(quadrature)
+    nodes = nodes or (ADAPTIVE_NODES if adaptive else DEFAULT_NODES)
     data = _data(df)
-    model = RandomBreakpointModel(data, nodes, detection=detection_share)
-    best = max(run_jobs(_start_job, [(data, detection_share, nodes, s) for s in starts(data)],
-                        workers), key=lambda f: f.loglik)
-    model, best, nodes, slope = _with_random_slope(data, detection_share, model, best,
-                                                   nodes, workers)
+    best = max(run_jobs(_start_job, [(data, detection_share, nodes, s, adaptive)
+                                     for s in starts(data)], workers), key=lambda f: f.loglik)
+    best, nodes, slope = _with_random_slope(data, detection_share, best, nodes, workers,
+                                            adaptive)
+    model, best, person_nodes = _anchor(data, detection_share, nodes, best, adaptive)
     se = wald_se(model, best.theta)
     # The profile ends first: they are the longest jobs, the short ones fill in beside them.
-    jobs = _interval_jobs(data, detection_share, nodes, best, se, level) if intervals else []
-    jobs += [(kind, data, detection_share, nodes, best, None)
+    jobs = (_interval_jobs(data, detection_share, nodes, best, se, level, person_nodes)
+            if intervals else [])
+    jobs += [(kind, data, detection_share, nodes, best, adaptive)
              for kind in ("tau0", "smooth", "flat", "two_groups")]
+    check_nodes = _check_nodes(nodes, adaptive)
     if node_check:
-        jobs.append(("check", data, detection_share, _check_nodes(nodes), best, None))
+        jobs.append(("check", data, detection_share, check_nodes, best, adaptive))
     out = run_jobs(_job, jobs, workers, on_done=progress)
     ends = out[:4] if intervals else []
     tau0, smooth, flat, two, *checked = out[len(ends):]
     result = _result(data, best, nodes, slope, se, level, detection_share,
                      {"hinge": best.loglik, "hinge_tau0": tau0.loglik, "smooth": smooth.loglik,
                       "flat": flat.loglik}, two)
+    result.quadrature = quadrature
     if checked:
-        result.node_check = _check_summary(checked[0], best, _check_nodes(nodes))
+        result.node_check = _check_summary(checked[0], best, check_nodes)
     if ends:
         _set_intervals(result, ends, level)
     return result
+
+
+def _is_adaptive(quadrature: str) -> bool:
+    if quadrature not in QUADRATURES:
+        raise AnalysisInputError(f"quadrature {quadrature!r} is not one of "
+                                 f"{', '.join(QUADRATURES)}")
+    return quadrature == "adaptive"
 
 
 def _result(data: CycleData, best: Fit, nodes: tuple[int, ...], p_slope: float,
@@ -246,7 +295,8 @@ def _result(data: CycleData, best: Fit, nodes: tuple[int, ...], p_slope: float,
 
 
 def _interval_jobs(data: CycleData, detection: float, nodes: tuple[int, ...], best: Fit,
-                   se: np.ndarray, level: float) -> list[tuple[Any, ...]]:
+                   se: np.ndarray, level: float, person_nodes: PersonNodes | None = None
+                   ) -> list[tuple[Any, ...]]:
     """The four profile-end refits (c low, c high, τ low, τ high) as `_job` arguments."""
     crit = float(chi2.ppf(level, 1))
     # τ's lower end uses the boundary mixture ½χ²₀ + ½χ²₁ (its quantile at `level` is the
@@ -261,7 +311,8 @@ def _interval_jobs(data: CycleData, detection: float, nodes: tuple[int, ...], be
 
     ends = [(3, -1, crit, None), (3, 1, crit, None), (4, -1, crit_tau_lo, 0.0),
             (4, 1, crit, None)]
-    return [("end", data, detection, nodes, best, (k, side, guess(k, side), c, lower))
+    return [("end", data, detection, nodes, best,
+             (k, side, guess(k, side), c, lower, person_nodes))
             for k, side, c, lower in ends]
 
 
@@ -279,17 +330,20 @@ def add_intervals(df: pd.DataFrame, result: PersonalThresholdResult, *, level: f
                   ) -> PersonalThresholdResult:
     """The profile CIs of a fit made without them (``intervals=False``), stored in
     ``result`` (the same cycles)."""
-    data, best = _data(df), _as_fit(result)
-    nodes = tuple(result.nodes)
-    se = wald_se(RandomBreakpointModel(data, nodes, detection=result.detection_share),
-                 best.theta)
-    jobs = _interval_jobs(data, result.detection_share, nodes, best, se, level)
+    data, nodes = _data(df), tuple(result.nodes)
+    model, best, person_nodes = _anchor(data, result.detection_share, nodes, _as_fit(result),
+                                        result.quadrature == "adaptive")
+    se = wald_se(model, best.theta)
+    jobs = _interval_jobs(data, result.detection_share, nodes, best, se, level, person_nodes)
     _set_intervals(result, run_jobs(_job, jobs, workers, on_done=progress), level)
     return result
 
 
-def _check_nodes(nodes: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+def _check_nodes(nodes: tuple[int, ...] | list[int], adaptive: bool = False
+                 ) -> tuple[int, ...]:
     """The quadrature check's nodes for a fit at ``nodes`` (with the random slope or not)."""
+    if adaptive:
+        return ADAPTIVE_CHECK_NODES if len(nodes) == 2 else ADAPTIVE_SLOPE_CHECK_NODES
     return CHECK_NODES if len(nodes) == 2 else SLOPE_CHECK_NODES
 
 
@@ -305,13 +359,15 @@ def quadrature_check(df: pd.DataFrame, result: PersonalThresholdResult) -> Backg
     hinge refitted with finer nodes (`CHECK_NODES`, or `SLOPE_CHECK_NODES` with the random
     slope) from ``result``'s estimate. ``check_summary(result, job.result())`` gives the
     relative changes; ``job.cancel()`` stops it when it is not needed."""
+    adaptive = result.quadrature == "adaptive"
     return Background(_job, "check", _data(df), result.detection_share,
-                      _check_nodes(result.nodes), _as_fit(result), None)
+                      _check_nodes(result.nodes, adaptive), _as_fit(result), adaptive)
 
 
 def check_summary(result: PersonalThresholdResult, refit: Fit) -> dict[str, Any]:
     """Store the quadrature check's changes (``refit``: the finer fit) in ``result``."""
-    result.node_check = _check_summary(refit, _as_fit(result), _check_nodes(result.nodes))
+    result.node_check = _check_summary(refit, _as_fit(result),
+                                       _check_nodes(result.nodes, result.quadrature == "adaptive"))
     return result.node_check
 
 
@@ -327,32 +383,35 @@ def _as_fit(result: PersonalThresholdResult) -> Fit:
                converged=result.converged, n_evals=0)
 
 
-def _with_random_slope(data: CycleData, detection: float, model: RandomBreakpointModel,
-                       best: Fit, nodes: tuple[int, ...], workers: int | None
-                       ) -> tuple[RandomBreakpointModel, Fit, tuple[int, ...], float]:
+def _with_random_slope(data: CycleData, detection: float, best: Fit, nodes: tuple[int, ...],
+                       workers: int | None, adaptive: bool = False
+                       ) -> tuple[Fit, tuple[int, ...], float]:
     """Do people's slopes above the breakpoint differ? The hinge refitted with a random slope
-    (`SLOPE_NODES`) against the same hinge without it at the same nodes (two worker jobs), by
-    the boundary LR test (½χ²₀ + ½χ²₁). When it rejects at `SLOPE_ALPHA` the random-slope fit
-    replaces the main fit (otherwise slope differences push the median threshold up).
-    Returns (model, fit, nodes, p of κ = 0)."""
-    plain, rs = run_jobs(_slope_job, [(data, detection, best, False),
-                                      (data, detection, best, True)], workers)
+    (`SLOPE_NODES`, or `ADAPTIVE_SLOPE_NODES`) against the same hinge without it at the same
+    nodes (two worker jobs), by the boundary LR test (½χ²₀ + ½χ²₁). When it rejects at
+    `SLOPE_ALPHA` the random-slope fit replaces the main fit (otherwise slope differences push
+    the median threshold up). Returns (fit, nodes, p of κ = 0)."""
+    slope_nodes = ADAPTIVE_SLOPE_NODES if adaptive else SLOPE_NODES
+    plain, rs = run_jobs(_slope_job, [(data, detection, best, False, slope_nodes, adaptive),
+                                      (data, detection, best, True, slope_nodes, adaptive)],
+                         workers)
     lr = max(0.0, 2 * (rs.loglik - plain.loglik))
     p = 1.0 if lr <= 0 else 0.5 * float(chi2.sf(lr, 1))
     if p < SLOPE_ALPHA:
-        return RandomBreakpointModel(data, SLOPE_NODES, detection=detection), rs, SLOPE_NODES, p
-    return model, best, nodes, p
+        return rs, slope_nodes, p
+    return best, nodes, p
 
 
-def _slope_job(data: CycleData, detection: float, best: Fit, random_slope: bool) -> Fit:
-    """The hinge at `SLOPE_NODES` from the main fit, with (the better of κ starts 0.3 and 0.8)
-    or without the random slope (runs on a worker process)."""
+def _slope_job(data: CycleData, detection: float, best: Fit, random_slope: bool,
+               slope_nodes: tuple[int, ...] = SLOPE_NODES, adaptive: bool = False) -> Fit:
+    """The hinge at ``slope_nodes`` from the main fit, with (the better of κ starts 0.3 and
+    0.8) or without the random slope (runs on a worker process)."""
     if not random_slope:
-        return maximize(RandomBreakpointModel(data, SLOPE_NODES[:2], detection=detection),
-                        best.theta)
-    model = RandomBreakpointModel(data, SLOPE_NODES, detection=detection)
-    return max((maximize(model, np.r_[best.theta, k]) for k in (0.3, 0.8)),
-               key=lambda f: f.loglik)
+        model = RandomBreakpointModel(data, slope_nodes[:2], detection=detection)
+        return _fitter(adaptive, model)(model, best.theta)
+    model = RandomBreakpointModel(data, slope_nodes, detection=detection)
+    fit = _fitter(adaptive, model)
+    return max((fit(model, np.r_[best.theta, k]) for k in (0.3, 0.8)), key=lambda f: f.loglik)
 
 
 def estimate_detection_share(counted: pd.Series, all_switches: pd.Series) -> float:

@@ -245,10 +245,7 @@ class RandomBreakpointModel:
         if self.kind != "hinge" or self.dense:
             raise ValueError("adaptive nodes are implemented for the hinge only")
         for _ in range(rounds):
-            mean, sd = posterior_moments(self, theta)
-            if self.two_groups:
-                mean[:, 0], sd[:, 0] = 0.0, 1.0  # nodes ±1 stay ±1, weights unchanged
-            self.person_nodes = adapted(self, mean, sd)
+            self.person_nodes = adapted(self, *posterior_moments(self, theta))
 
     def plain_nodes(self) -> None:
         """Back to the shared Gauss–Hermite nodes."""

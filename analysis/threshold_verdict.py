@@ -93,7 +93,7 @@ def fit_personal_and_test(frame: pd.DataFrame, *, detection_share: float = 1.0,
                           workers: int | None = None, progress: ProgressFn | None = None,
                           node_check: bool = True, n_test: int = DEFAULT_TEST_REPLICATES,
                           seed: int = 0, onsets: bool | None = None, alpha: float = ALPHA,
-                          intervals: bool = False
+                          intervals: bool = False, quadrature: str = "plain"
                           ) -> tuple[PersonalThresholdResult, ThresholdTest]:
     """The personal threshold and the test of the hinge against the no-threshold
     alternatives (`threshold_test`; ``onsets``: the gradual onsets too, None: from
@@ -101,9 +101,11 @@ def fit_personal_and_test(frame: pd.DataFrame, *, detection_share: float = 1.0,
     slowest refits) and the quadrature check (``node_check``) run only when they can matter
     to the verdict: when the test rejects at ``alpha`` and the hinge rises (otherwise there
     is no threshold to bound, ``ci_s``, ``tau_ci`` and ``node_check`` stay None);
-    ``intervals``: the CIs always."""
+    ``intervals``: the CIs always; ``quadrature``: the personal fit's (`QUADRATURES`; the
+    test's own fits stay on the plain grid, calibrated either way)."""
     personal = fit_personal_threshold(frame, detection_share=detection_share, workers=workers,
-                                      progress=progress, node_check=False, intervals=intervals)
+                                      progress=progress, node_check=False, intervals=intervals,
+                                      quadrature=quadrature)
     theta = hinge_theta(personal)  # with κ when people's rises differ: the test's hinge too
     rises = personal.slope_b > 0
     # With workers the check starts beside the test (it is needed only if the test rejects,
@@ -130,15 +132,17 @@ def analyse_threshold(frame: pd.DataFrame, *, detection_share: float = 1.0, n_bo
                       n_null: int = 200, seed: int = 0, workers: int | None = None,
                       progress: ProgressFn | None = None, node_check: bool = True,
                       n_test: int = DEFAULT_TEST_REPLICATES, alpha: float = ALPHA,
-                      onsets: bool | None = None, intervals: bool = False) -> dict[str, Any]:
+                      onsets: bool | None = None, intervals: bool = False,
+                      quadrature: str = "plain") -> dict[str, Any]:
     """The whole threshold analysis of cycles (`participant_id`, `wait_s`, `switched`):
     ``{"found", "reason", "personal", "alternatives", "pooled"}`` as `flowtrial threshold
-    --json` prints (``intervals``: `fit_personal_and_test`'s)."""
+    --json` prints (``intervals``, ``quadrature``: `fit_personal_and_test`'s)."""
     pooled = fit_threshold(frame, n_boot=n_boot, n_null=n_null, seed=seed)
     personal, test = fit_personal_and_test(frame, detection_share=detection_share,
                                            workers=workers, progress=progress,
                                            node_check=node_check, n_test=n_test, seed=seed,
-                                           onsets=onsets, alpha=alpha, intervals=intervals)
+                                           onsets=onsets, alpha=alpha, intervals=intervals,
+                                           quadrature=quadrature)
     pooled_d, pers, test_d = pooled.to_dict(), personal.to_dict(), test.to_dict()
     waits = frame["wait_s"].to_numpy(float)
     found, reason = personal_verdict(pers, pooled_d, waits[np.isfinite(waits) & (waits > 0)],

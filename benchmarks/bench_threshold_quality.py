@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="families: the gradual onsets (rounded onset, S-curve) among the "
                          "test's alternatives (auto: from 9,600 cycles, as flowtrial threshold "
                          "does)")
+    ap.add_argument("--quadrature", choices=("plain", "adaptive"), default="plain",
+                    help="the personal fit's quadrature (families only)")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--timing-only", action="store_true", help="only the 100 × 200 timing")
     ap.add_argument("--jsonl", type=Path, help="also append every study's figures here")
@@ -321,7 +323,7 @@ def run_families(args: argparse.Namespace, console: Any) -> int:
 
     names = list(FAMILIES) if args.families == "all" else args.families.split(",")
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",") if s]
-    cfg = {"n_boot": args.n_boot,
+    cfg = {"n_boot": args.n_boot, "quadrature": args.quadrature,
            "onsets": {"auto": None, "on": True, "off": False}[args.gradual_onsets]}
     results: list[dict[str, Any]] = []
     if args.from_jsonl:

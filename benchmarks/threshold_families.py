@@ -49,6 +49,7 @@ def family_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, An
                                 n_boot=cfg["n_boot"], n_null=cfg["n_boot"], seed=seed,
                                 workers=1, node_check=False,
                                 onsets=cfg.get("onsets"),
+                                quadrature=cfg.get("quadrature", "plain"),
                                 # The CIs of every threshold-truth study (found or not), for
                                 # their coverage; elsewhere only when the test rejects.
                                 intervals=bool(row["threshold_truth"]))
@@ -64,7 +65,8 @@ def family_study(job: tuple[str, int, int, int, dict[str, Any]]) -> dict[str, An
                    best_alt=(out.get("alternatives") or {}).get("best"),
                    p_threshold=(out.get("alternatives") or {}).get("p_value"),
                    n_test=(out.get("alternatives") or {}).get("n_boot"),
-                   onsets=onsets_tested(out.get("alternatives") or {}))
+                   onsets=onsets_tested(out.get("alternatives") or {}),
+                   quadrature=p.get("quadrature", "plain"))
     row["seconds"] = time.perf_counter() - t0
     return row
 

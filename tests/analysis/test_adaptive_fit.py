@@ -87,3 +87,27 @@ def test_fits_from_different_starts_agree() -> None:
             for f, k in ((1.0, 0.3), (0.25, 1.2))]
     assert abs(fits[0].loglik - fits[1].loglik) < 0.2
     assert math.exp(fits[0].theta[3]) == pytest.approx(math.exp(fits[1].theta[3]), rel=0.05)
+
+
+def test_personal_fit_under_adaptive_quadrature() -> None:
+    """The whole personal fit with adaptive nodes: every LR-compared fit made the same way,
+    its intervals added later from the same nodes, the check at finer adaptive nodes."""
+    from flowtrial.analysis import AnalysisInputError
+    from flowtrial.analysis.personal_threshold import (
+        ADAPTIVE_CHECK_NODES,
+        add_intervals,
+        fit_personal_threshold,
+    )
+
+    df = simulate_switch_data("hinge", 12, 120, psi_s=6.0, intercept_sd=0.5, seed=21)
+    res = fit_personal_threshold(df, quadrature="adaptive", workers=1, intervals=False)
+    assert res.quadrature == "adaptive" and res.ci_s is None
+    assert res.node_check is not None and res.node_check["nodes"] == list(ADAPTIVE_CHECK_NODES)
+    assert abs(res.node_check["rel_change_median_psi"]) < 0.05
+    add_intervals(df, res, workers=1)
+    assert res.ci_s is not None and res.ci_s[0] < res.median_psi_s < res.ci_s[1]
+    assert 3.0 < res.median_psi_s < 12.0
+    # The τ = 0 fit shares the quadrature, so the LR is not a difference of grid errors.
+    assert res.loglik["hinge"] >= res.loglik["hinge_tau0"] - 0.05
+    with pytest.raises(AnalysisInputError, match="quadrature"):
+        fit_personal_threshold(df, quadrature="laplace", workers=1)

@@ -120,6 +120,7 @@ def test_threshold_command(tmp_path: Path) -> None:
     assert pooled["ci_s"][0] <= pooled["psi_s"] <= pooled["ci_s"][1]
     # Found, so the quadrature check (run beside the test) entered the verdict.
     assert pers["node_check"]["nodes"] in ([48, 11], [24, 7, 7])
+    assert pers["quadrature"] == "plain"  # the default; --quadrature adaptive is opt-in
     # 2,400 cycles: the gradual onsets are not alternatives by default
     assert not {"rounded", "scurve"} & set(data["alternatives"]["loglik"])
     assert data["found"] and data["tokens_per_second_at_median_length"] == pytest.approx(
@@ -131,6 +132,10 @@ def test_threshold_command(tmp_path: Path) -> None:
     share = runner.invoke(app, ["threshold", str(path), "--wait", "idle_wait_s",
                                 "--detection-share", "1.5"])
     assert share.exit_code == 2 and "--detection-share" in share.stderr
+    quad = runner.invoke(app, ["threshold", str(path), "--wait", "idle_wait_s",
+                               "--quadrature", "laplace"])
+    assert quad.exit_code == 2 and "--quadrature laplace" in quad.stderr
+    assert "Traceback" not in quad.output
     bad = runner.invoke(app, ["threshold", str(path)])
     assert bad.exit_code == 2 and "wait_s" in bad.stderr
 
