@@ -2,15 +2,16 @@
 
 With 100+ cycles per person a person's posterior over (z, v, s) is narrow, and the plain
 product grid (`rb_model.gh_nodes`, the same nodes for everyone) misses it: at 100 × 200 with
-people's slopes differing, the plain 16 × 5 × 5 grid put the log-likelihood 10–30 units
-below its value, ranked optima wrongly (fits from different starts ended 12 units and
-ψ̂ 6.1–8.0 s apart) and pulled κ̂ down (0.61–0.68, truth 0.8). Adaptive quadrature centres and
-scales each person's nodes on their posterior (`hinge_kernel.adapted`): 12 × 5 × 5 adaptive
-nodes came within 0.4 of the converged log-likelihood, and fits from three starts ended
-within 0.7 units, κ̂ 0.85–0.90 (`benchmarks/bench_quadrature.py`).
+people's slopes differing (`hinge_strong`, seeds 1000–1002), the plain 16 × 5 × 5 grid's
+optima lay 5–11 units of log-likelihood below the adaptive ones (both evaluated accurately),
+fits from different starts ended up to 18 units and ψ̂ 5.7–8.0 s apart, and κ̂ came out low
+(0.45–0.68, truth 0.8). Adaptive quadrature centres and scales each person's nodes on their
+posterior (`hinge_kernel.adapted`): with 12 × 5 × 5 adaptive nodes fits from three starts
+ended within 1.1 units of each other, ψ̂ 5.4–6.3 s, κ̂ 0.79–0.89
+(`benchmarks/bench_quadrature.py`).
 
-Not yet used by `personal_threshold` (see docs/concepts/analysis.md): every fit compared there
-by a likelihood ratio must then be made the same way.
+`personal_threshold` fits every hinge it compares by a likelihood ratio this way by default
+(``quadrature="adaptive"``; "plain" keeps the shared grid).
 """
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ def fit_personal_threshold(
     intervals: bool = True,
     workers: int | None = None,
     progress: ProgressFn | None = None,
-    quadrature: str = "plain",
+    quadrature: str = "adaptive",
 ) -> PersonalThresholdResult:
     """Fit the random-breakpoint hinge to cycles (`participant_id`, `wait_s` > 0, `switched`).
 

@@ -93,7 +93,7 @@ def fit_personal_and_test(frame: pd.DataFrame, *, detection_share: float = 1.0,
                           workers: int | None = None, progress: ProgressFn | None = None,
                           node_check: bool = True, n_test: int = DEFAULT_TEST_REPLICATES,
                           seed: int = 0, onsets: bool | None = None, alpha: float = ALPHA,
-                          intervals: bool = False, quadrature: str = "plain"
+                          intervals: bool = False, quadrature: str = "adaptive"
                           ) -> tuple[PersonalThresholdResult, ThresholdTest]:
     """The personal threshold and the test of the hinge against the no-threshold
     alternatives (`threshold_test`; ``onsets``: the gradual onsets too, None: from
@@ -133,7 +133,7 @@ def analyse_threshold(frame: pd.DataFrame, *, detection_share: float = 1.0, n_bo
                       progress: ProgressFn | None = None, node_check: bool = True,
                       n_test: int = DEFAULT_TEST_REPLICATES, alpha: float = ALPHA,
                       onsets: bool | None = None, intervals: bool = False,
-                      quadrature: str = "plain") -> dict[str, Any]:
+                      quadrature: str = "adaptive") -> dict[str, Any]:
     """The whole threshold analysis of cycles (`participant_id`, `wait_s`, `switched`):
     ``{"found", "reason", "personal", "alternatives", "pooled"}`` as `flowtrial threshold
     --json` prints (``intervals``, ``quadrature``: `fit_personal_and_test`'s)."""

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="families: the gradual onsets (rounded onset, S-curve) among the "
                          "test's alternatives (auto: from 9,600 cycles, as flowtrial threshold "
                          "does)")
-    ap.add_argument("--quadrature", choices=("plain", "adaptive"), default="plain",
+    ap.add_argument("--quadrature", choices=("plain", "adaptive"), default="adaptive",
                     help="the personal fit's quadrature (families only)")
     ap.add_argument("--skip-timing", action="store_true")
     ap.add_argument("--timing-only", action="store_true", help="only the 100 × 200 timing")

@@ -119,8 +119,8 @@ def test_threshold_command(tmp_path: Path) -> None:
     assert pers["ci_s"][0] <= 8.0 <= pers["ci_s"][1]
     assert pooled["ci_s"][0] <= pooled["psi_s"] <= pooled["ci_s"][1]
     # Found, so the quadrature check (run beside the test) entered the verdict.
-    assert pers["node_check"]["nodes"] in ([48, 11], [24, 7, 7])
-    assert pers["quadrature"] == "plain"  # the default; --quadrature adaptive is opt-in
+    assert pers["node_check"]["nodes"] in ([20, 7], [16, 7, 7])  # finer adaptive nodes
+    assert pers["quadrature"] == "adaptive"  # the default
     # 2,400 cycles: the gradual onsets are not alternatives by default
     assert not {"rounded", "scurve"} & set(data["alternatives"]["loglik"])
     assert data["found"] and data["tokens_per_second_at_median_length"] == pytest.approx(

@@ -421,8 +421,10 @@ def test_the_check_and_the_cis_run_only_when_they_can_change_the_verdict() -> No
     assert full.ci_s is not None and full.ci_s[0] < full.median_psi_s < full.ci_s[1]
     assert full.median_psi_s == pytest.approx(personal.median_psi_s)
     assert add_intervals(frame, personal, workers=2) is personal
-    assert personal.ci_s == pytest.approx(full.ci_s) and personal.tau_ci == pytest.approx(
-        full.tau_ci)
+    # Adaptive quadrature centres the nodes at the estimate again for the intervals, which
+    # can move the ends in the fourth digit.
+    assert personal.ci_s == pytest.approx(full.ci_s, rel=2e-3)
+    assert personal.tau_ci == pytest.approx(full.tau_ci, rel=2e-3, abs=2e-3)
 
 
 def test_a_supported_threshold_without_its_ci_is_not_reported() -> None:
