@@ -7,6 +7,10 @@ person stand for all of them. Only the cycles above the breakpoint (about 40 % o
 benchmark's studies) need the full (cycle × slope node × v node) pass. The result is the
 dense pass's (`RandomBreakpointModel` with ``kind`` "rounded" or "slopes" still uses that)
 to rounding error (tested), at a fraction of its cost (`benchmarks/bench_threshold_time.py`).
+
+The nodes are per person (`PersonNodes`): on the plain grid everyone shares them; adaptive
+quadrature (`adapted`, from `posterior_moments`; used by `adaptive_fit`) centres and scales
+each person's on their posterior.
 """
 
 from __future__ import annotations
