@@ -1,6 +1,6 @@
 """Fits under adaptive Gauss–Hermite quadrature (the random-breakpoint hinge).
 
-With 100+ cycles per person a person's posterior over (z, v, s) is narrow, and the plain
+With many cycles per person a person's posterior over (z, v, s) is narrow, and the plain
 product grid (`rb_model.gh_nodes`, the same nodes for everyone) misses it: at 100 × 200 with
 people's slopes differing (`hinge_strong`, seeds 1000–1002), the plain 16 × 5 × 5 grid's
 optima lay 5–11 units of log-likelihood below the adaptive ones (both evaluated accurately),

@@ -168,9 +168,9 @@ def threshold(
              "slowest refits).")] = False,
     quadrature: Annotated[str, typer.Option(
         help="The personal fit's quadrature: 'adaptive' (each person's nodes centred on "
-             "their posterior) or 'plain' (one grid for everyone: faster, but with 100+ "
-             "cycles per person it misses narrow posteriors and, where people's slopes "
-             "differ, pulls the median threshold up).")] = "adaptive",
+             "their posterior) or 'plain' (one grid for everyone: faster, but with many "
+             "cycles per person, 160-200 measured, it misses narrow posteriors and, where "
+             "people's slopes differ, pulls the median threshold up).")] = "adaptive",
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Estimate the flow threshold: the median personal threshold and the spread τ between

@@ -233,8 +233,9 @@ class RandomBreakpointModel:
             self.bounds.append((float(min_bend), 3.0))
         # Plain Gauss–Hermite nodes, shared; `adapt_nodes` centres them per person.
         self.person_nodes = PersonNodes.plain(self)
-        q = self.log_w.size
-        self._buf: list[np.ndarray] = [np.empty((n, q), dtype=dtype) for _ in range(3)]
+        # The dense pass's (cycles × nodes) work arrays, allocated at its first evaluation
+        # (the active-only hinge never needs them).
+        self._buf: list[np.ndarray] = []
         self.n_evals = 0
 
     def adapt_nodes(self, theta: np.ndarray, rounds: int = 1) -> None:
@@ -246,10 +247,6 @@ class RandomBreakpointModel:
             raise ValueError("adaptive nodes are implemented for the hinge only")
         for _ in range(rounds):
             self.person_nodes = adapted(self, *posterior_moments(self, theta))
-
-    def plain_nodes(self) -> None:
-        """Back to the shared Gauss–Hermite nodes."""
-        self.person_nodes = PersonNodes.plain(self)
 
     @property
     def n_params(self) -> int:
@@ -288,6 +285,8 @@ class RandomBreakpointModel:
         lin = (h * (b + tau * self.z)[None, :] if self.kind == "slopes" else b * h)
         n, nz = lin.shape
         ns, nv = self.s.size, self.v.size
+        if not self._buf:
+            self._buf = [np.empty((n, self.log_w.size), dtype=self.dtype) for _ in range(3)]
         eta, m, ll = self._buf
         rise = (lin[:, :, None] * es[None, None, :]).reshape(n, nz * ns)
         eta3 = eta.reshape(n, nv, nz * ns)
