@@ -19,30 +19,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.special import expit, logsumexp
+from scipy.special import logsumexp
+
+from .switch_loglik import log_p, row_sums
 
 if TYPE_CHECKING:
     from .rb_model import RandomBreakpointModel
-
-
-def _log_p(eta: np.ndarray, sign: np.ndarray | float, no_switch: np.ndarray | float,
-           d: float) -> tuple[np.ndarray, np.ndarray]:
-    """(log P(observed y), ∂log P/∂η) for linear predictors ``eta`` and outcome signs ±1 with
-    detection share ``d``: P = d·expit(η) for a counted switch, 1 − d·expit(η) otherwise."""
-    p1 = np.multiply(eta, sign)
-    np.clip(p1, -80.0, 80.0, out=p1)
-    expit(p1, out=p1)
-    if d < 1.0:
-        m = p1 * d
-        m += no_switch * (1.0 - d)
-        score = np.subtract(1.0, p1)
-        score *= p1
-        score *= d
-        score /= m
-    else:
-        m, score = p1, np.subtract(1.0, p1)
-    score *= sign
-    return np.log(m), score
 
 
 @dataclass
@@ -88,8 +70,8 @@ def _per_node(model: RandomBreakpointModel, theta: np.ndarray, need_grad: bool
     nz, ns, nv = nodes.z.shape[1], nodes.s.shape[1], nodes.v.shape[1]
     es = np.exp(kappa * nodes.s)  # (P or 1, ns)
     eta0 = a + su * nodes.v  # (P or 1, nv)
-    ll1, dl1 = _log_p(eta0, 1.0, 0.0, d)  # a switch below the breakpoint, per v node
-    ll0, dl0 = _log_p(eta0, -1.0, 1.0, d)  # no switch below it
+    ll1, dl1 = log_p(eta0, 1.0, 0.0, d)  # a switch below the breakpoint, per v node
+    ll0, dl0 = log_p(eta0, -1.0, 1.0, d)  # no switch below it
     per = np.empty((n_people, nv, nz, ns))
     blocks: list[_Block] = []
     below: list[np.ndarray] = []  # per person and v node: the score of the cycles below
@@ -110,14 +92,15 @@ def _per_node(model: RandomBreakpointModel, theta: np.ndarray, need_grad: bool
         pid = model.person_of_row[rows]
         eta = (_rows(eta0, pid)[:, :, None]
                + (b * h)[:, None, None] * _rows(es, pid)[:, None, :])
-        ll, score = _log_p(eta, model.sign[rows][:, :, None], model.no_switch[rows][:, :, None],
-                           d)
+        ll, score = log_p(eta, model.sign[rows][:, :, None], model.no_switch[rows][:, :, None],
+                          d, out=np.empty_like(eta))
         firsts = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])
+        lasts = np.r_[firsts[1:], rows.size]
         people = pid[firsts]
-        per[people, :, j, :] += np.add.reduceat(ll, firsts, axis=0)
+        per[people, :, j, :] += row_sums(ll, firsts, lasts)
         if need_grad:
-            score_h = np.add.reduceat(score * h[:, None, None], firsts, axis=0)
-            blocks.append(_Block(people, np.add.reduceat(score, firsts, axis=0), score_h))
+            score_h = row_sums(score * h[:, None, None], firsts, lasts)
+            blocks.append(_Block(people, row_sums(score, firsts, lasts), score_h))
     return per.reshape(n_people, -1) + nodes.log_w, blocks, below
 
 

@@ -13,9 +13,10 @@ P(counted switch) = d·expit(η).
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import expit, logsumexp
+from scipy.special import logsumexp
 
 from .rb_model import CycleData, check_detection, two_effect_grid
+from .switch_loglik import log_p, row_sums, weight_rows
 
 
 class ScaledRiseModel:
@@ -34,8 +35,7 @@ class ScaledRiseModel:
         self.z, self.v, self.log_w = two_effect_grid(nodes)
         self.sign = (2.0 * data.y - 1.0)[:, None]
         self.no_switch = (data.y <= 0.5).astype(float)[:, None]
-        sizes = np.diff(np.r_[data.starts, data.x.size])
-        self.person_of_row = np.repeat(np.arange(data.n_participants), sizes)
+        self.ends = np.r_[data.starts[1:], data.x.size]
         self.bounds = self.base_bounds + self.rise_bounds()
         self.n_evals = 0
 
@@ -65,18 +65,13 @@ class ScaledRiseModel:
         n, nz, nv = rise.size, ez.size, self.v.size
         eta = (a + rise[:, None, None] * ez[None, :, None]
                + su * self.v[None, None, :]).reshape(n, nz * nv)
-        p1 = expit(np.clip(eta * self.sign, -80.0, 80.0))
-        d = self.detection
-        m = p1 * d + self.no_switch * (1.0 - d) if d < 1.0 else p1
-        per = np.add.reduceat(np.log(m), self.d.starts, axis=0) + self.log_w
+        ll, score = log_p(eta, self.sign, self.no_switch, self.detection, out=np.empty_like(eta))
+        per = row_sums(ll, self.d.starts, self.ends) + self.log_w
         tot = logsumexp(per, axis=1)
         f = -float(tot.sum())
         if not need_grad:
             return f, np.zeros(len(theta))
-        score = (1.0 - p1) * self.sign
-        if d < 1.0:
-            score *= p1 * d / m
-        score *= np.exp(per - tot[:, None])[self.person_of_row]
+        weight_rows(score, np.exp(per - tot[:, None]), self.d.starts, self.ends)
         r3 = score.reshape(n, nz, nv)
         rz = r3.sum(axis=2)  # (N, nz)
         g = np.zeros(len(theta))
