@@ -52,6 +52,8 @@ ADAPTIVE_SLOPE_CHECK_NODES = (16, 7, 7)
 QUADRATURES = ("plain", "adaptive")
 #: The random slope is kept when the boundary LR test of κ = 0 rejects at this level.
 SLOPE_ALPHA = 0.05
+#: The random-slope fit starts from these κ (the better optimum is kept).
+KAPPA_STARTS = (0.3, 0.8)
 #: The shape check: thresholds are called log-normal-like unless two equal groups of people
 #: (thresholds e^(c ± τ), same number of parameters) fit better by more than this much
 #: log-likelihood; otherwise percentiles of the threshold distribution are not printed.
@@ -392,9 +394,11 @@ def _with_random_slope(data: CycleData, detection: float, best: Fit, nodes: tupl
     `SLOPE_ALPHA` the random-slope fit replaces the main fit (otherwise slope differences push
     the median threshold up). Returns (fit, nodes, p of κ = 0)."""
     slope_nodes = ADAPTIVE_SLOPE_NODES if adaptive else SLOPE_NODES
-    plain, rs = run_jobs(_slope_job, [(data, detection, best, False, slope_nodes, adaptive),
-                                      (data, detection, best, True, slope_nodes, adaptive)],
-                         workers)
+    # Three jobs (no slope; κ from 0.3; κ from 0.8): the two κ starts are the long ones,
+    # so on two workers they run side by side.
+    plain, *rs_fits = run_jobs(_slope_job, [(data, detection, best, k, slope_nodes, adaptive)
+                                            for k in (None, *KAPPA_STARTS)], workers)
+    rs = max(rs_fits, key=lambda f: f.loglik)
     lr = max(0.0, 2 * (rs.loglik - plain.loglik))
     p = 1.0 if lr <= 0 else 0.5 * float(chi2.sf(lr, 1))
     if p < SLOPE_ALPHA:
@@ -402,16 +406,15 @@ def _with_random_slope(data: CycleData, detection: float, best: Fit, nodes: tupl
     return best, nodes, p
 
 
-def _slope_job(data: CycleData, detection: float, best: Fit, random_slope: bool,
+def _slope_job(data: CycleData, detection: float, best: Fit, kappa: float | None,
                slope_nodes: tuple[int, ...] = SLOPE_NODES, adaptive: bool = False) -> Fit:
-    """The hinge at ``slope_nodes`` from the main fit, with (the better of κ starts 0.3 and
-    0.8) or without the random slope (runs on a worker process)."""
-    if not random_slope:
+    """The hinge at ``slope_nodes`` from the main fit, with the random slope from κ =
+    ``kappa`` (`KAPPA_STARTS`) or, for None, without it (runs on a worker process)."""
+    if kappa is None:
         model = RandomBreakpointModel(data, slope_nodes[:2], detection=detection)
         return _fitter(adaptive, model)(model, best.theta)
     model = RandomBreakpointModel(data, slope_nodes, detection=detection)
-    fit = _fitter(adaptive, model)
-    return max((fit(model, np.r_[best.theta, k]) for k in (0.3, 0.8)), key=lambda f: f.loglik)
+    return _fitter(adaptive, model)(model, np.r_[best.theta, kappa])
 
 
 def estimate_detection_share(counted: pd.Series, all_switches: pd.Series) -> float:
