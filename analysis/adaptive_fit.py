@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .hinge_kernel import adapted, posterior_moments
-from .rb_model import Fit, RandomBreakpointModel, maximize
+from .rb_model import FTOL_REFIT, Fit, RandomBreakpointModel, maximize
 
 
 def start_adaptation(model: RandomBreakpointModel, theta: np.ndarray, rounds: int = 2) -> None:
@@ -40,15 +40,15 @@ def maximize_adaptive(model: RandomBreakpointModel, start: np.ndarray,
                       max_rounds: int = 8) -> Fit:
     """`maximize` under adaptive quadrature (`start_adaptation` at the start): the fit, the
     nodes re-centred at its optimum and the fit repeated until the log-likelihood moves by
-    less than ``tol`` (at most ``max_rounds`` fits). The log-likelihood is the last fit's, at
-    its own nodes."""
+    less than ``tol`` (at most ``max_rounds`` fits; each to `rb_model.FTOL_REFIT`, well
+    inside ``tol``). The log-likelihood is the last fit's, at its own nodes."""
     evals = model.n_evals
     start_adaptation(model, start)
-    fit = maximize(model, start, fixed)
+    fit = maximize(model, start, fixed, ftol=FTOL_REFIT)
     for _ in range(max_rounds - 1):
         model.adapt_nodes(fit.theta, rounds=2)
         ll_now = -model.nll(fit.theta, need_grad=False)[0]
-        new = maximize(model, fit.theta, fixed)
+        new = maximize(model, fit.theta, fixed, ftol=FTOL_REFIT)
         done = abs(new.loglik - ll_now) < tol and abs(ll_now - fit.loglik) < tol
         fit = new
         if done:

@@ -70,6 +70,9 @@ def _per_node(model: RandomBreakpointModel, theta: np.ndarray, need_grad: bool
     nz, ns, nv = nodes.z.shape[1], nodes.s.shape[1], nodes.v.shape[1]
     es = np.exp(kappa * nodes.s)  # (P or 1, ns)
     eta0 = a + su * nodes.v  # (P or 1, nv)
+    # The active cycles' work arrays in the model's dtype (sums over cycles stay float64).
+    es_w: np.ndarray = es.astype(model.dtype)
+    eta0_w: np.ndarray = eta0.astype(model.dtype)
     ll1, dl1 = log_p(eta0, 1.0, 0.0, d)  # a switch below the breakpoint, per v node
     ll0, dl0 = log_p(eta0, -1.0, 1.0, d)  # no switch below it
     per = np.empty((n_people, nv, nz, ns))
@@ -88,10 +91,10 @@ def _per_node(model: RandomBreakpointModel, theta: np.ndarray, need_grad: bool
         if not rows.size:
             blocks.append(_Block(rows, empty, empty))
             continue
-        h = x[rows] - (thr[rows] if thr.size > 1 else thr)
+        h: np.ndarray = (x[rows] - (thr[rows] if thr.size > 1 else thr)).astype(model.dtype)
         pid = model.person_of_row[rows]
-        eta = (_rows(eta0, pid)[:, :, None]
-               + (b * h)[:, None, None] * _rows(es, pid)[:, None, :])
+        eta = (_rows(eta0_w, pid)[:, :, None]
+               + (b * h)[:, None, None] * _rows(es_w, pid)[:, None, :])
         ll, score = log_p(eta, model.sign[rows][:, :, None], model.no_switch[rows][:, :, None],
                           d, out=np.empty_like(eta))
         firsts = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])

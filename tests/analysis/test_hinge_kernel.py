@@ -53,3 +53,22 @@ def test_breakpoint_beyond_every_wait() -> None:
     f2, g2 = RandomBreakpointModel(data, (12, 5), dense=True).nll(theta)
     assert f1 == pytest.approx(f2, rel=1e-12)
     assert g1[2] == g1[3] == 0.0 and np.allclose(g1, g2)
+
+
+@pytest.mark.parametrize("kind", ["hinge", "rounded"])
+@pytest.mark.parametrize("detection", [1.0, 0.6])
+def test_float32_work_arrays_agree_with_float64(kind: str, detection: float) -> None:
+    """The threshold test's fits use float32 work arrays (`threshold_test.TEST_DTYPE`): the
+    likelihood and gradient stay within float32 rounding of float64's, far below what moves
+    a verdict (sums over cycles are float64)."""
+    data = _data()
+    base = np.array([-2.0, 0.5, 1.2, math.log(6.0), 0.5, 0.6, 0.8])
+    m64 = RandomBreakpointModel(data, (12, 5, 5), detection=detection, kind=kind)
+    m32 = RandomBreakpointModel(data, (12, 5, 5), detection=detection, kind=kind,
+                                dtype=np.float32)
+    theta = base[:m64.n_params]
+    f64, g64 = m64.nll(theta)
+    f32, g32 = m32.nll(theta)
+    assert f32 != f64  # float32 did run
+    assert f32 == pytest.approx(f64, rel=1e-6, abs=1e-4)
+    assert np.allclose(g32, g64, rtol=1e-4, atol=1e-3)
