@@ -390,7 +390,7 @@ def _with_random_slope(data: CycleData, detection: float, best: Fit, nodes: tupl
                        ) -> tuple[Fit, tuple[int, ...], float]:
     """Do people's slopes above the breakpoint differ? The hinge refitted with a random slope
     (`SLOPE_NODES`, or `ADAPTIVE_SLOPE_NODES`) against the same hinge without it at the same
-    nodes (two worker jobs), by the boundary LR test (½χ²₀ + ½χ²₁). When it rejects at
+    nodes (worker jobs), by the boundary LR test (½χ²₀ + ½χ²₁). When it rejects at
     `SLOPE_ALPHA` the random-slope fit replaces the main fit (otherwise slope differences push
     the median threshold up). Returns (fit, nodes, p of κ = 0)."""
     slope_nodes = ADAPTIVE_SLOPE_NODES if adaptive else SLOPE_NODES
