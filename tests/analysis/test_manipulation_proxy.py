@@ -105,16 +105,22 @@ def _check(path: Path, cycle_id: str):  # noqa: ANN202
     return manipulation_check(one, time_scale=frames.time_scale)
 
 
+LATE_TTFT_MS = 1490  # the scripted 150 ms raw first-chunk delay × 10, less 1 ms raw
+
+
 def test_each_fault_is_attributed(recorded: tuple[Path, dict[str, str]]) -> None:
     path, ids = recorded
     first = _check(path, ids["upstream_first"]).by_arm[0]
     assert first["misses_upstream"] == 1, first
-    assert first["upstream_ttft_ms"] >= 1500  # 150 ms raw × 10, after the 300 ms target
+    # 150 ms raw × 10, after the 300 ms target. A scripted sleep can end up to ~1 ms raw
+    # early (libuv's millisecond timers run from the loop's cached clock; a fresh-clone CI
+    # measured 149.93 ms): the bound allows that, not a missing delay.
+    assert first["upstream_ttft_ms"] >= LATE_TTFT_MS
     assert first["miss_ms_max"] >= 1000
     # Early bytes do not make a late upstream look fast: its TTFT is its first text's.
     structure = _check(path, ids["structure_first"]).by_arm[0]
     assert structure["misses_upstream"] == 1, structure
-    assert structure["upstream_ttft_ms"] >= 1500 and structure["miss_ms_max"] >= 1000
+    assert structure["upstream_ttft_ms"] >= LATE_TTFT_MS and structure["miss_ms_max"] >= 1000
     rate = _check(path, ids["upstream_rate"]).by_arm[0]
     assert rate["misses_upstream"] == 1, rate
     # The upstream sent one chunk (1-2 tokens) per 10 ms raw: ≤ 20 tokens/s real, far below
