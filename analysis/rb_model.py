@@ -94,9 +94,14 @@ class CycleData:
         return cls(x=np.asarray(logw, float)[order], y=np.asarray(y, float)[order],
                    starts=starts, n_participants=int(starts.size))
 
+    @property
+    def ends(self) -> np.ndarray:
+        """Each participant's row end (exclusive): the next one's start, or the last row."""
+        return np.r_[self.starts[1:], self.x.size]
+
     def subset(self, people: np.ndarray) -> CycleData:
         """The cycles of the given participants (indices into 0..P-1; repeats allowed)."""
-        ends = np.r_[self.starts[1:], self.x.size]
+        ends = self.ends
         idx = np.concatenate([np.arange(self.starts[i], ends[i]) for i in people])
         sizes = ends[people] - self.starts[people]
         starts = np.r_[0, np.cumsum(sizes)[:-1]]
@@ -125,7 +130,7 @@ class HazardModel:
         self.c0 = np.where(y1, 0.0, 1.0)[:, None]
         q = self.z.size * self.v.size
         self._buf = [np.empty((data.x.size, q)) for _ in range(3)]
-        self.ends = np.r_[data.starts[1:], data.x.size]
+        self.ends = data.ends
         self.bounds: list[tuple[float | None, float | None]] = [
             (-15.0, 15.0), (0.0, 5.0), (-15.0, 5.0), (0.0, 0.0), (0.0, 3.0)]
         self.n_evals = 0
@@ -219,14 +224,13 @@ class RandomBreakpointModel:
         # Node order (v, z, s): the (Q,) axis reshapes to (n_v, n_z, n_s). With v outermost the
         # intercept is added, and summed out of the score, along contiguous runs of n_z·n_s.
         self.log_w = (lwv[:, None, None] + lwz[None, :, None] + lws[None, None, :]).ravel()
-        n = data.x.size
-        # float32 work arrays gave the same estimates (to 1e-4) but were not faster here (the
-        # float64 accumulation casts); sums over cycles are float64 either way.
+        # float32 work arrays (the threshold test's, `threshold_test.TEST_DTYPE`) are a third
+        # faster since the exp-based `switch_loglik`; sums over cycles are float64 either way.
         self.dtype = dtype
         self.sign: np.ndarray = (2.0 * data.y - 1.0)[:, None].astype(dtype)
         self.no_switch: np.ndarray = (data.y <= 0.5).astype(dtype)[:, None]
         self.y1: np.ndarray = data.y > 0.5
-        self.ends = np.r_[data.starts[1:], n]
+        self.ends = data.ends
         self.person_of_row = np.repeat(np.arange(data.n_participants), self.ends - data.starts)
         self.xc = float(data.x.mean())
         # The median threshold stays inside the observed waits (beyond them it is not

@@ -35,7 +35,7 @@ class ScaledRiseModel:
         self.z, self.v, self.log_w = two_effect_grid(nodes)
         self.sign = (2.0 * data.y - 1.0)[:, None]
         self.no_switch = (data.y <= 0.5).astype(float)[:, None]
-        self.ends = np.r_[data.starts[1:], data.x.size]
+        self.ends = data.ends
         self.bounds = self.base_bounds + self.rise_bounds()
         self.n_evals = 0
 
