@@ -137,12 +137,17 @@ def test_opencode_title_call_is_side_and_each_prompt_one_turn(
         why = _explain(query, results)
         human = [c for c in cycles if c["request_kind"] == "human"]
         assert len(human) == len(PROMPTS) and len(turns) == len(PROMPTS), why
-        # The very first request of the participant is a title call, revised once the main
-        # request with the same typed text came.
-        first = cycles[0]
-        assert (first["request_kind"], first["kind_rule"], first["revised_from"]) == (
-            "side", "revised:same_input_before_main", "human:new_input"), why
-        assert first["turn_id"] == human[0]["turn_id"], why
+        # opencode sends the first run's title call and main request at once, so either may
+        # arrive first. A title call ahead of the main request looks like new input and is
+        # revised once the main request with the same typed text comes; one behind it is a
+        # side call of the open turn on arrival. Either way it joins the first turn.
+        title = next(c for c in cycles if c["request_kind"] == "side")
+        if title["t_request_ns"] < human[0]["t_request_ns"]:
+            expected = ("revised:same_input_before_main", "human:new_input")
+        else:
+            expected = ("other_conversation_while_open", None)
+        assert (title["kind_rule"], title["revised_from"]) == expected, why
+        assert title["turn_id"] == human[0]["turn_id"], why
         for prompt, h, turn in zip(PROMPTS, human, turns, strict=True):
             assert prompt in h["prompt_text"], why
             mine = [c for c in cycles if c["turn_id"] == h["turn_id"]]
@@ -153,7 +158,7 @@ def test_opencode_title_call_is_side_and_each_prompt_one_turn(
             assert turn["id"] == h["turn_id"] and turn["status"] == "complete", why
             assert (turn["model_calls"], turn["tool_calls"]) == (TOOL_STEPS + 1, TOOL_STEPS)
             assert turn["side_calls"] == len(mine) - len(main), why
-        # Each run's title call is a side call: the first revised (above); a later one may
+        # Each run's title call is a side call: the first as above; a later one may
         # already be `side` at arrival (the same agent offered tools on its latest turn).
         side = [c for c in cycles if c["request_kind"] == "side"]
         assert len(side) == len(PROMPTS) and turns[0]["side_calls"] == 1, why
