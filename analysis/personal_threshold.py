@@ -139,13 +139,13 @@ def starts(data: CycleData) -> list[np.ndarray]:
 
 def pooled_start(data: CycleData) -> np.ndarray:
     """Starting values from the pooled hinge (profile over a coarse grid of c)."""
-    from .threshold import _newton
+    from .pooled_fit import newton
 
     x, y = data.x, data.y
     grid = np.quantile(x, np.linspace(0.1, 0.9, 17))
     h = np.maximum(0.0, x[:, None] - grid[None, :])
     p0 = min(max(y.mean(), 1e-3), 1 - 1e-3)
-    a, b, ll = _newton(h, h * h, y @ h, np.ones_like(y), y, np.full(grid.size, math.log(
+    a, b, ll = newton(h, h * h, y @ h, np.ones_like(y), y, np.full(grid.size, math.log(
         p0 / (1 - p0))), np.zeros(grid.size))
     j = int(np.argmax(ll))
     return np.array([a[j], 0.3, max(b[j], 0.1), grid[j], 0.3])

@@ -32,8 +32,8 @@ vary (docs/concepts/simulated-participants.md: log-sd 0.35), its ψ is the onset
 averaged curve, which lies below the median individual threshold (≈ 6.8 s for a median of 8 s
 with the default simulator; `population_onset_psi` computes it for any simulator setting).
 
-Speed: the 2-parameter logistic fits are a vectorised Newton–Raphson over all grid points
-at once (one column per ψ), on binomial sufficient statistics: cycles are aggregated by
+Speed (`pooled_fit`): the 2-parameter logistic fits are a vectorised Newton–Raphson over all
+grid points at once (one column per ψ), on binomial sufficient statistics: cycles are aggregated by
 participant × log-wait bin. When there are at most `max_bins` distinct waits this is exact;
 otherwise waits are put in `max_bins` equal-width bins of log w and each bin is represented by
 the mean log wait of its cycles (width ≈ 0.02 in log w, i.e. 2 % of the wait, for a
@@ -54,198 +54,10 @@ import pandas as pd
 from flowtrial.study.timeline import DEFAULT_READING_TPS, tokens_per_second_for_idle_wait
 
 from . import AnalysisInputError
+from .pooled_fit import Binned, PooledProblem, bin_cycles, expit
 
 ModelName = Literal["flat", "smooth", "hinge"]
 _K_PARAMS = {"flat": 1, "smooth": 2, "hinge": 3}  # ψ counts as a parameter of the hinge
-
-
-# --------------------------------------------------------------------------- numerics
-
-
-def _expit(eta: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * eta))  # overflow-free logistic
-
-
-def _p_and_ll(
-    a: np.ndarray, b: np.ndarray, H: np.ndarray, sH: np.ndarray, n: np.ndarray, s_tot: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """Fitted probabilities and binomial log-likelihood per column, from one pass over η.
-
-    ℓ = Σ s·η − n·log(1 + e^η) = s_tot·a + b·(s @ H) − n @ softplus(η)."""
-    eta = a + b * H
-    e = np.exp(-np.abs(eta))  # in (0, 1]: no overflow
-    p = np.where(eta >= 0, 1.0, e) / (1.0 + e)
-    softplus = np.maximum(eta, 0.0) + np.log1p(e)
-    return p, s_tot * a + b * sH - n @ softplus
-
-
-def _newton(
-    H: np.ndarray,
-    H2: np.ndarray,
-    sH: np.ndarray,
-    n: np.ndarray,
-    s: np.ndarray,
-    a: np.ndarray,
-    b: np.ndarray,
-    max_iter: int = 60,
-    tol: float = 1e-9,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Fit logit p = a_g + b_g·H[:, g] for every column g at once (binomial, n trials, s
-    successes per row). H2 = H**2 and sH = s @ H are precomputed. Returns (a, b, loglik).
-
-    Newton–Raphson on the 2×2 system per column with step clipping and per-column step
-    halving (the log-likelihood is concave, so halving always restores ascent)."""
-    a = a.astype(float).copy()
-    b = b.astype(float).copy()
-    s_tot = float(s.sum())
-    p, ll = _p_and_ll(a, b, H, sH, n, s_tot)
-    for _ in range(max_iter):
-        v = p * (1.0 - p)
-        g0 = s_tot - n @ p
-        g1 = sH - n @ (p * H)
-        h00 = n @ v
-        vH = v * H
-        h01 = n @ vH
-        h11 = n @ (vH * H) if H2 is None else n @ (v * H2)
-        det = h00 * h11 - h01 * h01
-        ok = det > 1e-12 * np.maximum(h00 * h11, 1e-300)
-        safe = np.where(ok, det, 1.0)
-        # Columns with a (near-)singular Hessian (e.g. complete separation): intercept step.
-        da = np.where(ok, (h11 * g0 - h01 * g1) / safe, np.clip(g0 / np.maximum(h00, 1e-9), -1, 1))
-        db = np.where(ok, (h00 * g1 - h01 * g0) / safe, 0.0)
-        da = np.clip(da, -5.0, 5.0)
-        db = np.clip(db, -5.0, 5.0)
-        step = np.ones_like(a)
-        a_new, b_new = a + da, b + db
-        p_new, ll_new = _p_and_ll(a_new, b_new, H, sH, n, s_tot)
-        for _halving in range(30):
-            worse = ll_new < ll - 1e-12 * (1.0 + np.abs(ll))
-            if not worse.any():
-                break
-            idx = np.flatnonzero(worse)
-            step[idx] *= 0.5
-            a_new[idx] = a[idx] + step[idx] * da[idx]
-            b_new[idx] = b[idx] + step[idx] * db[idx]
-            p_new[:, idx], ll_new[idx] = _p_and_ll(
-                a_new[idx], b_new[idx], H[:, idx], sH[idx], n, s_tot
-            )
-        gain = float(np.max(np.abs(ll_new - ll)))
-        moved = float(np.max(np.abs(step * da)) + np.max(np.abs(step * db)))
-        a, b, p, ll = a_new, b_new, p_new, ll_new
-        # Quadratic convergence: after a step this small the remaining error is ~1e-10.
-        if gain < tol * (1.0 + float(np.max(np.abs(ll)))) or moved < 1e-5:
-            break
-    return a, b, ll
-
-
-def _binom_ll_flat(n_tot: float, s_tot: float) -> tuple[float, float]:
-    """(intercept, log-likelihood) of the flat (intercept-only) model, closed form."""
-    if s_tot <= 0 or s_tot >= n_tot:
-        return (-math.inf if s_tot <= 0 else math.inf), 0.0
-    p = s_tot / n_tot
-    return math.log(p / (1 - p)), s_tot * math.log(p) + (n_tot - s_tot) * math.log1p(-p)
-
-
-# ------------------------------------------------------------------------------ data
-
-
-@dataclass
-class _Binned:
-    x: np.ndarray  # (K,) representative log wait
-    counts: np.ndarray  # (P, K) cycles per participant × bin
-    succ: np.ndarray  # (P, K) switches per participant × bin
-    exact: bool
-
-
-def _bin(logw: np.ndarray, y: np.ndarray, pid: np.ndarray, n_part: int, max_bins: int) -> _Binned:
-    uniq, inv = np.unique(logw, return_inverse=True)
-    exact = uniq.size <= max_bins
-    if exact:
-        x, idx = uniq, inv
-    else:
-        edges = np.linspace(logw.min(), logw.max(), max_bins + 1)
-        idx = np.clip(np.searchsorted(edges, logw, side="right") - 1, 0, max_bins - 1)
-        used, idx = np.unique(idx, return_inverse=True)
-        x = np.bincount(idx, weights=logw) / np.bincount(idx)
-    k = x.size
-    flat = pid * k + idx
-    counts = np.bincount(flat, minlength=n_part * k).reshape(n_part, k).astype(float)
-    succ = np.bincount(flat, weights=y, minlength=n_part * k).reshape(n_part, k)
-    return _Binned(x=x, counts=counts, succ=succ, exact=exact)
-
-
-class _Problem:
-    """Everything needed to refit the three models on re-weighted / redrawn data."""
-
-    def __init__(self, binned: _Binned, grid: np.ndarray) -> None:
-        self.x = binned.x
-        self.grid = grid
-        self.H = np.maximum(0.0, self.x[:, None] - grid[None, :])  # hinge basis, one column/ψ
-        self.H2 = self.H * self.H
-        self.xc = self.x.mean()
-        self.S = (self.x - self.xc)[:, None]  # smooth basis (centred for conditioning)
-        self.S2 = self.S * self.S
-
-    def hinge_at(
-        self, n: np.ndarray, s: np.ndarray, c: np.ndarray, a: np.ndarray, b: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Hinge fits (a, b, loglik) at the given log ψ values `c` (one column each)."""
-        h = np.maximum(0.0, self.x[:, None] - np.asarray(c, dtype=float)[None, :])
-        return _newton(h, h * h, s @ h, n, s, a, b)
-
-    def fit(
-        self, n: np.ndarray, s: np.ndarray, start: dict[str, np.ndarray] | None = None
-    ) -> dict[str, Any]:
-        """Fit flat, smooth and hinge (profile over the grid + parabolic refinement)."""
-        n_tot, s_tot = float(n.sum()), float(s.sum())
-        a0, ll_flat = _binom_ll_flat(n_tot, s_tot)
-        if not math.isfinite(a0):
-            # No switches (or only switches): every model fits perfectly and identically.
-            g = self.grid.size
-            return {
-                "ll_flat": 0.0,
-                "flat_a": a0,
-                "ll_smooth": 0.0,
-                "ll_hinge": 0.0,
-                "smooth": (a0, 0.0),
-                "hinge": (a0, 0.0, float(self.grid[g // 2])),
-                "profile": np.zeros(g),
-                "degenerate": True,
-            }
-        g = self.grid.size
-        if start is None:
-            ah, bh = np.full(g, a0), np.zeros(g)
-            as_, bs = np.array([a0]), np.zeros(1)
-        else:
-            ah, bh, as_, bs = start["ah"], start["bh"], start["as"], start["bs"]
-        sS = s @ self.S
-        as_, bs, lls = _newton(self.S, self.S2, sS, n, s, as_, bs)
-        sH = s @ self.H
-        ah, bh, prof = _newton(self.H, self.H2, sH, n, s, ah, bh)
-        j = int(np.argmax(prof))
-        best = (float(ah[j]), float(bh[j]), float(self.grid[j]), float(prof[j]))
-        if 0 < j < g - 1:
-            # Parabola through the best grid point and its neighbours (grid is equispaced).
-            l0, l1, l2 = prof[j - 1], prof[j], prof[j + 1]
-            curv = l0 - 2 * l1 + l2
-            if curv < 0:
-                step = self.grid[1] - self.grid[0]
-                c = self.grid[j] + float(np.clip(0.5 * step * (l0 - l2) / curv, -step, step))
-                h = np.maximum(0.0, self.x - c)[:, None]
-                ar, br, llr = _newton(h, h * h, s @ h, n, s, ah[j : j + 1], bh[j : j + 1])
-                if llr[0] > best[3]:
-                    best = (float(ar[0]), float(br[0]), c, float(llr[0]))
-        return {
-            "ll_flat": ll_flat,
-            "flat_a": a0,
-            "ll_smooth": float(lls[0]),
-            "ll_hinge": best[3],
-            "smooth": (float(as_[0]), float(bs[0])),
-            "hinge": best[:3],
-            "profile": prof,
-            "start": {"ah": ah, "bh": bh, "as": as_, "bs": bs},
-            "degenerate": False,
-        }
 
 
 # ---------------------------------------------------------------------------- result
@@ -302,17 +114,17 @@ class ThresholdResult:
         sa, sb = self.params["smooth"]["a"], self.params["smooth"]["b"]
         out: dict[str, np.ndarray] = {
             "wait_s": w,
-            "hinge": _expit(ha + hb * np.maximum(0.0, x - hc)),
-            "smooth": _expit(sa + sb * (x - self.x_center)),
-            "flat": np.full_like(x, _expit(np.array(self.params["flat"]["a"]))),
+            "hinge": expit(ha + hb * np.maximum(0.0, x - hc)),
+            "smooth": expit(sa + sb * (x - self.x_center)),
+            "flat": np.full_like(x, expit(np.array(self.params["flat"]["a"]))),
         }
         q = [(1 - level) / 2, (1 + level) / 2]
         if len(self.boot_hinge):
             bh = self.boot_hinge
-            ph = _expit(bh[:, :1] + bh[:, 1:2] * np.maximum(0.0, x[None, :] - bh[:, 2:3]))
+            ph = expit(bh[:, :1] + bh[:, 1:2] * np.maximum(0.0, x[None, :] - bh[:, 2:3]))
             out["hinge_lo"], out["hinge_hi"] = np.quantile(ph, q, axis=0)
             bs = self.boot_smooth
-            ps = _expit(bs[:, :1] + bs[:, 1:2] * (x[None, :] - self.x_center))
+            ps = expit(bs[:, :1] + bs[:, 1:2] * (x[None, :] - self.x_center))
             out["smooth_lo"], out["smooth_hi"] = np.quantile(ps, q, axis=0)
         return out
 
@@ -407,8 +219,8 @@ def _lr_interval(c: np.ndarray, dev: np.ndarray, crit: float, c_hat: float) -> t
 
 
 def _jackknife(
-    prob: _Problem,
-    binned: _Binned,
+    prob: PooledProblem,
+    binned: Binned,
     main: dict[str, Any],
     rng: np.random.Generator,
     max_groups: int = 100,
@@ -491,7 +303,7 @@ def _psi_grid(logw: np.ndarray, y: np.ndarray, n_part: int,
     return np.linspace(lo_q, hi_q, grid_size)
 
 
-def existence_test(prob: _Problem, binned: _Binned, main: dict[str, Any], n_null: int,
+def existence_test(prob: PooledProblem, binned: Binned, main: dict[str, Any], n_null: int,
                    rng: np.random.Generator) -> tuple[float, float]:
     """(LR, p): parametric bootstrap of the hinge-vs-flat LR under "P(switch) does not
     depend on the wait", each participant keeping their own observed switch rate."""
@@ -506,7 +318,7 @@ def existence_test(prob: _Problem, binned: _Binned, main: dict[str, Any], n_null
     return lr, float((1 + np.sum(null_lr >= lr - 1e-9)) / (1 + n_null))
 
 
-def cluster_bootstrap(prob: _Problem, binned: _Binned, main: dict[str, Any], n_boot: int,
+def cluster_bootstrap(prob: PooledProblem, binned: Binned, main: dict[str, Any], n_boot: int,
                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Participant-cluster bootstrap (resample participants, refit everything, warm start):
     hinge (a, b, log ψ) and smooth (a, b) per replicate, and the profile LR at the original
@@ -530,7 +342,7 @@ def cluster_bootstrap(prob: _Problem, binned: _Binned, main: dict[str, Any], n_b
     return boot_h, boot_s, boot_lr
 
 
-def psi_intervals(prob: _Problem, binned: _Binned, main: dict[str, Any], boot_h: np.ndarray,
+def psi_intervals(prob: PooledProblem, binned: Binned, main: dict[str, Any], boot_h: np.ndarray,
                   boot_lr: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
     """ψ's intervals (seconds): percentile, BCa (jackknife acceleration), the profile-LR
     interval at the bootstrap's LR quantile, and the reported union of BCa and LR."""
@@ -610,8 +422,8 @@ def fit_threshold(
     logw, y, pid, n_part, dropped = _prepare(df)
     grid = _psi_grid(logw, y, n_part, wait_quantiles, grid_size)
     n_obs, n_sw = int(y.size), int(y.sum())
-    binned = _bin(logw, y, pid, n_part, max_bins)
-    prob = _Problem(binned, grid)
+    binned = bin_cycles(logw, y, pid, n_part, max_bins)
+    prob = PooledProblem(binned, grid)
     n_k, s_k = binned.counts.sum(0), binned.succ.sum(0)
     main = prob.fit(n_k, s_k)
     rng = np.random.default_rng(seed)

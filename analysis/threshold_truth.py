@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from . import AnalysisInputError
-from .threshold import _expit, _newton
+from .pooled_fit import expit, newton
 
 __all__ = ["NO_THRESHOLD_TRUTHS", "TRUTHS", "population_onset_psi", "pseudo_true_psi",
            "simulate_switch_data"]
@@ -146,7 +146,7 @@ def simulate_switch_data(
                              psi_s, w_max)
     elif truth == "hazard":
         lam = -math.log((1 - p_high) / (1 - p_low)) / w_max * np.exp(rate_sd * zs)
-        base = _expit(math.log(p_low / (1 - p_low)) + u_i)
+        base = expit(math.log(p_low / (1 - p_low)) + u_i)
         p = 1 - (1 - base[pid]) * np.exp(-lam[pid] * np.exp(logw))
     else:
         kind = "hinge" if truth in ("hinge", "hinge_slopes", "bimodal") else (
@@ -156,7 +156,7 @@ def simulate_switch_data(
                              wait_range_s)
         base_eta = lo if kind != "flat" else math.log(p_flat / (1 - p_flat))
         # The rise (eta minus its floor) scales with the person's slope factor.
-        p = _expit(base_eta + s_i[pid] * (eta - base_eta) + u_i[pid])
+        p = expit(base_eta + s_i[pid] * (eta - base_eta) + u_i[pid])
     switched = rng.random(pid.size) < p
     return pd.DataFrame(
         {
@@ -181,10 +181,10 @@ def _smooth_family_p(truth: str, logw: np.ndarray, pid: np.ndarray, u_i: np.ndar
         arg = (logw - mid) / S_WIDTH
         shape = np.exp(-np.exp(-1.5 * arg)) if truth == "gompertz" else norm.cdf(arg)
         rise = (math.log(p_high / (1 - p_high)) - lo) * shape
-        return np.asarray(_expit(lo + u_i[pid] + s_i[pid] * rise))
+        return np.asarray(expit(lo + u_i[pid] + s_i[pid] * rise))
     g = rng.gamma(2.0, 0.5, size=u_i.size)
     lam = (-math.log((1 - p_high) / (1 - p_low))) ** (1 / 1.5) / w_max
-    base = _expit(lo + u_i)
+    base = expit(lo + u_i)
     return np.asarray(1 - (1 - base[pid]) * np.exp(-(g[pid] * lam * np.exp(logw)) ** 1.5))
 
 
@@ -222,7 +222,7 @@ def population_onset_psi(
         weights if intercept_sd > 0 else [1.0],
         strict=True,
     ):
-        p_bar += wu * (_expit(eta + u) @ weights)
+        p_bar += wu * (expit(eta + u) @ weights)
     c_lo, c_hi = lo + wait_quantiles[0] * (hi - lo), lo + wait_quantiles[1] * (hi - lo)
     return _expected_fit_psi(x, p_bar, c_lo, c_hi, math.log(p_low / (1 - p_low)))
 
@@ -238,7 +238,7 @@ def _expected_fit_psi(logw: np.ndarray, p: np.ndarray, c_lo: float, c_hi: float,
     for _ in range(2):
         H = np.maximum(0.0, logw[:, None] - grid[None, :])
         g = grid.size
-        _, _, ll = _newton(H, H * H, p @ H, n, p, np.full(g, a0), np.ones(g))
+        _, _, ll = newton(H, H * H, p @ H, n, p, np.full(g, a0), np.ones(g))
         best = grid[int(np.argmax(ll))]
         step = grid[1] - grid[0]
         grid = np.linspace(best - step, best + step, 81)

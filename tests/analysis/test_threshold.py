@@ -10,7 +10,8 @@ import pytest
 import statsmodels.api as sm
 
 from flowtrial.analysis import AnalysisInputError
-from flowtrial.analysis.threshold import _newton, fit_threshold
+from flowtrial.analysis.pooled_fit import newton
+from flowtrial.analysis.threshold import fit_threshold
 from flowtrial.analysis.threshold_truth import population_onset_psi, simulate_switch_data
 
 FAST = {"n_boot": 60, "n_null": 60}
@@ -105,7 +106,7 @@ def test_newton_matches_statsmodels_logit() -> None:
     H = np.maximum(0.0, x[:, None] - psis[None, :])
     y = (rng.random(500) < 1 / (1 + np.exp(-(-2 + 1.2 * H[:, 1])))).astype(float)
     n = np.ones_like(y)
-    a, b, ll = _newton(H, H * H, y @ H, n, y, np.zeros(3), np.zeros(3))
+    a, b, ll = newton(H, H * H, y @ H, n, y, np.zeros(3), np.zeros(3))
     for g in range(3):
         ref = sm.Logit(y, sm.add_constant(H[:, g])).fit(disp=0)
         assert a[g] == pytest.approx(ref.params[0], abs=1e-6)
