@@ -26,12 +26,11 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
-from threshold_families import FAMILIES, PSI  # noqa: E402
+from threshold_families import FAMILIES, family_data, family_truth  # noqa: E402
 
 from flowtrial.analysis import personal_threshold as pt  # noqa: E402
 from flowtrial.analysis.adaptive_fit import maximize_adaptive, start_adaptation  # noqa: E402
 from flowtrial.analysis.rb_model import RandomBreakpointModel, maximize  # noqa: E402
-from flowtrial.analysis.threshold_truth import simulate_switch_data  # noqa: E402
 
 STARTS = ((1.0, 0.3), (1.0, 0.8), (0.25, 1.2))
 
@@ -43,11 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="1000,1001,1002")
     args = ap.parse_args(argv)
     n_part, n_prompts = (int(v) for v in args.size.split("x"))
-    fam = dict(FAMILIES[args.family])
-    truth = fam.pop("truth")
-    print(f"{args.family} {args.size} (truth ψ {PSI:g} s, {fam})", flush=True)
+    print(f"{args.family} {args.size} (truth ψ {family_truth(args.family)[0]:g} s, "
+          f"{FAMILIES[args.family]})", flush=True)
     for seed in (int(s) for s in args.seeds.split(",")):
-        df = simulate_switch_data(truth, n_part, n_prompts, psi_s=PSI, seed=seed, **fam)
+        df = family_data(args.family, n_part, n_prompts, seed)
         data = pt._data(df)
         plain0 = RandomBreakpointModel(data, pt.DEFAULT_NODES)
         best = max((maximize(plain0, s) for s in pt.starts(data)), key=lambda f: f.loglik)

@@ -32,9 +32,11 @@ report), and the wall time of one full 100 × 200 analysis (with the threshold t
 
 With ``--families`` it instead runs the truth families of `threshold_families.py` (smooth
 with person slopes, memoryless hazard, slope heterogeneity, bimodal thresholds, unbalanced
-participants; issue 27) through the CLI's analysis path and prints, per family and size, the
-rate of threshold claims with its Wilson 95 % CI, ψ̂ bias, CI and τ coverage and the
-time per analysis.
+participants; issue 27, and the same truths at a reviewer's other parameter values:
+`hazard_steep`, `hazard_narrow`, `logistic_wide`, `hinge_fast`, `hinge_slow`) through the
+CLI's analysis path and prints, per family and size, the rate of threshold claims with its
+Wilson 95 % CI, ψ̂ bias, CI and τ coverage (against the family's own ψ and τ) and the time
+per analysis.
 
 Usage: python benchmarks/bench_threshold_quality.py [--sizes 30x80,100x200] [--seeds 20]
        [--cells hinge,hinge_tau0,intercepts,narrow,smooth,flat] [--workers 2]

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from threshold_families import FAMILIES, PSI  # noqa: E402
+from threshold_families import family_data  # noqa: E402
 
 
 def cpu_s() -> float:
@@ -43,12 +43,7 @@ def cpu_s() -> float:
 
 
 def study(name: str, n_part: int, n_prompts: int, seed: int):  # type: ignore[no-untyped-def]
-    from flowtrial.analysis.threshold_truth import simulate_switch_data
-
-    fam = dict(FAMILIES[name])
-    truth = fam.pop("truth")
-    df = simulate_switch_data(truth, n_part, n_prompts, psi_s=PSI, seed=seed, **fam)
-    return df[["participant_id", "wait_s", "switched"]]
+    return family_data(name, n_part, n_prompts, seed)[["participant_id", "wait_s", "switched"]]
 
 
 def floor_s(n_part: int, n_prompts: int) -> float:
