@@ -13,6 +13,7 @@ from scipy.special import expit
 
 from flowtrial.analysis import AnalysisInputError
 from flowtrial.analysis.personal_threshold import (
+    SLOPE_ALPHA,
     estimate_detection_share,
     fit_personal_threshold,
     pooled_start,
@@ -96,6 +97,18 @@ def test_random_slope_removes_the_slope_bias() -> None:
     assert math.exp(plain.theta[3]) > 9.0
     assert 4.5 < math.exp(rs.theta[3]) < 8.0 and 0.4 < rs.theta[5] < 1.2
     assert rs.loglik > plain.loglik + 5
+
+
+def test_random_slope_is_kept_when_its_test_misses_mild_slope_differences() -> None:
+    """Slopes differ mildly (log-sd 0.5) around a 15 s threshold: the 5 % test of κ = 0 does
+    not reject in this study, yet the two-effect hinge would put the median near 20 s with a CI
+    above the truth. The random slope is kept whenever κ̂ is off 0 (`SLOPE_ALPHA`)."""
+    df = simulate_switch_data("hinge_slopes", 30, 80, psi_s=15.0, psi_sd=0.25, slope_sd=0.5,
+                              p_low=0.06, seed=1023)
+    r = fit_personal_threshold(df, workers=1, node_check=False)
+    assert 0.05 < r.p_slope_sd_zero < SLOPE_ALPHA and len(r.nodes) == 3
+    assert 0.1 < r.slope_sd < 0.6
+    assert r.ci_s[0] < 15.0 < r.ci_s[1]
 
 
 @pytest.fixture(scope="module")
