@@ -118,7 +118,7 @@ def bin_cycles(logw: np.ndarray, y: np.ndarray, pid: np.ndarray, n_part: int,
     else:
         edges = np.linspace(logw.min(), logw.max(), max_bins + 1)
         idx = np.clip(np.searchsorted(edges, logw, side="right") - 1, 0, max_bins - 1)
-        used, idx = np.unique(idx, return_inverse=True)
+        _, idx = np.unique(idx, return_inverse=True)  # only the bins in use
         x = np.bincount(idx, weights=logw) / np.bincount(idx)
     k = x.size
     flat = pid * k + idx

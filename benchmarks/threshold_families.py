@@ -44,8 +44,14 @@ FAMILIES: dict[str, dict[str, Any]] = {
 
 def family_truth(name: str) -> tuple[float, float]:
     """The family's median personal threshold (s) and its log-sd τ (where it has one)."""
+    import inspect
+
+    from flowtrial.analysis.threshold_truth import simulate_switch_data
+
+    # τ's default is the simulator's own (one place), not a copy of it here.
+    tau = inspect.signature(simulate_switch_data).parameters["psi_sd"].default
     fam = FAMILIES[name]
-    return float(fam.get("psi_s", PSI)), float(fam.get("psi_sd", 0.35))
+    return float(fam.get("psi_s", PSI)), float(fam.get("psi_sd", tau))
 
 
 def family_data(name: str, n_part: int, n_prompts: int, seed: int) -> Any:
