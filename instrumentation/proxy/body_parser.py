@@ -1,17 +1,18 @@
 """Model request bodies parsed off the token loop when they are large.
 
-``json.loads`` and the protocol's reading of a request (:class:`~.protocols.RequestInfo`)
-hold the GIL, so a thread would still stall the loop that releases other participants'
-tokens: measured on the 2-vCPU machine, a chat body of many short messages costs about
-8–25 ms per MB to parse plus 5–9 ms per MB to read (340k messages, 20 MB: 0.5 s + 0.18 s).
-Below :data:`OFF_LOOP_BYTES` (256 KiB, about 2 ms of parsing at the densest shape) the loop
-parses at once; above it, one worker process does, and returns only what the loop needs —
-the request's view and its input key (a few objects), or why the body is refused; it runs
-at nice 10 like the ingest processes, so the kernel favours the loop on a busy machine. A
-process's round trip costs the loop a pickled view (microseconds) and the body's copy into a
-pipe (done by the pool's feeder thread, which releases the GIL on write). An arm's model
-written into a large body goes the same way. At most :data:`MAX_WAITING` large bodies wait;
-beyond that the client gets the protocol's 503 with ``Retry-After`` (no one else waits).
+``json.loads`` and the protocol's reading of a request (:class:`~.protocols.RequestInfo`;
+likewise a Responses WebSocket message, :mod:`.socket_messages`) hold the GIL, so a thread
+would still stall the loop that releases other participants' tokens: measured on the 2-vCPU
+machine, a chat body of many short messages costs about 8–25 ms per MB to parse plus 5–9 ms
+per MB to read (340k messages, 20 MB: 0.5 s + 0.18 s). Below :data:`OFF_LOOP_BYTES` (256
+KiB, about 2 ms of parsing at the densest shape) the loop parses at once; above it, one
+worker process does, and returns only what the loop needs — the request's view and its input
+key (a few objects), or why the body is refused; it runs at nice 10 like the ingest
+processes, so the kernel favours the loop on a busy machine. A process's round trip costs
+the loop a pickled view (microseconds) and the body's copy into a pipe (done by the pool's
+feeder thread, which releases the GIL on write). An arm's model written into a large body
+goes the same way. At most :data:`MAX_WAITING` large bodies wait; beyond that the client
+gets the protocol's 503 with ``Retry-After`` (no one else waits).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 from ..turns.followups import input_key
 from .protocols import BY_NAME, CompletionsAdapter, RequestInfo, read_view
 from .refusal import Refusal
+from .socket_messages import SocketMessage, read_socket_message
 
 __all__ = ["MAX_WAITING", "OFF_LOOP_BYTES", "BodyParser", "ParseBusy", "Parsed",
            "parse_request"]
@@ -114,6 +116,14 @@ class BodyParser:
             return parse_request(protocol, url_params, body)
         result: Parsed = await self._offload(parse_away, protocol, url_params, body)
         return result
+
+    async def read_socket_message(self, raw: str, limit: int) -> SocketMessage:
+        """A Responses WebSocket message read (:mod:`.socket_messages`), off the loop when it
+        is large (raises :class:`ParseBusy` when too many large ones wait)."""
+        if len(raw) < self.off_loop_bytes or len(raw) > limit:
+            return read_socket_message(raw, limit)
+        read: SocketMessage = await self._offload(read_socket_message, raw, limit, False)
+        return read if read.error is not None else replace(read, text=raw)
 
     async def with_model(self, protocol: str, url_params: dict[str, str] | None, path: str,
                          body: bytes, model: str) -> tuple[str, bytes]:

@@ -40,6 +40,7 @@ from .http1 import HeaderInjectionError, LeanTransport, request_head
 from .protocols import CREDENTIAL_HEADERS, FAMILIES
 from .protocols.base import OPENAI, Family
 from .protocols.messages import ANTHROPIC_VERSION
+from .releases import give_way
 from .scrub import Scrubber
 
 __all__ = [
@@ -162,9 +163,11 @@ class UpstreamSocket:
     async def connect(self) -> None:
         """Make sure the upstream connection is open (raises UpstreamError)."""
 
-    def turn(self, message: dict[str, Any], headers: dict[str, str]) -> AsyncIterator[bytes]:
-        """Send one ``response.create`` and yield the upstream's messages (JSON bytes) up to
-        and including the turn's last (terminal or ``error``) event. ``headers`` are the
+    def turn(self, message: dict[str, Any] | str, headers: dict[str, str]
+             ) -> AsyncIterator[bytes]:
+        """Send one ``response.create`` (a dict, or the JSON text a large one came as) and
+        yield the upstream's messages (JSON bytes) up to and including the turn's last
+        (terminal or ``error``) event. ``headers`` are the
         turn's own (e.g. the cycle id), for upstreams that take per-turn headers."""
         raise NotImplementedError
 
@@ -177,8 +180,10 @@ class _MockSocket(UpstreamSocket):
         self.model = model
         self.headers = headers
 
-    async def turn(self, message: dict[str, Any], headers: dict[str, str]
+    async def turn(self, message: dict[str, Any] | str, headers: dict[str, str]
                    ) -> AsyncIterator[bytes]:
+        if isinstance(message, str):  # the simulated model in-process reads it here
+            message = json.loads(message)
         async for event in self.model.respond_ws(message, {**self.headers, **headers}):
             yield json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
 
@@ -364,6 +369,22 @@ async def _redacted(body: AsyncIterator[bytes], scrub: Scrubber) -> AsyncIterato
         yield scrub.raw(data)
 
 
+#: A message to a real upstream longer than this goes as fragments of this size, the loop
+#: given way between them: the connection's permessage-deflate compresses on the loop, and
+#: a whole 7 MB message of text took 0.2-0.9 s there (benchmarks/bench_socket_messages.py).
+FRAGMENT_CHARS = 16 * 1024
+
+
+async def _fragments(text: str) -> AsyncIterator[str]:
+    """``text`` in pieces of :data:`FRAGMENT_CHARS` (whole characters: each piece is valid
+    UTF-8), yielding to the loop between them."""
+    for i in range(0, len(text), FRAGMENT_CHARS):
+        if i:
+            await asyncio.sleep(0)
+            await give_way()
+        yield text[i:i + FRAGMENT_CHARS]
+
+
 class _HttpSocket(UpstreamSocket):
     """A ``websockets`` client connection to a real Responses WebSocket endpoint."""
 
@@ -409,14 +430,16 @@ class _HttpSocket(UpstreamSocket):
                                      f"{detail})") from None
         return self._ws
 
-    async def turn(self, message: dict[str, Any], headers: dict[str, str]
+    async def turn(self, message: dict[str, Any] | str, headers: dict[str, str]
                    ) -> AsyncIterator[bytes]:
         from websockets.exceptions import ConnectionClosed
 
         ws = await self._connect()
         complete = False
+        text = message if isinstance(message, str) else json.dumps(
+            message, ensure_ascii=False, separators=(",", ":"))
         try:
-            await ws.send(json.dumps(message, ensure_ascii=False, separators=(",", ":")))
+            await ws.send(text if len(text) <= FRAGMENT_CHARS else _fragments(text))
             while True:
                 async with asyncio.timeout(self.timeout.read):
                     frame = await ws.recv(decode=False)

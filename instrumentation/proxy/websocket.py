@@ -36,10 +36,10 @@ redacted.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import time
+from dataclasses import replace
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -52,14 +52,16 @@ from .auth import (
     ParticipantInfo,
     client_secrets,
 )
+from .body_parser import ParseBusy
 from .cycle import Cycle
 from .health import UNAVAILABLE_MESSAGE
 from .hooks import HOOKS, Call, Needs, count_error, count_request, run_hooks
-from .protocols.base import JsonFrames, dumps
+from .protocols.base import JsonFrames
 from .protocols.responses import ResponsesAdapter, ResponsesSocketAdapter, ws_error
 from .responses import foreign_response_message
 from .runtime_tuning import give_way
 from .scrub import Scrubber
+from .socket_messages import SocketMessage
 from .sources import Direct, Prefetch
 from .state import ProxyState
 from .upstream import (
@@ -73,7 +75,6 @@ __all__ = ["SocketTurn", "serve_responses_socket"]
 
 log = logging.getLogger("flowtrial.proxy")
 _now = time.monotonic_ns
-_ENVELOPE = ("type", "stream", "stream_id", "generate", "background")
 
 
 def _text(frame: bytes) -> str:
@@ -154,11 +155,10 @@ class SocketFrames:
 class SocketTurn:
     """One generating ``response.create`` on a connection: a cycle."""
 
-    def __init__(self, conn: _Connection, message: dict[str, Any], t_request_ns: int) -> None:
+    def __init__(self, conn: _Connection, read: SocketMessage, t_request_ns: int) -> None:
         adapter = ResponsesSocketAdapter()
-        body = {k: v for k, v in message.items() if k not in _ENVELOPE}
-        info = adapter.read_request(body)
-        info.stream = True
+        assert read.view is not None  # a response.create (SocketMessage)
+        info = replace(read.view, stream=True)
         conn.turns += 1
         self.state = conn.state
         self.adapter = adapter
@@ -167,8 +167,9 @@ class SocketTurn:
                            transport_name="websocket", turn=conn.turns, connection_id=conn.id)
         self.rec = self.cycle.rec
         self.conn = conn
-        self.message = message
-        conn.state.turns.arrive(self.rec, body, dumps(body).encode(), conn.headers)
+        self.read = read
+        conn.state.turns.arrive_view(self.rec, info, read.input_key, read.request_bytes,
+                                     conn.headers)
 
     @property
     def finalizing(self) -> bool:
@@ -224,10 +225,13 @@ class SocketTurn:
             code = exc.code()
             await cycle.finish_stream(ws_error(message, "server_error", code, exc.status))
             return
-        create = self.message
-        if self.conn.model is not None and self.conn.model != create.get("model"):
-            rec.served_model = self.conn.model  # the arm's model replaces the client's
-            create = {**create, "model": self.conn.model}
+        try:
+            create = await self._create()
+        except ParseBusy as exc:
+            count_error(st)
+            rec.status, rec.http_status, rec.error = "error", 503, exc.message
+            await cycle.finish_stream(ws_error(exc.message, "server_error", "parse_busy", 503))
+            return
         events = sock.turn(create, {CYCLE_HEADER: rec.id})
         rec.http_status = 101
         kind = Prefetch if cycle.pacer is not None else Direct
@@ -243,6 +247,20 @@ class SocketTurn:
         if rec.status == "upstream_error" and status is not None and 400 <= status < 500:
             rec.status = "error"  # the upstream refused the request: the client's fault
         await cycle.finish_stream(tail)
+
+
+    async def _create(self) -> dict[str, Any] | str:
+        """The message to send upstream: as it came (a large one as its text), the arm's model
+        in place of the client's (a large one rewritten off the loop, .body_parser)."""
+        read, model = self.read, self.conn.model
+        if model is None or model == read.model:
+            return read.message if read.message is not None else read.text or ""
+        self.rec.served_model = model  # the arm's model replaces the client's
+        if read.message is not None:
+            return {**read.message, "model": model}
+        _, body = await self.state.parser.with_model(
+            "responses", None, "/v1/responses", (read.text or "").encode(), model)
+        return body.decode()
 
 
 async def _deny(send: Any, answer: Response) -> None:
@@ -377,14 +395,23 @@ async def _serve(state: ProxyState, participant: Any, headers: Headers, receive:
             t_request, raw = item
             queued -= len(raw)
             await give_way()  # reading a large message must not hold up a due first token
-            message = _check(raw, state.max_body_bytes)
-            if isinstance(message, bytes):
+            try:  # a large message is read off the loop (.socket_messages)
+                got = await state.parser.read_socket_message(raw, state.max_body_bytes)
+            except ParseBusy as exc:
                 count_error(state)
-                await conn.send(message)
+                await conn.send(ws_error(exc.message, "server_error", "parse_busy", 503))
                 continue
-            if message.get("generate") is False:
-                await _warmup(conn, message)
+            if conn.closed:  # gone while its message was read
+                break
+            if got.error is not None:
+                count_error(state)
+                await conn.send(got.error)
                 continue
+            if got.warmup:
+                await _warmup(conn, got)
+                continue
+            assert got.view is not None
+            previous = got.view.previous_response_id
             count_request(state)
             if not state.recorder.gate.ok:  # the database is down: refuse, keep the socket
                 count_error(state)
@@ -392,14 +419,13 @@ async def _serve(state: ProxyState, participant: Any, headers: Headers, receive:
                 await conn.send(ws_error(UNAVAILABLE_MESSAGE, "server_error",
                                          "database_unavailable", 503))
                 continue
-            if await state.turns.foreign_response(participant.id,
-                                                  message.get("previous_response_id")):
+            if await state.turns.foreign_response(participant.id, previous):
                 count_error(state)
-                await conn.send(ws_error(foreign_response_message(
-                    message["previous_response_id"]), code="previous_response_not_found",
-                    param="previous_response_id", status=404))
+                await conn.send(ws_error(foreign_response_message(previous),
+                                         code="previous_response_not_found",
+                                         param="previous_response_id", status=404))
                 continue
-            turn = SocketTurn(conn, message, t_request)
+            turn = SocketTurn(conn, got, t_request)
             current = asyncio.create_task(turn.run())
             try:
                 await current
@@ -416,31 +442,14 @@ async def _serve(state: ProxyState, participant: Any, headers: Headers, receive:
         await conn.close()
 
 
-def _check(raw: str, limit: int) -> dict[str, Any] | bytes:
-    """The message as a dict, or the error message to send back."""
-    if len(raw) > limit:
-        return ws_error(f"message larger than the proxy's limit of {limit} bytes "
-                        "(proxy.max_body_bytes)", code="request_too_large", status=413)
-    try:
-        message = json.loads(raw)
-    except ValueError as exc:
-        return ws_error(f"the message is not valid JSON: {exc}", code="invalid_json")
-    except RecursionError:
-        return ws_error("the message is JSON nested too deeply to read", code="invalid_json")
-    if not isinstance(message, dict) or message.get("type") != "response.create":
-        kind = message.get("type") if isinstance(message, dict) else type(message).__name__
-        return ws_error(f"unsupported message type {kind!r}: send 'response.create'",
-                        code="unsupported_type", param="type")
-    return message
-
-
-async def _warmup(conn: _Connection, message: dict[str, Any]) -> None:
+async def _warmup(conn: _Connection, read: SocketMessage) -> None:
     """Relay a ``generate: false`` warm-up as is (not a cycle: see the module doc), keys
     redacted (a handful of small frames, no answer text: an upstream error may quote a key)."""
     scrub = Scrubber.for_request(conn.state.config, conn.client_key)
     try:
         sock = conn.upstream()
         await sock.connect()
+        message = read.message if read.message is not None else read.text or ""
         async for frame in sock.turn(message, {}):
             await conn.send(scrub.raw(frame))
     except UpstreamError as exc:
