@@ -346,6 +346,44 @@ def _idle_websockets(arena: Arena, _: Any, seconds: float) -> dict[str, int]:
     return counts
 
 
+def _big_socket_messages(_: Arena) -> list[str]:
+    """Two 7 MB WebSocket messages the proxy must read whole before refusing them: a
+    ``response.cancel`` of 200k short items and the same ``response.create`` cut short."""
+    items = [{"role": "user", "content": "hi"}] * 200_000
+    create = json.dumps({"type": "response.create", "model": "m", "input": items})
+    return [create.replace("response.create", "response.cancel", 1), create[:-1]]
+
+
+def _socket_reads(arena: Arena, messages: list[str], seconds: float) -> dict[str, int]:
+    """Three WebSocket connections of p01 sending ``messages`` in turn; counts of the error
+    codes that came back."""
+    from websockets.sync.client import connect
+
+    url = arena.base_url.replace("http://", "ws://") + "/v1/responses"
+    deadline = time.monotonic() + seconds
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def worker() -> None:
+        with connect(url, additional_headers={"authorization": f"Bearer {arena.keys['p01']}"},
+                     max_size=None, compression=None, open_timeout=30) as ws:
+            i = 0
+            while time.monotonic() < deadline:
+                ws.send(messages[i % len(messages)])
+                i += 1
+                ev = json.loads(ws.recv(timeout=60))
+                key = ev.get("error", {}).get("code") or ev["type"]
+                with lock:
+                    counts[key] = counts.get(key, 0) + 1
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return counts
+
+
 def _big_attributes(_: Arena) -> list[bytes]:
     return [_otlp_logs_json(1, attr="A" * (8 * 1024 * 1024), seed=k) for k in range(20)]
 
@@ -364,6 +402,7 @@ ATTACKS: list[Attack] = [
         "/flowtrial/otlp/v1/logs", {"content-type": "application/x-protobuf",
                                     "content-encoding": "gzip"}, 20, 4)),
     Attack("large_model_bodies", _big_prompts, _run_big_prompts),
+    Attack("websocket_7MB_reads", _big_socket_messages, _socket_reads),
     Attack("preauth_flood_1100", lambda a: None, _preauth_flood),
     Attack("idle_websockets_999", lambda a: None, _idle_websockets),
     Attack("otlp_8MB_attribute", _big_attributes, _post_attack(

@@ -45,6 +45,8 @@ def test_participant_served_on_time_under_attack(served: Arena, attack: object) 
 
     assert isinstance(attack, Attack)
     rows_before, _ = served.stored("p01")
+    p01_cycles = "SELECT COUNT(*) FROM cycles WHERE participant_id = 'p01'"
+    cycles_before = served.scalar(p01_cycles)
     out = measure(served, attack, SECONDS)
     # Nothing of p02's failed, and every answer it got is a recorded cycle.
     assert out.ttft_ms, f"p02 got no answer during {attack.name}"
@@ -64,6 +66,9 @@ def test_participant_served_on_time_under_attack(served: Arena, attack: object) 
         assert out.attack.get("429", 0) >= 900, out.attack  # 16 per participant
     if attack.name == "otlp_gzip_bombs":
         assert set(out.attack) <= {"413", "429"}, out.attack
+    if attack.name == "websocket_7MB_reads":  # read whole, refused, nothing recorded
+        assert set(out.attack) == {"unsupported_type", "invalid_json"}, out.attack
+        assert served.scalar(p01_cycles) == cycles_before
     if attack.name == "events_9.8MB":
         stored = [json.loads(p) for (p,) in _payloads(served, "client")]
         assert stored and all(TRUNCATED_KEY in p for p in stored)
