@@ -30,12 +30,19 @@ that disconnects mid-turn leaves the cycle recorded as ``abandoned``. A turn the
 with an ``error`` event is recorded first; the error goes out once the row is durable (else
 the ``recording_failed`` error instead), like every turn's final event. Upstream error text
 reaches the client and the row with the study's upstream keys and the participant's key
-redacted.
+redacted. A message the proxy itself fails on (a bug) gets an ``error`` message (500,
+``proxy_error``, logged) and the socket stays open; a connection it fails on is closed with
+1011, never left without an answer.
+
+A large message (``OFF_LOOP_BYTES`` and over) is read in the body parser's process
+(:mod:`.socket_messages`), and a message over ``upstream.FRAGMENT_CHARS`` goes upstream in
+fragments, so neither holds up other participants' tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -395,37 +402,18 @@ async def _serve(state: ProxyState, participant: Any, headers: Headers, receive:
             t_request, raw = item
             queued -= len(raw)
             await give_way()  # reading a large message must not hold up a due first token
-            try:  # a large message is read off the loop (.socket_messages)
-                got = await state.parser.read_socket_message(raw, state.max_body_bytes)
-            except ParseBusy as exc:
+            try:
+                turn = await _next_turn(conn, raw, t_request)
+            except Exception:  # noqa: BLE001 - a bug: say so, keep the socket for the next
+                if conn.closed:
+                    break
+                log.exception("websocket connection %s: a message failed", conn.id)
                 count_error(state)
-                await conn.send(ws_error(exc.message, "server_error", "parse_busy", 503))
+                await conn.send(ws_error("flowtrial proxy error: see the proxy's log",
+                                         "server_error", "proxy_error", 500))
                 continue
-            if conn.closed:  # gone while its message was read
-                break
-            if got.error is not None:
-                count_error(state)
-                await conn.send(got.error)
+            if turn is None:  # answered (a refusal, a warm-up), or the client is gone
                 continue
-            if got.warmup:
-                await _warmup(conn, got)
-                continue
-            assert got.view is not None
-            previous = got.view.previous_response_id
-            count_request(state)
-            if not state.recorder.gate.ok:  # the database is down: refuse, keep the socket
-                count_error(state)
-                state.recorder.gate.refused += 1
-                await conn.send(ws_error(UNAVAILABLE_MESSAGE, "server_error",
-                                         "database_unavailable", 503))
-                continue
-            if await state.turns.foreign_response(participant.id, previous):
-                count_error(state)
-                await conn.send(ws_error(foreign_response_message(previous),
-                                         code="previous_response_not_found",
-                                         param="previous_response_id", status=404))
-                continue
-            turn = SocketTurn(conn, got, t_request)
             current = asyncio.create_task(turn.run())
             try:
                 await current
@@ -434,12 +422,51 @@ async def _serve(state: ProxyState, participant: Any, headers: Headers, receive:
                     raise  # the proxy is shutting down
             finally:
                 idle_since = time.monotonic()
-    except Exception:  # noqa: BLE001 - the client went away while we sent (no cycle open)
-        if not conn.closed:
-            log.debug("websocket connection %s ended", conn.id, exc_info=True)
+    except Exception:  # noqa: BLE001 - no cycle is open here
+        if not conn.closed:  # not the client gone mid-send: end the socket visibly (1011)
+            log.exception("websocket connection %s failed", conn.id)
+            with contextlib.suppress(Exception):
+                await send({"type": "websocket.close", "code": 1011, "reason": "proxy error"})
     finally:
         reader.cancel()
         await conn.close()
+
+
+async def _next_turn(conn: _Connection, raw: str, t_request: int) -> SocketTurn | None:
+    """Read one message: the turn it asks for, or None once it is answered otherwise (a
+    refusal in the protocol's shape, a warm-up relayed) or its client is gone."""
+    state = conn.state
+    try:  # a large message is read off the loop (.socket_messages)
+        got = await state.parser.read_socket_message(raw, state.max_body_bytes)
+    except ParseBusy as exc:
+        count_error(state)
+        await conn.send(ws_error(exc.message, "server_error", "parse_busy", 503))
+        return None
+    if conn.closed:  # gone while its message was read
+        return None
+    if got.error is not None:
+        count_error(state)
+        await conn.send(got.error)
+        return None
+    if got.warmup:
+        await _warmup(conn, got)
+        return None
+    assert got.view is not None
+    previous = got.view.previous_response_id
+    count_request(state)
+    if not state.recorder.gate.ok:  # the database is down: refuse, keep the socket
+        count_error(state)
+        state.recorder.gate.refused += 1
+        await conn.send(ws_error(UNAVAILABLE_MESSAGE, "server_error", "database_unavailable",
+                                 503))
+        return None
+    if await state.turns.foreign_response(conn.participant.id, previous):
+        count_error(state)
+        await conn.send(ws_error(foreign_response_message(previous),
+                                 code="previous_response_not_found",
+                                 param="previous_response_id", status=404))
+        return None
+    return SocketTurn(conn, got, t_request)
 
 
 async def _warmup(conn: _Connection, read: SocketMessage) -> None:

@@ -138,6 +138,51 @@ def test_bad_messages_get_error_events_and_the_socket_stays_usable(served) -> No
     assert [tuple(r) for r in rows] == [("error", 1), ("ok", 2)]
 
 
+def test_a_message_the_proxy_fails_on_gets_an_error_and_the_socket_stays_usable(
+        served, monkeypatch) -> None:
+    """A bug met while a message is read (here: the conversation check) or a warm-up relayed
+    (here: the upstream socket) is an ``error`` message (500, ``proxy_error``) on a socket
+    that stays usable; nothing is recorded for it. Before, the connection ended without a
+    close frame, and a client waiting for an answer waited for ever."""
+    from flowtrial.instrumentation.proxy import upstream
+
+    s, px = served
+    tracker = px.app.state.proxy.turns
+    checked = tracker.foreign_response
+
+    async def foreign(pid: str, previous: str | None) -> bool:
+        if previous == "resp_boom":
+            raise RuntimeError("injected")
+        return bool(await checked(pid, previous))
+
+    real_turn = upstream._MockSocket.turn
+
+    def relay(self: Any, message: Any, headers: dict[str, str]) -> Any:
+        if isinstance(message, dict) and message.get("generate") is False:
+            raise RuntimeError("injected")
+        return real_turn(self, message, headers)
+
+    monkeypatch.setattr(tracker, "foreign_response", foreign)
+    monkeypatch.setattr(upstream._MockSocket, "turn", relay)
+    n_before = s.rows("SELECT count(*) FROM cycles")[0][0]
+
+    async def go() -> list[dict[str, Any]]:
+        async with connect(ws_url(px.base_url), additional_headers={"x-api-key": s.key}) as ws:
+            out = []
+            for message in (create("hi", "resp_boom"), create("hi", generate=False)):
+                await ws.send(message)
+                out.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
+            good, _ = await turn(ws, create("hello", max_output_tokens=5))
+            return [*out, good[-1]]
+
+    got = asyncio.run(go())
+    for ev in got[:2]:
+        assert (ev["type"], ev["status"], ev["error"]["code"]) == ("error", 500, "proxy_error")
+        assert "RuntimeError" not in ev["error"]["message"]  # no internals on the wire
+    assert got[2]["type"] in DONE
+    assert s.rows("SELECT count(*) FROM cycles")[0][0] == n_before + 1
+
+
 def test_handshake_without_a_valid_key_is_refused_with_401(served) -> None:
     s, px = served
 
