@@ -67,7 +67,8 @@ def test_participant_served_on_time_under_attack(served: Arena, attack: object) 
     if attack.name == "otlp_gzip_bombs":
         assert set(out.attack) <= {"413", "429"}, out.attack
     if attack.name == "websocket_7MB_reads":  # read whole, refused, nothing recorded
-        assert set(out.attack) == {"unsupported_type", "invalid_json"}, out.attack
+        assert out.attack and set(out.attack) <= {"unsupported_type", "invalid_json"}, \
+            out.attack
         assert served.scalar(p01_cycles) == cycles_before
     if attack.name == "events_9.8MB":
         stored = [json.loads(p) for (p,) in _payloads(served, "client")]
