@@ -20,14 +20,16 @@ import asyncio
 import json
 import random
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_proxy_common import mock_model_process, percentile, timer_noise  # noqa: E402
+
+from tests.instrumentation.loop_stalls import stalls_during  # noqa: E402
 
 
 def dense_message() -> str:
@@ -44,25 +46,11 @@ def text_message(rng: random.Random) -> str:
                        "input": items})
 
 
-async def stalls_during(work: Callable[[], Awaitable[object]]) -> tuple[float, float, float]:
+async def stall_figures(work: Callable[[], Awaitable[object]]) -> tuple[float, float, float]:
     """(longest, p99 lateness of a 2 ms ticker, wall time of ``work``), in ms."""
-    late: list[float] = []
-    done = asyncio.Event()
-
-    async def tick() -> None:
-        while not done.is_set():
-            t = time.perf_counter()
-            await asyncio.sleep(0.002)
-            late.append((time.perf_counter() - t - 0.002) * 1e3)
-
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0.05)
-    t0 = time.perf_counter()
-    await work()
-    took = (time.perf_counter() - t0) * 1e3
-    done.set()
-    await ticker
-    return max(late), percentile(late, 99), took
+    stalls = await stalls_during(work)
+    return (stalls.longest * 1e3, percentile([x * 1e3 for x in stalls.late], 99),
+            stalls.took * 1e3)
 
 
 async def run(upstream_url: str, rounds: int) -> dict[str, list[tuple[float, float, float]]]:
@@ -100,7 +88,7 @@ async def run(upstream_url: str, rounds: int) -> dict[str, list[tuple[float, flo
     try:
         for _ in range(rounds):
             for name, work in variants.items():
-                out.setdefault(name, []).append(await stalls_during(work))
+                out.setdefault(name, []).append(await stall_figures(work))
     finally:
         await sock.close()
         await asyncio.to_thread(parser.close)

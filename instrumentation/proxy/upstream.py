@@ -167,8 +167,8 @@ class UpstreamSocket:
              ) -> AsyncIterator[bytes]:
         """Send one ``response.create`` (a dict, or the JSON text a large one came as) and
         yield the upstream's messages (JSON bytes) up to and including the turn's last
-        (terminal or ``error``) event. ``headers`` are the
-        turn's own (e.g. the cycle id), for upstreams that take per-turn headers."""
+        (terminal or ``error``) event. ``headers`` are the turn's own (e.g. the cycle id),
+        for upstreams that take per-turn headers."""
         raise NotImplementedError
 
     async def close(self) -> None:

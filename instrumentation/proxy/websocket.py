@@ -255,7 +255,6 @@ class SocketTurn:
             rec.status = "error"  # the upstream refused the request: the client's fault
         await cycle.finish_stream(tail)
 
-
     async def _create(self) -> dict[str, Any] | str:
         """The message to send upstream: as it came (a large one as its text), the arm's model
         in place of the client's (a large one rewritten off the loop, .body_parser)."""

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import httpx
 
 from flowtrial.instrumentation.proxy.app import create_proxy_app
 from flowtrial.instrumentation.proxy.body_parser import OFF_LOOP_BYTES, BodyParser, parse_request
+from tests.instrumentation.loop_stalls import stalls_during
 from tests.instrumentation.servers import run_asgi_server
 
 
@@ -63,23 +63,8 @@ def test_the_loop_keeps_its_timers_while_a_20_mb_body_is_parsed() -> None:
     body = _chat(340_000)
 
     async def longest_stall(work: Any) -> tuple[float, float]:
-        stalls: list[float] = []
-        done = asyncio.Event()
-
-        async def tick() -> None:
-            while not done.is_set():
-                t = time.perf_counter()
-                await asyncio.sleep(0.002)
-                stalls.append(time.perf_counter() - t - 0.002)
-
-        ticker = asyncio.create_task(tick())
-        await asyncio.sleep(0.05)
-        t0 = time.perf_counter()
-        await work()
-        took = time.perf_counter() - t0
-        done.set()
-        await ticker
-        return max(stalls), took
+        stalls = await stalls_during(work)
+        return stalls.longest, stalls.took
 
     async def main() -> tuple[tuple[float, float], tuple[float, float]]:
         parser = BodyParser()

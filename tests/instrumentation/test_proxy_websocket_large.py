@@ -11,7 +11,6 @@ import random
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ from websockets.asyncio.client import connect
 from flowtrial.instrumentation.proxy import serve_proxy
 from flowtrial.instrumentation.proxy.body_parser import OFF_LOOP_BYTES, BodyParser
 from flowtrial.instrumentation.proxy.socket_messages import read_socket_message
+from tests.instrumentation.loop_stalls import stalls_during
 from tests.instrumentation.servers import run_asgi_server
 
 TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}
@@ -47,21 +47,7 @@ async def turn(ws: Any, message: str) -> list[dict[str, Any]]:
 
 async def longest_stall(work: Any) -> float:
     """The longest lateness (s) of a 2 ms timer on the loop while ``work`` runs."""
-    stalls: list[float] = []
-    done = asyncio.Event()
-
-    async def tick() -> None:
-        while not done.is_set():
-            t = time.perf_counter()
-            await asyncio.sleep(0.002)
-            stalls.append(time.perf_counter() - t - 0.002)
-
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0.05)
-    await work()
-    done.set()
-    await ticker
-    return max(stalls)
+    return (await stalls_during(work)).longest
 
 
 def test_a_large_message_is_read_off_the_loop_and_served_as_a_small_one(
@@ -155,7 +141,7 @@ def test_the_loop_keeps_its_timers_while_a_7_mb_message_is_read() -> None:
 
     on_stall, off_stall = asyncio.run(main())
     print(f"\non the loop: stall {on_stall * 1e3:.0f} ms; off the loop: {off_stall * 1e3:.0f} ms")
-    assert on_stall > 0.1  # the problem is real on this machine
+    assert on_stall > 0.05  # the problem is real on this machine (90-200 ms here)
     assert off_stall < on_stall / 4, (on_stall, off_stall)
 
 
