@@ -53,12 +53,14 @@ env_key = "FLOWTRIAL_API_KEY"
 supports_websockets = false
 
 # Keep Codex to the proxy: no usage analytics (sent to ab.chatgpt.com) and no plugin
-# marketplace sync (chatgpt.com, github.com).
+# marketplace sync (chatgpt.com, github.com). Requests uncompressed: signed in with
+# ChatGPT, Codex may send them zstd-compressed, which the proxy cannot read (415).
 [analytics]
 enabled = false
 
 [features]
 plugins = false
+enable_request_compression = false
 '''),
        ("bash", "your shell (e.g. ~/.bashrc), then run codex", '''\
 export FLOWTRIAL_API_KEY=ft_your_participant_key

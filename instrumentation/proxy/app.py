@@ -92,6 +92,19 @@ def _invalid_json(call: Call, what: str) -> Response:
     return call.error(400, f"the request body {what}", code="invalid_json")
 
 
+def _compressed(call: Call) -> Response | None:
+    """415 for a compressed model request (``Content-Encoding``): the proxy must read a
+    request to shape and record it, and reads JSON as sent. Codex compresses with zstd when
+    signed in with ChatGPT through a provider it takes for OpenAI's own."""
+    encoding = call.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    return call.error(415, f"the proxy reads model requests uncompressed, not with "
+                           f"Content-Encoding {encoding!r}: turn the client's request "
+                           "compression off (Codex: enable_request_compression = false "
+                           "under [features])", code="unsupported_content_encoding")
+
+
 def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
     async def handler(call: Call) -> Any:
         """A model request, past the hooks (:mod:`.hooks`): parsed, checked, exchanged."""
@@ -101,6 +114,8 @@ def _protocol_endpoint(adapter_cls: type[ProtocolAdapter]) -> Any:
         params = request.scope.get(ROUTE_PARAMS)
         if params is not None:
             adapter.url_params = {**params, "alt": request.query_params.get("alt", "")}
+        if (refused := _compressed(call)) is not None:
+            return refused
         body = call.body
         t_request = time.monotonic_ns()
         await give_way()  # reading a large body must not hold up a due first token
@@ -158,6 +173,8 @@ async def _count_tokens(call: Call) -> Response:
     to shape (docs/internals/protocols.md)."""
     adapter, body, request = call.adapter, call.body, call.request
     assert adapter is not None
+    if (refused := _compressed(call)) is not None:
+        return refused
     # Forwarded as is, but only a JSON object (the protocol's shape) goes upstream; a large
     # one is checked off the loop (.body_parser).
     if (await call.state.parser.parse(adapter.name, None, body)).view is None:

@@ -61,9 +61,10 @@ def codex_config(base_url: str, *, websockets: bool = False, model: str = MODEL,
             CODEX_PROVIDER_ID: codex_provider(base_url, websockets=websockets, env_key=env_key),
         },
         # Offline: analytics would post OTLP metrics to ab.chatgpt.com, and the plugin
-        # marketplace sync contacts chatgpt.com, github.com and api.github.com.
+        # marketplace sync contacts chatgpt.com, github.com and api.github.com. Requests
+        # uncompressed (zstd under a ChatGPT sign-in: the proxy answers 415).
         "analytics": {"enabled": False},
-        "features": {"plugins": False},
+        "features": {"plugins": False, "enable_request_compression": False},
     }
 
 

@@ -85,3 +85,31 @@ def test_the_loop_keeps_its_timers_while_a_20_mb_body_is_parsed() -> None:
           f"off the loop: stall {off_stall * 1e3:.0f} ms (round trip {off_took * 1e3:.0f} ms)")
     assert on_stall > 0.2  # the problem is real on this machine
     assert off_stall < on_stall / 4, (on_stall, off_stall)
+
+
+def test_a_compressed_model_request_is_refused_with_415_in_the_protocols_shape(
+        make_study: Any) -> None:
+    """Codex signed in with ChatGPT may send zstd-compressed requests: the proxy reads JSON
+    as sent, so it answers 415 naming the client setting, in each protocol's error shape, and
+    records nothing; the same request uncompressed is served."""
+    import gzip
+
+    s = make_study()
+    app = create_proxy_app(s.database, s.config)
+    body = json.dumps({"model": "m", "input": "hello", "max_output_tokens": 8}).encode()
+    key = {"authorization": f"Bearer {s.key}", "content-type": "application/json"}
+    with run_asgi_server(app) as url:
+        for encoding, data in (("zstd", b"(\xb5/\xfd" + body), ("gzip", gzip.compress(body))):
+            r = httpx.post(url + "/v1/responses", content=data, timeout=30,
+                           headers={**key, "content-encoding": encoding})
+            assert r.status_code == 415, r.text
+            err = r.json()["error"]
+            assert err["code"] == "unsupported_content_encoding"
+            assert encoding in err["message"] and "enable_request_compression" in err["message"]
+        r = httpx.post(url + "/v1/messages/count_tokens", timeout=30, content=gzip.compress(
+            b'{"model": "m", "messages": []}'), headers={**key, "content-encoding": "gzip"})
+        assert r.status_code == 415 and r.json()["type"] == "error"  # Anthropic's shape
+        assert s.database.engine.connect().exec_driver_sql(
+            "SELECT COUNT(*) FROM cycles").scalar() == 0
+        r = httpx.post(url + "/v1/responses", content=body, headers=key, timeout=30)
+        assert r.status_code == 200, r.text
