@@ -224,3 +224,48 @@ def test_gemini_cli_own_key_passes_through(
     _check(result, gate, rows, "gemini")
     assert all(r.get("x-goog-api-key") == OWN for r in gate.seen)
     assert outbound_trap.attempts == []
+
+
+@pytest.mark.parametrize("compression", [True, False], ids=["compressing", "recipe"])
+def test_codex_chatgpt_sign_in_compression_is_refused_by_name_and_turned_off_by_the_recipe(
+        codex_bin: Path, workdir: Path, agent_env: dict[str, str], tmp_path: Path,
+        outbound_trap: OutboundTrap, compression: bool) -> None:
+    """Signed in with ChatGPT through a provider Codex takes for OpenAI's own (named
+    "OpenAI"), Codex compresses its requests with zstd unless the recipe's
+    ``enable_request_compression = false`` is kept: the proxy answers 415 naming that
+    setting (Codex shows it), and with the recipe the turn is served."""
+    home = tmp_path / "codex_home"
+    home.mkdir()
+    access, _ = _chatgpt_sign_in(home)
+    gate = OwnCredentialGate(create_mock_app(MockModel(tokens_per_second=1e6, ttft_ms=0)),
+                             {access})
+    with run_asgi_server(gate) as upstream:
+        study = tmp_path / "study.toml"
+        study.write_text(STUDY.format(up=upstream), encoding="utf-8")
+        db = tmp_path / "study.db"
+        config = load_study(study)
+        database = init_db(db, config, study.read_text(encoding="utf-8"))
+        key = enroll(database, config, "p01")[1]
+        database.dispose()
+        proxy = Proxy(study, db, {**os.environ, "PYTHONPATH": str(ROOT)})
+        try:
+            url = proxy.wait_ready()
+            codex = codex_config(url + "/v1")
+            provider = codex["model_providers"]["flowtrial"]
+            del provider["env_key"]
+            provider |= {"name": "OpenAI", "requires_openai_auth": True,
+                         "http_headers": {"x-flowtrial-key": key}}
+            codex["features"]["enable_request_compression"] = compression
+            (home / "config.toml").write_text(to_toml(codex), encoding="utf-8")
+            result = run_agent([codex_bin, "exec", "--skip-git-repo-check", "--ephemeral",
+                                "--color", "never", "-C", workdir, PROMPT],
+                               agent_env | {"CODEX_HOME": str(home)}, workdir)
+        finally:
+            proxy.stop()
+    calls = [r for r in gate.seen if r["path"] == "/v1/responses"]
+    if compression:
+        assert result.returncode != 0 and not calls
+        assert "enable_request_compression" in result.stdout + result.stderr
+    else:
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert calls
