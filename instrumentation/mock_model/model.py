@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..proxy.protocols.responses import WS_ENVELOPE
 from ..tokens import split_tokens
 from .anthropic_wire import (
     anthropic_error,
@@ -229,9 +230,7 @@ class MockModel:
         if stream_id is not None and not isinstance(stream_id, str):
             yield ws_error("'stream_id' must be a string.", "stream_id")
             return
-        # The envelope fields are WebSocket-only; `stream` is implicit over a socket.
-        envelope = ("type", "stream", "stream_id", "generate", "background")
-        body = {k: v for k, v in message.items() if k not in envelope}
+        body = {k: v for k, v in message.items() if k not in WS_ENVELOPE}
         try:
             turn = read_turn("responses", body)
         except BadRequest as exc:

@@ -19,12 +19,10 @@ from typing import Any
 from ..turns.followups import input_key
 from .protocols import RequestInfo, read_view
 from .protocols.base import dumps
-from .protocols.responses import ws_error
+from .protocols.responses import WS_ENVELOPE, ws_error
 
-__all__ = ["ENVELOPE", "SocketMessage", "read_socket_message"]
+__all__ = ["SocketMessage", "read_socket_message"]
 
-#: The WebSocket envelope's own keys: not part of the Responses request the turn reads.
-ENVELOPE = ("type", "stream", "stream_id", "generate", "background")
 _PROTOCOL = "responses"
 
 
@@ -78,7 +76,7 @@ def read_socket_message(raw: str, limit: int, keep_message: bool = True) -> Sock
         return SocketMessage(warmup=True, message=message)
     if warmup:
         return SocketMessage(warmup=True)
-    body = {k: v for k, v in message.items() if k not in ENVELOPE}
+    body = {k: v for k, v in message.items() if k not in WS_ENVELOPE}
     view = read_view(_PROTOCOL, body)
     key = input_key(_PROTOCOL, body)
     if keep_message:

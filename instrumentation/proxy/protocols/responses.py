@@ -332,6 +332,11 @@ class ResponsesSocketAdapter(ResponsesAdapter):
         return ws_error(message, type_, code, status)
 
 
+#: The WebSocket mode's envelope keys of a ``response.create`` message: not part of the
+#: Responses request it carries (``stream`` is implicit over a socket).
+WS_ENVELOPE = ("type", "stream", "stream_id", "generate", "background")
+
+
 def ws_error(message: str, type_: str = "invalid_request_error", code: str | None = None,
              status: int | None = None, param: str | None = None) -> bytes:
     """A Responses WebSocket ``error`` message (the socket stays usable after it)."""
