@@ -260,7 +260,7 @@ def test_real_upstream_over_websocket(make_study, monkeypatch) -> None:
                   "FROM cycles ORDER BY turn")
     assert [(r[0], r[1], r[2]) for r in rows] == [(1, "ok", "openai:127.0.0.1"),
                                                    (2, "ok", "openai:127.0.0.1")]
-    assert all(r[3] >= 100 and not r[4] for r in rows)
+    assert all(r[3] >= 100 and not r[4] for r in rows), [r[:5] for r in rows]
     assert rows[1][5] == "".join(e["delta"] for e in two
                                  if e["type"] == "response.output_text.delta")
 
