@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -166,12 +166,23 @@ def _chatgpt_sign_in(codex_home: Path) -> tuple[str, str]:
     return access, "acct-flowtrial"
 
 
-def test_codex_chatgpt_sign_in_passes_through(
-        codex_bin: Path, workdir: Path, agent_env: dict[str, str], tmp_path: Path,
-        outbound_trap: OutboundTrap) -> None:
-    """Codex signed in with ChatGPT: a custom provider with ``requires_openai_auth = true``
-    sends the ChatGPT access token (and ``chatgpt-account-id``) to the proxy, which forwards
-    them; Codex still contacts chatgpt.com on its own beside the model calls."""
+class ChatgptRun(NamedTuple):
+    """What one ``codex exec`` signed in with ChatGPT through the proxy left behind."""
+
+    result: Any  # run_agent's result
+    seen: list[dict[str, str]]  # the requests the upstream got (their headers and path)
+    access: str
+    account: str
+    key: str  # the participant's flowtrial key
+    logs: str  # the proxy's output
+
+
+def _codex_on_chatgpt(codex_bin: Path, workdir: Path, agent_env: dict[str, str],
+                      tmp_path: Path, provider: dict[str, Any],
+                      features: dict[str, Any] | None = None) -> ChatgptRun:
+    """Run Codex signed in with ChatGPT through a proxy whose OpenAI upstream takes only
+    that sign-in's token; ``provider`` is added to the recipe's provider (which loses its
+    ``env_key``) and ``features`` to its ``[features]``."""
     home = tmp_path / "codex_home"
     home.mkdir()
     access, account = _chatgpt_sign_in(home)
@@ -189,20 +200,32 @@ def test_codex_chatgpt_sign_in_passes_through(
         try:
             url = proxy.wait_ready()
             codex = codex_config(url + "/v1")
-            provider = codex["model_providers"]["flowtrial"]
-            del provider["env_key"]
-            provider |= {"requires_openai_auth": True, "http_headers": {"x-flowtrial-key": key}}
+            own = codex["model_providers"]["flowtrial"]
+            del own["env_key"]
+            own |= {"requires_openai_auth": True, "http_headers": {"x-flowtrial-key": key},
+                    **provider}
+            codex["features"] |= features or {}
             (home / "config.toml").write_text(to_toml(codex), encoding="utf-8")
             result = run_agent([codex_bin, "exec", "--skip-git-repo-check", "--ephemeral",
                                 "--color", "never", "-C", workdir, PROMPT],
                                agent_env | {"CODEX_HOME": str(home)}, workdir)
         finally:
             logs = proxy.stop()
-    assert result.returncode == 0, result.stderr[-2000:]
-    calls = [r for r in gate.seen if r["path"] == "/v1/responses"]
-    assert calls and all(r.get("authorization") == f"Bearer {access}"
-                         and r.get("chatgpt-account-id") == account for r in calls)
-    assert access not in logs and key not in logs
+    return ChatgptRun(result, gate.seen, access, account, key, logs)
+
+
+def test_codex_chatgpt_sign_in_passes_through(
+        codex_bin: Path, workdir: Path, agent_env: dict[str, str], tmp_path: Path,
+        outbound_trap: OutboundTrap) -> None:
+    """Codex signed in with ChatGPT: a custom provider with ``requires_openai_auth = true``
+    sends the ChatGPT access token (and ``chatgpt-account-id``) to the proxy, which forwards
+    them; Codex still contacts chatgpt.com on its own beside the model calls."""
+    run = _codex_on_chatgpt(codex_bin, workdir, agent_env, tmp_path, {})
+    assert run.result.returncode == 0, run.result.stderr[-2000:]
+    calls = [r for r in run.seen if r["path"] == "/v1/responses"]
+    assert calls and all(r.get("authorization") == f"Bearer {run.access}"
+                         and r.get("chatgpt-account-id") == run.account for r in calls)
+    assert run.access not in run.logs and run.key not in run.logs
     # What Codex sends beside the model calls on a ChatGPT sign-in goes to chatgpt.com.
     assert {a.split()[1] for a in outbound_trap.attempts} <= {"chatgpt.com:443"}
 
@@ -234,35 +257,10 @@ def test_codex_chatgpt_sign_in_compression_is_refused_by_name_and_turned_off_by_
     "OpenAI"), Codex compresses its requests with zstd unless the recipe's
     ``enable_request_compression = false`` is kept: the proxy answers 415 naming that
     setting (Codex shows it), and with the recipe the turn is served."""
-    home = tmp_path / "codex_home"
-    home.mkdir()
-    access, _ = _chatgpt_sign_in(home)
-    gate = OwnCredentialGate(create_mock_app(MockModel(tokens_per_second=1e6, ttft_ms=0)),
-                             {access})
-    with run_asgi_server(gate) as upstream:
-        study = tmp_path / "study.toml"
-        study.write_text(STUDY.format(up=upstream), encoding="utf-8")
-        db = tmp_path / "study.db"
-        config = load_study(study)
-        database = init_db(db, config, study.read_text(encoding="utf-8"))
-        key = enroll(database, config, "p01")[1]
-        database.dispose()
-        proxy = Proxy(study, db, {**os.environ, "PYTHONPATH": str(ROOT)})
-        try:
-            url = proxy.wait_ready()
-            codex = codex_config(url + "/v1")
-            provider = codex["model_providers"]["flowtrial"]
-            del provider["env_key"]
-            provider |= {"name": "OpenAI", "requires_openai_auth": True,
-                         "http_headers": {"x-flowtrial-key": key}}
-            codex["features"]["enable_request_compression"] = compression
-            (home / "config.toml").write_text(to_toml(codex), encoding="utf-8")
-            result = run_agent([codex_bin, "exec", "--skip-git-repo-check", "--ephemeral",
-                                "--color", "never", "-C", workdir, PROMPT],
-                               agent_env | {"CODEX_HOME": str(home)}, workdir)
-        finally:
-            proxy.stop()
-    calls = [r for r in gate.seen if r["path"] == "/v1/responses"]
+    run = _codex_on_chatgpt(codex_bin, workdir, agent_env, tmp_path, {"name": "OpenAI"},
+                            {"enable_request_compression": compression})
+    result = run.result
+    calls = [r for r in run.seen if r["path"] == "/v1/responses"]
     if compression:
         assert result.returncode != 0 and not calls
         assert "enable_request_compression" in result.stdout + result.stderr
