@@ -218,10 +218,12 @@ def test_disconnect_mid_turn_is_recorded_abandoned(make_study) -> None:
     assert 0 < row[3] < 200
 
 
+@pytest.mark.timing
 def test_real_upstream_over_websocket(make_study, monkeypatch) -> None:
     """[upstream.openai] pointing at the simulated model served by uvicorn: the proxy opens
     one upstream WebSocket per client connection (with the upstream key) and shapes as with
-    the mock; an unreachable upstream is an error event on a socket that stays open."""
+    the mock. `timing`: "no violation" means every turn within 5 ms of its schedule, which a
+    busy machine (a test run at nice 19 beside others) missed in about 1 run in 10."""
     from flowtrial.instrumentation.mock_model import MockModel
     from flowtrial.instrumentation.mock_model.app import create_mock_app
 
