@@ -142,11 +142,12 @@ def threshold(
         int, typer.Option(help="Parametric-bootstrap replicates of the existence test.")
     ] = 200,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    median_tokens: Annotated[
-        float | None, typer.Option(help="Median response length (tokens) for the tokens/s figure.")
-    ] = None,
+    tokens: Annotated[str, typer.Option(
+        help="Answer-length column (tokens) for what a model speed means: the share of these "
+             "answers whose idle wait would exceed the threshold at 50-3,000 tokens/s "
+             "(used when present).")] = "tokens_completion",
     reading_tps: Annotated[
-        float, typer.Option(help="Reading speed (tokens/s) of the idle wait, for tokens/s.")
+        float, typer.Option(help="Reading speed (tokens/s) of the idle wait, for that table.")
     ] = 5.3,
     detection_share: Annotated[
         float, typer.Option(help="Share of real switches the switch rule counts (0-1].")
@@ -180,10 +181,12 @@ def threshold(
     constant hazard per second, a monotone curve; gradual onsets from 9,600 cycles on) in a
     parametric-bootstrap test."""
     import numpy as np
+    import pandas as pd
 
     from . import AnalysisInputError
     from .threshold import fit_threshold
-    from .threshold_verdict import personal_verdict, replicates_text
+    from .threshold_speed import exceedance_table
+    from .threshold_verdict import personal_verdict
 
     df = _read_csv(file)
     missing = [c for c in (wait, switched, participant) if c not in df.columns]
@@ -197,8 +200,7 @@ def threshold(
         raise _fail(f"--quadrature {quadrature}: give plain or adaptive")
     frame = df.rename(columns={wait: "wait_s", switched: "switched", participant: "participant_id"})
     try:
-        pooled = fit_threshold(frame, n_boot=n_boot, n_null=n_null, seed=seed,
-                               median_response_tokens=median_tokens, reading_tps=reading_tps)
+        pooled = fit_threshold(frame, n_boot=n_boot, n_null=n_null, seed=seed)
         personal, test = _fit_personal(frame, detection_share, workers, seed,
                                        show=not json_out, onsets=gradual_onsets,
                                        intervals=all_intervals, quadrature=quadrature)
@@ -210,33 +212,40 @@ def threshold(
     waits = frame["wait_s"].to_numpy(float)
     found, reason = personal_verdict(pers, pooled_d, waits[np.isfinite(waits) & (waits > 0)],
                                      test=test_d)
-    tps = None
-    if median_tokens is not None:
-        from flowtrial.study.timeline import tokens_per_second_for_idle_wait
-
-        tps = tokens_per_second_for_idle_wait(personal.median_psi_s, median_tokens, reading_tps)
+    answer_tokens = (pd.to_numeric(df[tokens], errors="coerce").to_numpy(float)
+                     if tokens in df.columns else np.array([]))
+    speed = exceedance_table(personal.median_psi_s, personal.ci_s, answer_tokens, found=found,
+                             reading_tps=reading_tps)
     if json_out:
         typer.echo(json.dumps({"found": found, "reason": reason, "personal": pers,
-                               "alternatives": test_d,
-                               "tokens_per_second_at_median_length": tps,
+                               "alternatives": test_d, "speed_table": speed,
                                "pooled": pooled_d}))
         return
+    _print_threshold(personal, test, pooled, found, reason, speed)
+
+
+def _print_threshold(p: Any, test: Any, pooled: Any, found: bool, reason: str | None,
+                     speed: dict[str, Any]) -> None:
+    """`flowtrial threshold`'s text: the personal threshold, the test, the verdict, the model
+    speeds (for a threshold it reports) and the pooled onset."""
     from rich.console import Console
 
+    from .threshold_speed import speed_lines
+    from .threshold_verdict import replicates_text
+
     console = Console()
-    p = personal
     console.print(
         f"Median personal threshold e^c = [bold]{p.median_psi_s:.2f} s[/bold] (95 % CI "
         f"{_interval(p.ci_s, ' s')}); spread τ = {p.tau:.2f} (95 % CI {_interval(p.tau_ci)}; "
         f"test of τ = 0: p = {p.p_tau_zero:.3g})")
-    if tps is not None:
-        console.print(f"  ≈ {tps:.1f} tokens/s streams {median_tokens:g} tokens with that idle "
-                      f"wait at {reading_tps:g} tokens/s reading")
     console.print(f"Threshold vs best no-threshold model ({test.label}): "
                   f"p = {test.p_value:.3g} (parametric bootstrap, "
                   f"{replicates_text(test.to_dict())})")
     console.print(f"Existence test: p = {pooled.p_exists:.3g}. "
                   + ("Threshold found." if found else str(reason)))
+    if found:
+        for line in speed_lines(speed):
+            console.print(f"  {line}", highlight=False)
     console.print(f"Pooled onset ψ* (secondary) = {pooled.psi_s:.2f} s (95 % CI "
                   f"{pooled.ci_s[0]:.2f}–{pooled.ci_s[1]:.2f} s)")
     for model in ("flat", "smooth", "hinge_tau0", "hinge"):

@@ -90,8 +90,7 @@ def run_replicate(config: Any, truth: str, threshold_s: float, n_part: int, n_pr
     cycles = cycle_table_from_frames(frames)
     ok = cycles[cycles["status"] == "ok"]
     med = float(ok["tokens_completion"].median()) if len(ok) else None
-    thr, _ = threshold_section(cycles, "idle_wait_s", "switched", n_boot=n_boot, seed=s,
-                               median_tokens=med)
+    thr, _ = threshold_section(cycles, "idle_wait_s", "switched", n_boot=n_boot, seed=s)
     psi_star = None
     if truth == "hinge" and len(ok):
         from flowtrial.study.simulator.params import (

@@ -353,17 +353,17 @@ def analyse_tables(config: Any, frames: StudyFrames, cycles: pd.DataFrame, tasks
     for m in sorted({2.0, 30.0, *frames.switch_sensitivity_s} - {frames.switch_min_away_s}):
         if switch_column(m) in cycles.columns:
             jobs.append((PRIMARY_WAIT, switch_column(m)))
-    fits = _fit_thresholds(cycles, jobs, n_boot=n_boot, seed=seed, median_tokens=median_tokens,
-                           reading_tps=reading, workers=workers, while_fitting=while_fitting)
+    fits = _fit_thresholds(cycles, jobs, n_boot=n_boot, seed=seed, workers=workers,
+                           while_fitting=while_fitting)
     thr, res = fits[0]
     sens = [_sens_row(row) for row, _ in fits[1:]]
     say(f"pooled onset ψ* and {len(sens)} sensitivity fits done")
     # The headline: the median personal threshold and the spread between people.
     shortest = min({2.0, *frames.switch_sensitivity_s})
     personal = personal_section(
-        cycles, PRIMARY_WAIT, switch_col, thr, median_tokens=median_tokens,
-        reading_tps=reading, all_switch_col=switch_column(shortest)
-        if shortest < frames.switch_min_away_s else None, workers=workers,
+        cycles, PRIMARY_WAIT, switch_col, thr, reading_tps=reading,
+        all_switch_col=switch_column(shortest) if shortest < frames.switch_min_away_s else None,
+        workers=workers,
         progress=lambda done, total: say(f"personal threshold: {done}/{total} refits"))
     thr = {**thr, "pooled_found": thr.get("found"), "pooled_reason": thr.get("reason"),
            "personal": personal, "found": bool(personal.get("found")),
@@ -412,8 +412,7 @@ def _with_reading_sensitivity(cycles: pd.DataFrame, reading_tps: float) -> pd.Da
 
 
 def _fit_thresholds(cycles: pd.DataFrame, jobs: list[tuple[str, str]], *, n_boot: int,
-                    seed: int, median_tokens: float | None, workers: int | None,
-                    reading_tps: float = 5.3,
+                    seed: int, workers: int | None,
                     while_fitting: Callable[[], None] | None = None,
                     ) -> list[tuple[dict[str, Any], Any]]:
     """``threshold_section`` for each (wait, switch) job, on worker processes
@@ -422,20 +421,18 @@ def _fit_thresholds(cycles: pd.DataFrame, jobs: list[tuple[str, str]], *, n_boot
     cols = sorted({"participant_id", "status", *(c for job in jobs for c in job),
                    *({"switch_source"} & set(cycles.columns))})
     narrow = cycles[cols]
-    return run_jobs(_fit_job, [(narrow, w, sw, n_boot, seed, median_tokens, reading_tps)
-                               for w, sw in jobs], workers, while_waiting=while_fitting)
+    return run_jobs(_fit_job, [(narrow, w, sw, n_boot, seed) for w, sw in jobs], workers,
+                    while_waiting=while_fitting)
 
 
-def _fit_job(cycles: pd.DataFrame, wait: str, switch: str, n_boot: int, seed: int,
-             median_tokens: float | None, reading_tps: float) -> tuple[dict[str, Any], Any]:
-    return threshold_section(cycles, wait, switch, n_boot=n_boot, seed=seed,
-                             median_tokens=median_tokens, reading_tps=reading_tps)
+def _fit_job(cycles: pd.DataFrame, wait: str, switch: str, n_boot: int, seed: int
+             ) -> tuple[dict[str, Any], Any]:
+    return threshold_section(cycles, wait, switch, n_boot=n_boot, seed=seed)
 
 
 def _sens_row(row: dict[str, Any]) -> dict[str, Any]:
     keys = ["wait_measure", "wait_measure_label", "switch_measure", "n_cycles", "psi_s", "ci_s",
-            "p_exists", "lr_stat", "model_choice", "found", "reason",
-            "tokens_per_second_at_median_length"]
+            "p_exists", "lr_stat", "model_choice", "found", "reason"]
     return {k: row.get(k) for k in keys}
 
 

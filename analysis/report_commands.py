@@ -65,6 +65,8 @@ def analyze(
 def _print_summary(r: dict[str, Any], out: Path) -> None:
     from rich.console import Console
 
+    from .threshold_speed import speed_lines
+
     console = Console()
     st = r["study"]
     # n_cycles counts the analysis' units of waiting: agent turns where agents made them.
@@ -94,14 +96,8 @@ def _print_summary(r: dict[str, Any], out: Path) -> None:
         tci = pt["tau_ci"]
         console.print(f"  spread τ = {_num(pt['tau'])} (95 % CI {_num(tci[0])}–{_num(tci[1])}, "
                       f"p(τ = 0) = {_num(pt['p_tau_zero'])})")
-        sp = pt.get("speed_table") or {}
-        for row in sp.get("rows") or []:
-            lo, hi = row["share_range"]
-            console.print(f"  at {row['tokens_per_second']:g} tokens/s, TTFT {row['ttft_s']:g} s: "
-                          f"{100 * row['share']:.0f} % of answers wait longer than ψ "
-                          f"({100 * lo:.0f}–{100 * hi:.0f} %)")
-        if sp.get("reason"):
-            console.print(f"  model speed in tokens/s: {sp['reason']}")
+        for line in speed_lines(pt.get("speed_table") or {}):
+            console.print(f"  {line}", highlight=False)
     console.print(f"  existence test p = {_num(t.get('p_exists'))}")
     if t.get("psi_s") is not None:
         ci = t["ci_s"]

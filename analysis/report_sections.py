@@ -174,8 +174,6 @@ def threshold_section(
     *,
     n_boot: int,
     seed: int,
-    median_tokens: float | None,
-    reading_tps: float = DEFAULT_READING_TPS,
 ) -> tuple[dict[str, Any], Any]:
     """fit_threshold (the pooled onset ψ*) on (participant, wait, switched); returns (JSON
     dict, result or None)."""
@@ -190,32 +188,23 @@ def threshold_section(
         "n_cycles": int(len(df)),
         "n_participants": int(df["participant_id"].nunique()),
     }
-    empty = {"psi_s": None, "ci_s": None, "p_exists": None,
-             "tokens_per_second_at_median_length": None, "model_choice": None,
+    empty = {"psi_s": None, "ci_s": None, "p_exists": None, "model_choice": None,
              "found": False}
     frame = pd.DataFrame({"participant_id": df["participant_id"].to_numpy(),
                           "wait_s": df[wait_col].to_numpy(float),
                           "switched": df[switch_col].to_numpy(dtype=bool).astype(int)})
     n = max(10, int(n_boot))
-    tokens = median_tokens if median_tokens is not None and median_tokens > 1 else None
     unmeasured = _not_measured_reason(cycles, wait_col)
     try:
         if unmeasured:
             raise AnalysisInputError(unmeasured)
-        res = fit_threshold(frame, n_boot=n, n_null=n, seed=seed, median_response_tokens=tokens,
-                            reading_tps=reading_tps)
+        res = fit_threshold(frame, n_boot=n, n_null=n, seed=seed)
     except AnalysisInputError as exc:
         return {**base, **empty, "reason": f"Threshold not estimated: {exc}"}, None
     d = res.to_dict()
     d.pop("profile_loglik", None)
     d.pop("grid_s", None)
-    out = {**base, **d}
-    out["reading_tps"] = reading_tps
-    out["tokens_per_second_definition"] = (
-        f"pace at which an answer of the median length, read at {reading_tps:g} tokens/s, "
-        "leaves ψ seconds of idle wait (TTFT 0): N / (ψ + N / reading speed)"
-    )
-    return out, res
+    return {**base, **d}, res
 
 
 def personal_section(
@@ -224,7 +213,6 @@ def personal_section(
     switch_col: str,
     pooled: dict[str, Any],
     *,
-    median_tokens: float | None,
     reading_tps: float = DEFAULT_READING_TPS,
     all_switch_col: str | None = None,
     workers: int | None = None,
@@ -271,7 +259,7 @@ def personal_section(
     tokens = (pd.to_numeric(df["tokens_completion"], errors="coerce").to_numpy(float)
               if "tokens_completion" in df.columns else np.array([]))
     unit = (cycles.attrs.get("wait_unit") or {}).get("unit", "cycle")
-    out["speed_table"] = exceedance_table(res.median_psi_s, res.ci_s, tokens,
+    out["speed_table"] = exceedance_table(res.median_psi_s, res.ci_s, tokens, found=found,
                                           reading_tps=reading_tps, wait_unit=unit)
     return out
 

@@ -51,8 +51,6 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from flowtrial.study.timeline import DEFAULT_READING_TPS, tokens_per_second_for_idle_wait
-
 from . import AnalysisInputError
 from .pooled_fit import Binned, PooledProblem, bin_cycles, expit
 
@@ -83,9 +81,6 @@ class ThresholdResult:
     bic: dict[str, float]
     loglik: dict[str, float]
     params: dict[str, dict[str, float]]
-    tokens_per_second_at_median_length: float | None
-    tokens_per_second_ci: list[float] | None
-    median_response_tokens: float | None
     n_obs: int
     n_participants: int
     n_switches: int
@@ -146,9 +141,6 @@ class ThresholdResult:
             "bic",
             "loglik",
             "params",
-            "tokens_per_second_at_median_length",
-            "tokens_per_second_ci",
-            "median_response_tokens",
             "n_obs",
             "n_participants",
             "n_switches",
@@ -271,14 +263,11 @@ def smooth_vs_hinge_text(aic: dict[str, float], bic: dict[str, float], note: str
     return f"a smooth logistic dose-response fits as well or better ({nums})"
 
 
-def _check_settings(n_boot: int, n_null: int, grid_size: int,
-                    median_response_tokens: float | None) -> None:
+def _check_settings(n_boot: int, n_null: int, grid_size: int) -> None:
     if n_boot < 10 or n_null < 10:
         raise AnalysisInputError("n_boot and n_null must be >= 10 (use >= 200 for reporting)")
     if grid_size < 5:
         raise AnalysisInputError("grid_size must be >= 5")
-    if median_response_tokens is not None and median_response_tokens <= 1:
-        raise AnalysisInputError("median_response_tokens must be > 1")
 
 
 def _psi_grid(logw: np.ndarray, y: np.ndarray, n_part: int,
@@ -398,27 +387,22 @@ def fit_threshold(
     n_boot: int = 200,
     n_null: int = 200,
     seed: int = 0,
-    median_response_tokens: float | None = None,
     grid_size: int = 60,
     *,
     alpha: float = 0.05,
     wait_quantiles: tuple[float, float] = (0.05, 0.95),
     max_ci_decades: float = 1.0,
-    ttft_s: float = 0.0,
     max_bins: int = 256,
-    reading_tps: float = DEFAULT_READING_TPS,
 ) -> ThresholdResult:
     """Fit the hinge-logistic flow threshold to cycles (`participant_id`, `wait_s` > 0,
     `switched` 0/1), with a participant-cluster bootstrap CI (`n_boot`), a parametric-bootstrap
     existence test (`n_null`) and AIC/BIC comparison with smooth and flat models.
 
-    `median_response_tokens` N converts ψ to tokens/s with the idle-wait formula ψ is
-    measured in (`flowtrial.study.timeline.tokens_per_second_for_idle_wait`): the pace whose
-    delivery lags a reader at `reading_tps` by ψ − `ttft_s`, tps = N / (ψ − ttft_s + N/r);
-    `ttft_s` defaults to 0 (None when ψ < ttft_s).
+    No tokens/s figure: what a model speed means for the person is
+    `threshold_speed.exceedance_table`, from the personal threshold.
     Deterministic for a given `seed`.
     """
-    _check_settings(n_boot, n_null, grid_size, median_response_tokens)
+    _check_settings(n_boot, n_null, grid_size)
     logw, y, pid, n_part, dropped = _prepare(df)
     grid = _psi_grid(logw, y, n_part, wait_quantiles, grid_size)
     n_obs, n_sw = int(y.size), int(y.sum())
@@ -439,15 +423,6 @@ def fit_threshold(
                                     math.exp(grid[-1])), alpha=alpha,
                                     max_ci_decades=max_ci_decades)
     found = reason is None
-    tps = tps_ci = None
-    if median_response_tokens is not None:
-        def to_tps(w: float) -> float | None:
-            return tokens_per_second_for_idle_wait(w, median_response_tokens, reading_tps,
-                                                   ttft_s)
-
-        tps = to_tps(psi)
-        hi_tps, lo_tps = to_tps(ci[0]), to_tps(ci[1])
-        tps_ci = [lo_tps, hi_tps] if lo_tps is not None and hi_tps is not None else None
     ci_lr, ci_bca, ci_pct, lr_crit = cis["lr"], cis["bca"], cis["percentile"], cis["lr_crit"]
 
     return ThresholdResult(
@@ -470,9 +445,6 @@ def fit_threshold(
             "smooth": {"a": main["smooth"][0], "b": main["smooth"][1]},
             "hinge": {"a": ha, "b": hb, "log_psi": hc},
         },
-        tokens_per_second_at_median_length=tps,
-        tokens_per_second_ci=tps_ci,
-        median_response_tokens=median_response_tokens,
         n_obs=n_obs,
         n_participants=n_part,
         n_switches=n_sw,

@@ -39,12 +39,12 @@ def share_exceeding(psi_s: float, tokens: np.ndarray, tps: float, ttft_s: float,
 
 def exceedance_table(psi_s: float, psi_ci_s: Sequence[float] | None,
                      answer_tokens: Sequence[float] | np.ndarray,
-                     *, reading_tps: float = DEFAULT_READING_TPS, wait_unit: str = "cycle",
-                     speeds: Sequence[float] = SPEEDS_TPS, ttfts: Sequence[float] = TTFTS_S
-                     ) -> dict[str, Any]:
+                     *, found: bool, reading_tps: float = DEFAULT_READING_TPS,
+                     wait_unit: str = "cycle", speeds: Sequence[float] = SPEEDS_TPS,
+                     ttfts: Sequence[float] = TTFTS_S) -> dict[str, Any]:
     """Rows (tokens/s, TTFT, share of answers waiting longer than ψ, its range over ψ's CI
-    and the reading-speed range), or ``rows: None`` with the reason it is not defined (no
-    CI of ψ: no threshold to translate)."""
+    and the reading-speed range), or ``rows: None`` with the reason it is not defined: only
+    a threshold the verdict reports (``found``, with a CI) is translated into model speeds."""
     tok = np.asarray(answer_tokens, dtype=float)
     tok = tok[np.isfinite(tok) & (tok > 0)]
     base: dict[str, Any] = {"psi_s": psi_s, "reading_tps": reading_tps,
@@ -55,7 +55,7 @@ def exceedance_table(psi_s: float, psi_ci_s: Sequence[float] | None,
         base["reason"] = ("not defined for agent turns: their waits hold intermediate calls "
                           "and tool time, which no single model pace sets")
         return base
-    if tok.size == 0 or not np.isfinite(psi_s) or psi_ci_s is None:
+    if tok.size == 0 or not found or not np.isfinite(psi_s) or psi_ci_s is None:
         base["reason"] = "no answer lengths recorded" if tok.size == 0 else "no threshold"
         return base
     lo_psi, hi_psi = float(psi_ci_s[0]), float(psi_ci_s[1])
@@ -73,4 +73,18 @@ def exceedance_table(psi_s: float, psi_ci_s: Sequence[float] | None,
     return base
 
 
-__all__ = ["SPEEDS_TPS", "TTFTS_S", "exceedance_table", "share_exceeding"]
+def speed_lines(table: dict[str, Any]) -> list[str]:
+    """The table as console lines (`flowtrial analyze` and `flowtrial threshold` print it
+    alike): one per (tokens/s, TTFT), or why there are none."""
+    if not table.get("rows"):
+        return [f"model speed in tokens/s: {table.get('reason')}"]
+    lines = []
+    for row in table["rows"]:
+        lo, hi = row["share_range"]
+        lines.append(f"at {row['tokens_per_second']:g} tokens/s, TTFT {row['ttft_s']:g} s: "
+                     f"{100 * row['share']:.0f} % of answers wait longer than ψ "
+                     f"({100 * lo:.0f}–{100 * hi:.0f} %)")
+    return lines
+
+
+__all__ = ["SPEEDS_TPS", "TTFTS_S", "exceedance_table", "share_exceeding", "speed_lines"]

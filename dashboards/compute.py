@@ -148,35 +148,28 @@ def filter_cycles(table: pd.DataFrame, f: Any, task_names: dict[int, str] | None
     return table[keep]
 
 
-def _median_tokens(cycles: pd.DataFrame) -> float | None:
-    ok = cycles[cycles["status"].astype(str) == "ok"]
-    tok = pd.to_numeric(ok["tokens_completion"], errors="coerce").dropna()
-    return float(tok.median()) if len(tok) else None
-
-
-def _fit(cycles: pd.DataFrame, wait_col: str, median_tokens: float | None,
-         s: FitSettings) -> tuple[dict[str, Any], Any]:
+def _fit(cycles: pd.DataFrame, wait_col: str, s: FitSettings) -> tuple[dict[str, Any], Any]:
     from flowtrial.analysis.report_sections import threshold_section
 
-    return threshold_section(cycles, wait_col, "switched", n_boot=s.n_boot, seed=s.seed,
-                             median_tokens=median_tokens, reading_tps=s.reading_tps)
+    return threshold_section(cycles, wait_col, "switched", n_boot=s.n_boot, seed=s.seed)
 
 
 def _personal(cycles: pd.DataFrame, wait_col: str, summary: dict[str, Any],
-              median_tokens: float | None, s: FitSettings) -> dict[str, Any]:
+              s: FitSettings) -> dict[str, Any]:
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     from flowtrial.analysis.report_sections import personal_section
 
     all_col = s.all_switch_col if s.all_switch_col in cycles.columns else None
-    cols = [c for c in ("participant_id", "status", wait_col, "switched", all_col) if c]
+    # tokens_completion: the answer lengths of the speed table (what a model speed means).
+    cols = [c for c in ("participant_id", "status", wait_col, "switched", all_col,
+                        "tokens_completion") if c and c in cycles.columns]
     # In a spawned process: a fit on this server thread would hold the GIL against the page
     # scripts for seconds, and forking a threaded server is unsafe.
     with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
         return pool.submit(personal_section, cycles[cols], wait_col, "switched", summary,
-                           median_tokens=median_tokens, reading_tps=s.reading_tps,
-                           all_switch_col=all_col, workers=1).result()
+                           reading_tps=s.reading_tps, all_switch_col=all_col, workers=1).result()
 
 
 def personal_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, summary: dict[str, Any],
@@ -185,7 +178,7 @@ def personal_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, summary: di
     headline) on ``cycles``, or None while it is still being fitted (it takes longer than
     ψ*)."""
     return get(("personal", key, wait_col, settings), _personal, cycles, wait_col, summary,
-               _median_tokens(cycles), settings, block=block)
+               settings, block=block)
 
 
 def threshold_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, settings: FitSettings,
@@ -193,8 +186,8 @@ def threshold_fit(key: Hashable, cycles: pd.DataFrame, wait_col: str, settings: 
     """``flowtrial.analysis.report_sections.threshold_section`` (the report's pooled onset ψ*,
     its secondary estimate) on ``cycles``: (summary dict, ``ThresholdResult`` or None when it
     could not be fitted)."""
-    return get(("fit", key, wait_col, settings), _fit, cycles, wait_col,
-               _median_tokens(cycles), settings, block=block)
+    return get(("fit", key, wait_col, settings), _fit, cycles, wait_col, settings,
+               block=block)
 
 
 def task_names(url: str, fresh: tuple[int, ...]) -> dict[int, str]:

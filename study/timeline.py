@@ -38,18 +38,6 @@ def idle_wait_s(
     return ttft + np.nan_to_num(lag)
 
 
-def tokens_per_second_for_idle_wait(
-    idle_s: float, n_tokens: float, reading_tps: float = DEFAULT_READING_TPS, ttft_s: float = 0.0
-) -> float | None:
-    """The streaming pace that leaves ``idle_s`` seconds of idle wait (``idle_wait_s``
-    inverted): an answer of ``n_tokens`` read at ``reading_tps`` after a TTFT of ``ttft_s``
-    idles ``ttft_s + n/tps − n/reading_tps``, so tps = n / (idle − ttft + n/reading).
-    None when ``idle_s`` < ``ttft_s`` (no pace idles less than the TTFT)."""
-    if n_tokens <= 0 or reading_tps <= 0 or idle_s < ttft_s:
-        return None
-    return float(n_tokens / (idle_s - ttft_s + n_tokens / reading_tps))
-
-
 def wall_ns(t_ns: ArrayLike, mono_anchor_ns: ArrayLike, wall_anchor_ns: ArrayLike) -> np.ndarray:
     """Convert proxy monotonic ns to UTC epoch ns with the recording process's anchor."""
     return (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import typer
@@ -93,9 +94,10 @@ def test_effect_missing_file_exits_2(tmp_path: Path) -> None:
 
 def test_threshold_command(tmp_path: Path) -> None:
     path = tmp_path / "cycles.csv"
-    simulate_switch_data("hinge", 30, 80, psi_sd=0.0, seed=1).rename(
-        columns={"wait_s": "idle_wait_s"}
-    ).to_csv(path, index=False)
+    df = simulate_switch_data("hinge", 30, 80, psi_sd=0.0, seed=1)
+    # Answer lengths: what the model speeds mean is computed from the study's own answers.
+    df["tokens_completion"] = np.random.default_rng(0).integers(50, 1500, len(df))
+    df.rename(columns={"wait_s": "idle_wait_s"}).to_csv(path, index=False)
     res = runner.invoke(
         app,
         [
@@ -107,8 +109,6 @@ def test_threshold_command(tmp_path: Path) -> None:
             "20",
             "--n-null",
             "20",
-            "--median-tokens",
-            "300",
             "--json",
         ],
     )
@@ -123,12 +123,19 @@ def test_threshold_command(tmp_path: Path) -> None:
     assert pers["quadrature"] == "adaptive"  # the default
     # 2,400 cycles: the gradual onsets are not alternatives by default
     assert not {"rounded", "scurve"} & set(data["alternatives"]["loglik"])
-    assert data["found"] and data["tokens_per_second_at_median_length"] == pytest.approx(
-        300 / (pers["median_psi_s"] + 300 / 5.3))
+    assert data["found"] and "tokens_per_second_at_median_length" not in data
+    speed = data["speed_table"]
+    assert speed["n_answers"] == len(df) and speed["psi_s"] == pers["median_psi_s"]
+    assert [(r["tokens_per_second"], r["ttft_s"]) for r in speed["rows"]] == [
+        (v, t) for v in (50, 75, 150, 1000, 3000) for t in (0.5, 2.0)]
+    # Every pace here outruns a 5.3 tokens/s reader: only a TTFT could idle past ψ (~8 s).
+    assert all(r["share"] == 0.0 and r["share_range"][0] == 0.0 for r in speed["rows"])
+    assert all(0.0 <= r["share_range"][1] <= 1.0 for r in speed["rows"])
     text = runner.invoke(app, ["threshold", str(path), "--wait", "idle_wait_s", "--n-boot", "20",
                                "--n-null", "20", "--workers", "1", "--no-gradual-onsets"])
     assert text.exit_code == 0 and "Median personal threshold" in text.stdout
     assert "Pooled onset ψ*" in text.stdout
+    assert "at 3000 tokens/s, TTFT 2 s:" in text.stdout  # the table, for a found threshold
     share = runner.invoke(app, ["threshold", str(path), "--wait", "idle_wait_s",
                                 "--detection-share", "1.5"])
     assert share.exit_code == 2 and "--detection-share" in share.stderr
@@ -144,7 +151,9 @@ def test_threshold_command_bounds_only_a_threshold_it_finds(tmp_path: Path) -> N
     """Memoryless switching: no threshold, so no CI of one (the slowest refits skipped) —
     said in words, None in JSON; ``--all-intervals`` computes them anyway."""
     path = tmp_path / "cycles.csv"
-    simulate_switch_data("hazard", 20, 50, seed=5, intercept_sd=0.5).to_csv(path, index=False)
+    df = simulate_switch_data("hazard", 20, 50, seed=5, intercept_sd=0.5)
+    df["tokens_completion"] = 400
+    df.to_csv(path, index=False)
     base = ["threshold", str(path), "--n-boot", "20", "--n-null", "20", "--workers", "1"]
     text = runner.invoke(app, base)
     assert text.exit_code == 0, text.output
@@ -158,3 +167,6 @@ def test_threshold_command_bounds_only_a_threshold_it_finds(tmp_path: Path) -> N
     ci = full["personal"]["ci_s"]
     assert not full["found"] and ci[0] < full["personal"]["median_psi_s"] < ci[1]
     assert full["reason"] == plain["reason"]
+    # A threshold the verdict does not report means nothing in tokens/s, even with its CI.
+    assert full["speed_table"]["rows"] is None and full["speed_table"]["reason"] == "no threshold"
+    assert "tokens/s" not in words

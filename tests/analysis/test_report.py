@@ -16,8 +16,7 @@ from flowtrial.study.config import example_study_text, parse_study
 from flowtrial.study.simulator import SimParams, simulate_virtual
 from flowtrial.study.storage import init_db
 
-THRESHOLD_KEYS = {"psi_s", "ci_s", "p_exists", "tokens_per_second_at_median_length",
-                  "model_choice"}
+THRESHOLD_KEYS = {"psi_s", "ci_s", "p_exists", "model_choice"}
 
 
 def config_for(design: str = "per_prompt", time_scale: float = 10.0):  # noqa: ANN201

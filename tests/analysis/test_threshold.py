@@ -20,7 +20,7 @@ FAST = {"n_boot": 60, "n_null": 60}
 @pytest.fixture(scope="module")
 def hinge_fit():
     df = simulate_switch_data("hinge", 60, 120, psi_sd=0.0, seed=11)
-    return fit_threshold(df, seed=3, median_response_tokens=300, **FAST)
+    return fit_threshold(df, seed=3, **FAST)
 
 
 def test_hinge_truth_recovers_psi_within_ci(hinge_fit) -> None:  # noqa: ANN001
@@ -32,22 +32,6 @@ def test_hinge_truth_recovers_psi_within_ci(hinge_fit) -> None:  # noqa: ANN001
     assert r.p_exists <= 1 / 61 + 1e-12  # LR beats every null replicate
     assert r.bic["hinge"] < r.bic["smooth"] < r.bic["flat"]
     assert r.params["hinge"]["b"] > 0
-
-
-def test_tokens_per_second_formula(hinge_fit) -> None:  # noqa: ANN001
-    # ψ is idle wait: the pace whose delivery lags a 5.3 tokens/s reader by ψ (TTFT 0).
-    r = hinge_fit
-    assert r.tokens_per_second_at_median_length == pytest.approx(300 / (r.psi_s + 300 / 5.3))
-    lo, hi = r.tokens_per_second_ci
-    assert lo == pytest.approx(300 / (r.ci_s[1] + 300 / 5.3))
-    assert hi == pytest.approx(300 / (r.ci_s[0] + 300 / 5.3))
-    # The example: ψ = 3.97 s at 300 tokens is 4.95 tokens/s, not 75.6.
-    from flowtrial.study.timeline import idle_wait_s, tokens_per_second_for_idle_wait
-
-    tps = tokens_per_second_for_idle_wait(3.97, 300, 5.3)
-    assert tps == pytest.approx(4.95, abs=0.01)
-    assert float(idle_wait_s(0.0, 300, tps, 5.3)) == pytest.approx(3.97)
-    assert tokens_per_second_for_idle_wait(1.0, 300, 5.3, ttft_s=2.0) is None
 
 
 def test_curve_for_plotting(hinge_fit) -> None:  # noqa: ANN001

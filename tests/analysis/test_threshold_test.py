@@ -208,15 +208,20 @@ def test_speed_table_shares_and_ranges() -> None:
     # 2 tok/s against reading 5: lag = N·(1/2 − 1/5) = 0.3·N: 30, 90, 270 s > 6 s.
     assert share_exceeding(6.0, tokens, 2.0, 0.5, 5.0) == 1.0
     assert share_exceeding(40.0, tokens, 2.0, 0.5, 5.0) == pytest.approx(2 / 3)
-    table = exceedance_table(6.0, [4.0, 9.0], tokens, reading_tps=5.0, speeds=[2.0, 3.0],
-                             ttfts=[0.5])
+    table = exceedance_table(6.0, [4.0, 9.0], tokens, found=True, reading_tps=5.0,
+                             speeds=[2.0, 3.0], ttfts=[0.5])
     for row in table["rows"]:
         lo, hi = row["share_range"]
         assert lo <= row["share"] <= hi
     assert table["n_answers"] == 3 and table["reason"] is None
-    turns = exceedance_table(6.0, [4.0, 9.0], tokens, wait_unit="turn")
+    turns = exceedance_table(6.0, [4.0, 9.0], tokens, found=True, wait_unit="turn")
     assert turns["rows"] is None and "agent turns" in turns["reason"]
-    assert exceedance_table(6.0, [4.0, 9.0], []).get("reason") == "no answer lengths recorded"
+    assert exceedance_table(6.0, [4.0, 9.0], [], found=True).get("reason") == (
+        "no answer lengths recorded")
+    # A threshold the verdict does not report (e.g. its CI spans more than a decade) is not
+    # translated into model speeds, even with a CI.
+    withdrawn = exceedance_table(6.0, [0.5, 90.0], tokens, found=False)
+    assert withdrawn["rows"] is None and withdrawn["reason"] == "no threshold"
 
 
 def test_shape_check_flags_two_groups_of_people() -> None:

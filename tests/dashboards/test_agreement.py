@@ -47,6 +47,9 @@ def test_dashboard_threshold_is_the_reports(small_study: Path) -> None:
         assert personal[k] == pytest.approx(rp[k], rel=1e-9), k
     assert personal["ci_s"] == pytest.approx(rp["ci_s"], rel=1e-9)
     assert personal["found"] == rp["found"] and personal["reason"] == rp["reason"]
+    # The same answer lengths behind "what a model speed means" (rows, or why there are none).
+    assert personal["speed_table"] == rp["speed_table"]
+    assert personal["speed_table"]["n_answers"] > 0
     # And the page prints them as the report does (3 significant digits).
     assert ui.num(personal["median_psi_s"]) == _fmt(rp["median_psi_s"])
     # The CI exists only when the test supports a threshold (`null` otherwise).
