@@ -289,11 +289,12 @@ def onset_caveat(threshold: dict[str, Any]) -> str:
     test = threshold.get("alternatives") or (threshold.get("personal") or {}).get(
         "alternatives") or {}
     if onsets_tested(test):
-        return (f"Sharper than an onset rounded over a factor {ONSET_FACTOR:g} of the wait or "
-                "an S-curve bending as gradually (tested).")
+        return (f"Sharper than an onset rounded over a factor {ONSET_FACTOR:g} of the wait, an "
+                "S-curve bending as gradually or a steady rise in seconds (tested).")
     return (f"Switching is flat below it and rises above it; the test does not tell a sharp "
-            f"threshold from a gradual onset, rounded over up to a factor {ONSET_FACTOR:g} of "
-            f"the wait (it tests that from {ONSETS_FROM_CYCLES:,} cycles on).")
+            f"threshold from a gradual onset (rounded over up to a factor {ONSET_FACTOR:g} of "
+            f"the wait, or a rise steady in seconds); it tests that from "
+            f"{ONSETS_FROM_CYCLES:,} cycles on.")
 
 
 def _sig(x: float) -> str:

@@ -12,13 +12,18 @@ the same random-effect flexibility (two person-level effects each):
   `spline_model`), people differing in level and in the scale of their rise;
 * the gradual onsets (`ONSETS`): ``rounded`` (`ROUNDED`), the hinge itself with its corner
   rounded over at least a factor `ONSET_FACTOR` of the wait, with the hinge's person
-  effects; and ``scurve`` (`SCURVE`, `scurve_model`), a floor, a rise and a ceiling along a
+  effects; ``scurve`` (`SCURVE`, `scurve_model`), a floor, a rise and a ceiling along a
   logistic curve in log wait whose lower bend spans at least the same factor, with the
-  spline's person effects. A study of 30 × 80 cannot tell them from a threshold, one of
-  60 × 160 can (docs/concepts/analysis.md), so by default they are among the alternatives
-  from `ONSETS_FROM_CYCLES` cycles on (`includes_onsets`); without the rounded onset an
-  increasing hazard, without the S-curve an S-shaped rise, passes the test at 60 × 160 as a
-  threshold (at the foot of its rise).
+  spline's person effects; and the steady rises in the wait in *seconds* (`IN_SECONDS`):
+  ``seconds``, the ``slopes`` model in seconds (the odds grow by a constant factor per
+  second rather than per doubling), and ``spline_seconds``, the ``spline`` in seconds — on
+  a log-wait axis flat, then ever steeper. A study of 30 × 80 cannot tell them from a
+  threshold (with the seconds alternatives always in, 36 of 60 threshold studies of 30 × 80
+  were found, against 38 of 40 without; without them, 34 of 60 logistic-in-seconds studies
+  were called thresholds), one of 60 × 160 can (docs/concepts/analysis.md), so by default
+  they are among the alternatives from `ONSETS_FROM_CYCLES` cycles on (`includes_onsets`);
+  without the rounded onset an increasing hazard, without the S-curve an S-shaped rise,
+  passes the test at 60 × 160 as a threshold (at the foot of its rise).
 
 The statistic is T = ℓ_hinge − max_k ℓ_k (marginal log-likelihoods at `TEST_NODES`). Its null
 distribution comes from the best-fitting alternative itself, at the study's own design: the
@@ -64,16 +69,23 @@ from .workers import run_jobs, run_until
 ALTERNATIVES = ("slopes", "hazard", "spline")
 ROUNDED = "rounded"  # its narrowest bend: `rb_model.MIN_BEND` (`ONSET_FACTOR` of the wait)
 SCURVE = "scurve"  # its narrowest bend: `scurve_model.MIN_WIDTH` (the same factor)
+SECONDS = "seconds"
+SPLINE_SECONDS = "spline_seconds"
+#: The alternatives on the wait in seconds (fitted to `in_seconds`); the rest use log wait.
+IN_SECONDS = (SECONDS, SPLINE_SECONDS)
 #: The gradual-onset alternatives, tested together (`includes_onsets`).
-ONSETS = (ROUNDED, SCURVE)
+ONSETS = (ROUNDED, SCURVE, *IN_SECONDS)
 ALT_LABELS = {
     "rounded": (f"onset rounded over more than a factor {ONSET_FACTOR:g} of the wait (the "
                 "hinge's person effects)"),
     SCURVE: (f"S-curve in log wait whose lower bend spans more than a factor {ONSET_FACTOR:g} "
              "of the wait (people differ in level and rise)"),
     "slopes": "logistic in log wait (people differ in intercept and slope)",
+    SECONDS: "logistic in the wait in seconds (people differ in intercept and slope)",
     "hazard": "background + constant hazard per second of waiting (people differ in rate)",
     "spline": "monotone smooth curve in log wait (people differ in level and rise)",
+    SPLINE_SECONDS: ("monotone smooth curve in the wait in seconds (people differ in level "
+                     "and rise)"),
 }
 AnyModel = RandomBreakpointModel | HazardModel | SplineModel | SCurveModel
 #: Quadrature nodes of the test's fits (the same for the data and every replicate, so the
@@ -120,15 +132,35 @@ def hinge_nodes(theta: np.ndarray | None) -> tuple[int, ...]:
 
 def make_model(kind: str, data: CycleData, detection: float,
                nodes: tuple[int, ...] = TEST_NODES) -> AnyModel:
-    """The model object of ``kind`` ("hinge", "slopes", "hazard", "spline", "rounded" or
-    "scurve")."""
+    """The model object of ``kind`` ("hinge", "slopes", "seconds", "hazard", "spline",
+    "spline_seconds", "rounded" or "scurve")."""
+    if kind == SECONDS:  # the slopes model on the wait in seconds
+        return RandomBreakpointModel(in_seconds(data), nodes, detection=detection,
+                                     kind="slopes", dtype=TEST_DTYPE)
     if kind == "hazard":
         return HazardModel(data, nodes, detection=detection)
-    if kind == "spline":
-        return SplineModel(data, nodes, detection=detection)
+    if kind in ("spline", SPLINE_SECONDS):
+        return SplineModel(axis(kind, data), nodes, detection=detection)
     if kind == SCURVE:
         return SCurveModel(data, nodes, detection=detection)
     return RandomBreakpointModel(data, nodes, detection=detection, kind=kind, dtype=TEST_DTYPE)
+
+
+def in_seconds_of(logw: np.ndarray, data: CycleData) -> np.ndarray:
+    """Log waits as `in_seconds` measures them: seconds over the data's geometric mean wait
+    (so slopes and the pivot are of order 1 whatever the study's waits)."""
+    return np.exp(np.asarray(logw, float) - float(data.x.mean()))
+
+
+def in_seconds(data: CycleData) -> CycleData:
+    """The cycles with the wait in seconds (`in_seconds_of`) in place of the log wait."""
+    return CycleData(x=in_seconds_of(data.x, data), y=data.y, starts=data.starts,
+                     n_participants=data.n_participants)
+
+
+def axis(kind: str, data: CycleData) -> CycleData:
+    """The cycles as alternative ``kind`` sees them: in seconds (`IN_SECONDS`) or log wait."""
+    return in_seconds(data) if kind in IN_SECONDS else data
 
 
 def alternative_nodes(kind: str, hinge_theta: np.ndarray | None) -> tuple[int, ...]:
@@ -145,10 +177,12 @@ def alternative_starts(kind: str, data: CycleData,
         h = np.asarray(hinge if hinge is not None else pooled_hinge(data), float)
         return [np.r_[h, MIN_BEND], np.r_[h, 1.0]]
     p = float(np.clip(data.y.mean(), 1e-3, 1 - 1e-3))
+    if kind == SECONDS:  # pivot at the mean wait (1 in these units), a mild rise
+        return [np.array([math.log(p / (1 - p)), 0.3, 0.3, 1.0, 0.2])]
     if kind == "hazard":
         lam = -math.log(1 - p) / float(np.exp(data.x).mean())
         return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, math.log(lam), 0.0, 0.3])]
-    if kind == "spline":
+    if kind in ("spline", SPLINE_SECONDS):
         return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, 0.3, 1.0, 1.0])]
     if kind == SCURVE:  # midpoint at the median and at the upper quartile of the waits
         return [np.array([math.log(p / (1 - p)) - 1.5, 0.3, 0.3, 3.0, float(c), 1.0])
@@ -194,12 +228,14 @@ def simulate_alternative(kind: str, theta: np.ndarray, data: CycleData, detectio
             rise *= np.exp(float(theta[5]) * np.repeat(
                 rng.standard_normal(data.n_participants), sizes))
         p = expit(a + su * v + rise)
-    elif kind in ("spline", SCURVE):  # θ = (a, σ_u, τ, ρ…): b holds the scale's log-sd τ
-        shape = SCurveModel(data) if kind == SCURVE else SplineModel(data)
-        rise = shape.curve(theta, data.x) - a
+    elif kind in ("spline", SPLINE_SECONDS, SCURVE):  # θ = (a, σ_u, τ, ρ…): b is τ here
+        seen = axis(kind, data)
+        shape = SCurveModel(seen) if kind == SCURVE else SplineModel(seen)
+        rise = shape.curve(theta, seen.x) - a
         p = expit(a + su * v + np.exp(b * z) * rise)
-    else:
-        p = expit(a + su * v + (b + tau * z) * (data.x - float(theta[3])))
+    else:  # slopes, or seconds: the same model on the wait in seconds
+        x = axis(kind, data).x
+        p = expit(a + su * v + (b + tau * z) * (x - float(theta[3])))
     return (rng.random(data.x.size) < detection * p).astype(float)
 
 
@@ -315,17 +351,27 @@ def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
                 f"person from {_pct(100 * floor)} % to {_pct(100 * ceiling)} %, half of the rise "
                 f"reached at {math.exp(float(theta[4])):.3g} s, its lower bend spread over a "
                 f"factor of about {_pct(width)} of the wait (an S-curve in log wait)")
-    if kind == "spline":
-        lo, hi = np.quantile(data.x, [0.25, 0.75])
-        p_lo, p_hi = expit(SplineModel(data).curve(theta, np.array([lo, hi])))
+    if kind in ("spline", SPLINE_SECONDS):
+        seen = axis(kind, data)
+        lo, hi = np.quantile(data.x, [0.25, 0.75])  # the quartiles of the log wait
+        at = np.array([lo, hi]) if kind == "spline" else in_seconds_of(np.array([lo, hi]), data)
+        p_lo, p_hi = expit(SplineModel(seen).curve(theta, at))
+        scale = "log wait" if kind == "spline" else "the wait in seconds"
         return (f"switching rises steadily with the wait, without a breakpoint: for the typical "
                 f"person from {_pct(100 * p_lo)} % at {math.exp(lo):.3g} s to "
-                f"{_pct(100 * p_hi)} % at {math.exp(hi):.3g} s (a monotone curve in log wait)")
+                f"{_pct(100 * p_hi)} % at {math.exp(hi):.3g} s (a monotone curve in {scale})")
     if kind == "hazard":
         lam = math.exp(b)
         return (f"switching rises steadily with the wait: each extra second of waiting adds "
                 f"about {_pct(100 * lam)} % chance of switching (a constant hazard, the typical "
                 f"person; background {_pct(100 * float(expit(a)))} %)")
+    if kind == SECONDS:  # b is per geometric-mean wait
+        per_s = b / math.exp(float(data.x.mean()))
+        step = 10.0 if abs(math.expm1(per_s)) < 0.05 else 1.0
+        return (f"switching rises steadily with the wait: the odds of switching grow about "
+                f"{_pct(100 * math.expm1(per_s * step))} % with every extra "
+                f"{'10 seconds' if step == 10 else 'second'} of waiting (logistic in the wait "
+                "in seconds, the typical person)")
     odds = 2.0 ** b
     return (f"switching rises steadily with the wait: the odds of switching grow about "
             f"{_pct(100 * (odds - 1))} % with every doubling of the wait (logistic in log wait, "
@@ -333,6 +379,6 @@ def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
 
 
 __all__ = ["ALPHA", "ALTERNATIVES", "MIN_BEND", "ONSETS", "ONSETS_FROM_CYCLES", "ONSET_FACTOR",
-           "ROUNDED", "SCURVE", "TEST_NODES", "ThresholdTest", "describe_alternative",
-           "includes_onsets", "onsets_tested", "sequential_p", "simulate_alternative",
-           "stop_count", "threshold_test"]
+           "ROUNDED", "SCURVE", "SECONDS", "SPLINE_SECONDS", "TEST_NODES", "ThresholdTest",
+           "describe_alternative", "in_seconds", "includes_onsets", "onsets_tested",
+           "sequential_p", "simulate_alternative", "stop_count", "threshold_test"]

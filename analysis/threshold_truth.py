@@ -41,17 +41,22 @@ def _sim_logit_eta(
     if truth == "smooth":
         slope = (logit(p_high) - logit(p_low)) / math.log(w_max / w_min)
         return logit(p_low) + slope * (logw - math.log(w_min)) + 0.0 * log_psi_i
+    if truth == "seconds":  # the same rise, linear in the wait in seconds
+        slope = (logit(p_high) - logit(p_low)) / (w_max - w_min)
+        return logit(p_low) + slope * (np.exp(logw) - w_min) + 0.0 * log_psi_i
     return np.full(np.broadcast(logw, log_psi_i).shape, logit(p_flat))
 
 
-Truth = Literal["hinge", "smooth", "flat", "logistic_slopes", "hazard", "hinge_slopes",
-                "bimodal", "sigmoid", "weibull_frailty", "sigmoid_midpoints", "gompertz"]
-TRUTHS: tuple[str, ...] = ("hinge", "smooth", "flat", "logistic_slopes", "hazard",
-                           "hinge_slopes", "bimodal", "sigmoid", "weibull_frailty",
+Truth = Literal["hinge", "smooth", "flat", "logistic_slopes", "logistic_seconds", "hazard",
+                "hinge_slopes", "bimodal", "sigmoid", "weibull_frailty", "sigmoid_midpoints",
+                "gompertz"]
+TRUTHS: tuple[str, ...] = ("hinge", "smooth", "flat", "logistic_slopes", "logistic_seconds",
+                           "hazard", "hinge_slopes", "bimodal", "sigmoid", "weibull_frailty",
                            "sigmoid_midpoints", "gompertz")
 #: Truths without a threshold: a test that reports one under them makes a false claim.
-NO_THRESHOLD_TRUTHS = frozenset({"smooth", "flat", "logistic_slopes", "hazard", "sigmoid",
-                                 "weibull_frailty", "sigmoid_midpoints", "gompertz"})
+NO_THRESHOLD_TRUTHS = frozenset({"smooth", "flat", "logistic_slopes", "logistic_seconds",
+                                 "hazard", "sigmoid", "weibull_frailty", "sigmoid_midpoints",
+                                 "gompertz"})
 #: The S-shaped truths: their rise in log wait, and its width (log-sd of the normal CDF).
 S_SHAPED = ("sigmoid", "sigmoid_midpoints", "gompertz")
 S_WIDTH = 1.2
@@ -100,6 +105,9 @@ def simulate_switch_data(
       and p_high at the longest wait, no threshold;
     * logistic_slopes: smooth with people differing in intercept and slope (defaults 0.6 and
       0.5 when 0 is given);
+    * logistic_seconds: the same rise linear in the wait in seconds, p_low at the shortest
+      and p_high at the longest wait, people differing in intercept and slope (0.6 each
+      when 0 is given): on a log-wait axis flat, then ever steeper; no threshold;
     * hazard: memoryless switching — a background chance p_low plus a constant hazard per
       second of waiting, P = 1 − (1 − p_low)·exp(−λᵢ·w), λᵢ = λ·exp(rate_sd·zᵢ) with λ
       such that the median person reaches p_high at the longest wait (uᵢ shifts the
@@ -124,6 +132,9 @@ def simulate_switch_data(
     if truth == "logistic_slopes":
         intercept_sd = intercept_sd or 0.6
         slope_sd = slope_sd or 0.5
+    if truth == "logistic_seconds":
+        intercept_sd = intercept_sd or 0.6
+        slope_sd = slope_sd or 0.6
     if truth == "sigmoid":
         slope_sd = slope_sd or 0.4
     rng = np.random.default_rng(seed)
@@ -149,8 +160,8 @@ def simulate_switch_data(
         base = expit(math.log(p_low / (1 - p_low)) + u_i)
         p = 1 - (1 - base[pid]) * np.exp(-lam[pid] * np.exp(logw))
     else:
-        kind = "hinge" if truth in ("hinge", "hinge_slopes", "bimodal") else (
-            "smooth" if truth in ("smooth", "logistic_slopes") else "flat")
+        kind = {"hinge_slopes": "hinge", "bimodal": "hinge", "logistic_slopes": "smooth",
+                "logistic_seconds": "seconds"}.get(truth, truth)
         lo = math.log(p_low / (1 - p_low))
         eta = _sim_logit_eta(kind, logw, np.log(psi_i)[pid], p_low, p_high, p_flat, psi_s,
                              wait_range_s)
