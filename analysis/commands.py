@@ -176,10 +176,9 @@ def threshold(
 ) -> None:
     """Estimate the flow threshold: the median personal threshold and the spread τ between
     people (random-breakpoint hinge logistic of P(switch) on log wait), the existence test,
-    and the pooled onset ψ* as a secondary figure (docs/concepts/analysis.md). A threshold
-    is reported only when it beats the best no-threshold explanation (a steady rise, a
-    constant hazard per second, a monotone curve; gradual onsets from 9,600 cycles on) in a
-    parametric-bootstrap test."""
+    and the pooled onset ψ* as a secondary figure (docs/concepts/analysis.md).
+
+    It reports a threshold only if it beats the best no-threshold model (parametric bootstrap)."""
     import numpy as np
     import pandas as pd
 
