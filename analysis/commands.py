@@ -180,7 +180,6 @@ def threshold(
 
     It reports a threshold only if it beats the best no-threshold model (parametric bootstrap)."""
     import numpy as np
-    import pandas as pd
 
     from . import AnalysisInputError
     from .threshold import fit_threshold
@@ -211,9 +210,8 @@ def threshold(
     waits = frame["wait_s"].to_numpy(float)
     found, reason = personal_verdict(pers, pooled_d, waits[np.isfinite(waits) & (waits > 0)],
                                      test=test_d)
-    answer_tokens = (pd.to_numeric(df[tokens], errors="coerce").to_numpy(float)
-                     if tokens in df.columns else np.array([]))
-    speed = exceedance_table(personal.median_psi_s, personal.ci_s, answer_tokens, found=found,
+    speed = exceedance_table(personal.median_psi_s, personal.ci_s,
+                             df[tokens] if tokens in df.columns else [], found=found,
                              reading_tps=reading_tps)
     if json_out:
         typer.echo(json.dumps({"found": found, "reason": reason, "personal": pers,

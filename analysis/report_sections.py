@@ -256,8 +256,7 @@ def personal_section(
                                      test=out["alternatives"], alpha=alpha,
                                      max_ci_decades=max_ci_decades)
     out["found"], out["reason"] = found, reason
-    tokens = (pd.to_numeric(df["tokens_completion"], errors="coerce").to_numpy(float)
-              if "tokens_completion" in df.columns else np.array([]))
+    tokens = df["tokens_completion"] if "tokens_completion" in df.columns else []
     unit = (cycles.attrs.get("wait_unit") or {}).get("unit", "cycle")
     out["speed_table"] = exceedance_table(res.median_psi_s, res.ci_s, tokens, found=found,
                                           reading_tps=reading_tps, wait_unit=unit)

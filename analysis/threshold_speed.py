@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from flowtrial.study.timeline import DEFAULT_READING_TPS, idle_wait_s
 
@@ -45,7 +46,8 @@ def exceedance_table(psi_s: float, psi_ci_s: Sequence[float] | None,
     """Rows (tokens/s, TTFT, share of answers waiting longer than ψ, its range over ψ's CI
     and the reading-speed range), or ``rows: None`` with the reason it is not defined: only
     a threshold the verdict reports (``found``, with a CI) is translated into model speeds."""
-    tok = np.asarray(answer_tokens, dtype=float)
+    # A CSV column may hold blanks or text: those answers have no length.
+    tok = pd.to_numeric(pd.Series(answer_tokens, dtype=object), errors="coerce").to_numpy(float)
     tok = tok[np.isfinite(tok) & (tok > 0)]
     base: dict[str, Any] = {"psi_s": psi_s, "reading_tps": reading_tps,
                             "reading_tps_range": [reading_tps * READING_RANGE[0],

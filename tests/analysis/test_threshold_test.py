@@ -245,6 +245,11 @@ def test_speed_table_shares_and_ranges() -> None:
     # translated into model speeds, even with a CI.
     withdrawn = exceedance_table(6.0, [0.5, 90.0], tokens, found=False)
     assert withdrawn["rows"] is None and withdrawn["reason"] == "no threshold"
+    # A CSV column with blanks or text: only the numeric lengths count.
+    import pandas as pd
+
+    mixed = pd.Series(["300", None, "n/a", 100.0])
+    assert exceedance_table(6.0, [4.0, 9.0], mixed, found=True)["n_answers"] == 2
 
 
 def test_shape_check_flags_two_groups_of_people() -> None:
