@@ -158,8 +158,8 @@ def threshold(
     gradual_onsets: Annotated[bool | None, typer.Option(
         "--gradual-onsets/--no-gradual-onsets",
         help="Test against gradual onsets too (an onset rounded over more than a factor 9 "
-             "of the wait, an S-curve whose lower bend spans as much, steady rises in the "
-             "wait in seconds): a sharp threshold, not a gradual onset. Default: from 9,600 "
+             "of the wait, an S-curve whose lower bend spans as much, a rise ever steeper in "
+             "the wait in seconds): a sharp threshold, not a gradual onset. Default: from 9,600 "
              "cycles on (60 × 160); at 30 × 80 the two could not be told apart.",
         show_default=False)] = None,
     all_intervals: Annotated[bool, typer.Option(

@@ -284,15 +284,15 @@ def threshold_headline(threshold: dict[str, Any], wait_label: str) -> str:
 def onset_caveat(threshold: dict[str, Any]) -> str:
     """What a found threshold's test ruled out: with the gradual onsets among the
     alternatives (by default from `ONSETS_FROM_CYCLES` cycles), a gradual onset too;
-    without them, only a steady rise."""
+    without them, only a steady rise (in log wait or in seconds)."""
     test = threshold.get("alternatives") or (threshold.get("personal") or {}).get(
         "alternatives") or {}
     if onsets_tested(test):
         return (f"Sharper than an onset rounded over a factor {ONSET_FACTOR:g} of the wait, an "
-                "S-curve bending as gradually or a steady rise in seconds (tested).")
+                "S-curve bending as gradually or a rise ever steeper in seconds (tested).")
     return (f"Switching is flat below it and rises above it; the test does not tell a sharp "
             f"threshold from a gradual onset (rounded over up to a factor {ONSET_FACTOR:g} of "
-            f"the wait, or a rise steady in seconds); it tests that from "
+            f"the wait, or a rise ever steeper in seconds); it tests that from "
             f"{ONSETS_FROM_CYCLES:,} cycles on.")
 
 

@@ -10,20 +10,24 @@ the same random-effect flexibility (two person-level effects each):
   differing in background and rate (memoryless switching);
 * ``spline``: a monotone smooth curve in log wait (non-negative I-spline increments,
   `spline_model`), people differing in level and in the scale of their rise;
+* the same steady rises in the wait in *seconds* (`in_seconds`): ``seconds``, the
+  ``slopes`` model in seconds (the odds grow by a constant factor per second rather than per
+  doubling; people's slopes normal, so some may fall), and ``linear_seconds``, a straight
+  rise in seconds whose size people scale (log-normally, as the spline's). On a log-wait
+  axis both are flat, then ever steeper, and without them a logistic in seconds was called a
+  threshold in 34 of 60 outside studies of 30 × 80; with them the hinge is still found at
+  that size (docs/concepts/analysis.md#steady-in-seconds-flat-then-ever-steeper);
 * the gradual onsets (`ONSETS`): ``rounded`` (`ROUNDED`), the hinge itself with its corner
   rounded over at least a factor `ONSET_FACTOR` of the wait, with the hinge's person
   effects; ``scurve`` (`SCURVE`, `scurve_model`), a floor, a rise and a ceiling along a
   logistic curve in log wait whose lower bend spans at least the same factor, with the
-  spline's person effects; and the steady rises in the wait in *seconds* (`IN_SECONDS`):
-  ``seconds``, the ``slopes`` model in seconds (the odds grow by a constant factor per
-  second rather than per doubling), and ``spline_seconds``, the ``spline`` in seconds — on
-  a log-wait axis flat, then ever steeper. A study of 30 × 80 cannot tell them from a
-  threshold (with the seconds alternatives always in, 36 of 60 threshold studies of 30 × 80
-  were found, against 38 of 40 without; without them, 34 of 60 logistic-in-seconds studies
-  were called thresholds), one of 60 × 160 can (docs/concepts/analysis.md), so by default
-  they are among the alternatives from `ONSETS_FROM_CYCLES` cycles on (`includes_onsets`);
-  without the rounded onset an increasing hazard, without the S-curve an S-shaped rise,
-  passes the test at 60 × 160 as a threshold (at the foot of its rise).
+  spline's person effects; and ``spline_seconds``, the ``spline`` in seconds, which can
+  also bend upwards. A study of 30 × 80 cannot tell them from a threshold (with all three,
+  7 of 20 threshold studies of 30 × 80 were found), one of 60 × 160 can
+  (docs/concepts/analysis.md), so by default they are among the alternatives from
+  `ONSETS_FROM_CYCLES` cycles on (`includes_onsets`); without the rounded onset an
+  increasing hazard, without the S-curve an S-shaped rise, passes the test at 60 × 160 as a
+  threshold (at the foot of its rise).
 
 The statistic is T = ℓ_hinge − max_k ℓ_k (marginal log-likelihoods at `TEST_NODES`). Its null
 distribution comes from the best-fitting alternative itself, at the study's own design: the
@@ -66,15 +70,18 @@ from .scurve_model import LOWER_BEND_UNITS, SCurveModel
 from .spline_model import SplineModel
 from .workers import run_jobs, run_until
 
-ALTERNATIVES = ("slopes", "hazard", "spline")
 ROUNDED = "rounded"  # its narrowest bend: `rb_model.MIN_BEND` (`ONSET_FACTOR` of the wait)
 SCURVE = "scurve"  # its narrowest bend: `scurve_model.MIN_WIDTH` (the same factor)
 SECONDS = "seconds"
+LINEAR_SECONDS = "linear_seconds"
 SPLINE_SECONDS = "spline_seconds"
+#: The steady rises, always alternatives: in log wait and (`SECONDS`, `LINEAR_SECONDS`) in
+#: the wait in seconds.
+ALTERNATIVES = ("slopes", "hazard", "spline", SECONDS, LINEAR_SECONDS)
 #: The alternatives on the wait in seconds (fitted to `in_seconds`); the rest use log wait.
-IN_SECONDS = (SECONDS, SPLINE_SECONDS)
+IN_SECONDS = (SECONDS, LINEAR_SECONDS, SPLINE_SECONDS)
 #: The gradual-onset alternatives, tested together (`includes_onsets`).
-ONSETS = (ROUNDED, SCURVE, *IN_SECONDS)
+ONSETS = (ROUNDED, SCURVE, SPLINE_SECONDS)
 ALT_LABELS = {
     "rounded": (f"onset rounded over more than a factor {ONSET_FACTOR:g} of the wait (the "
                 "hinge's person effects)"),
@@ -82,6 +89,8 @@ ALT_LABELS = {
              "of the wait (people differ in level and rise)"),
     "slopes": "logistic in log wait (people differ in intercept and slope)",
     SECONDS: "logistic in the wait in seconds (people differ in intercept and slope)",
+    LINEAR_SECONDS: ("logistic in the wait in seconds (people differ in level and in the size "
+                     "of their rise)"),
     "hazard": "background + constant hazard per second of waiting (people differ in rate)",
     "spline": "monotone smooth curve in log wait (people differ in level and rise)",
     SPLINE_SECONDS: ("monotone smooth curve in the wait in seconds (people differ in level "
@@ -132,15 +141,16 @@ def hinge_nodes(theta: np.ndarray | None) -> tuple[int, ...]:
 
 def make_model(kind: str, data: CycleData, detection: float,
                nodes: tuple[int, ...] = TEST_NODES) -> AnyModel:
-    """The model object of ``kind`` ("hinge", "slopes", "seconds", "hazard", "spline",
-    "spline_seconds", "rounded" or "scurve")."""
+    """The model object of ``kind`` ("hinge", "slopes", "seconds", "linear_seconds",
+    "hazard", "spline", "spline_seconds", "rounded" or "scurve")."""
     if kind == SECONDS:  # the slopes model on the wait in seconds
         return RandomBreakpointModel(in_seconds(data), nodes, detection=detection,
                                      kind="slopes", dtype=TEST_DTYPE)
     if kind == "hazard":
         return HazardModel(data, nodes, detection=detection)
-    if kind in ("spline", SPLINE_SECONDS):
-        return SplineModel(axis(kind, data), nodes, detection=detection)
+    if kind in ("spline", SPLINE_SECONDS, LINEAR_SECONDS):
+        return SplineModel(axis(kind, data), nodes, detection=detection,
+                           linear=kind == LINEAR_SECONDS)
     if kind == SCURVE:
         return SCurveModel(data, nodes, detection=detection)
     return RandomBreakpointModel(data, nodes, detection=detection, kind=kind, dtype=TEST_DTYPE)
@@ -184,6 +194,8 @@ def alternative_starts(kind: str, data: CycleData,
         return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, math.log(lam), 0.0, 0.3])]
     if kind in ("spline", SPLINE_SECONDS):
         return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, 0.3, 1.0, 1.0])]
+    if kind == LINEAR_SECONDS:
+        return [np.array([math.log(p / (1 - p)) - 1.0, 0.3, 0.3, 2.0])]
     if kind == SCURVE:  # midpoint at the median and at the upper quartile of the waits
         return [np.array([math.log(p / (1 - p)) - 1.5, 0.3, 0.3, 3.0, float(c), 1.0])
                 for c in np.quantile(data.x, [0.5, 0.75])]
@@ -214,7 +226,8 @@ def hinge_starts(data: CycleData, theta: np.ndarray | None) -> list[np.ndarray]:
 def simulate_alternative(kind: str, theta: np.ndarray, data: CycleData, detection: float,
                          rng: np.random.Generator) -> np.ndarray:
     """Switch flags drawn from a fitted alternative at the data's own design."""
-    a, su, b, tau = (float(theta[k]) for k in (0, 1, 2, 4))
+    a, su, b = (float(theta[k]) for k in (0, 1, 2))
+    tau = float(theta[4]) if len(theta) > 4 else 0.0  # the scaled rises' τ is b (θ[2])
     sizes = np.diff(np.r_[data.starts, data.x.size])
     v = np.repeat(rng.standard_normal(data.n_participants), sizes)
     z = np.repeat(rng.standard_normal(data.n_participants), sizes)
@@ -228,9 +241,10 @@ def simulate_alternative(kind: str, theta: np.ndarray, data: CycleData, detectio
             rise *= np.exp(float(theta[5]) * np.repeat(
                 rng.standard_normal(data.n_participants), sizes))
         p = expit(a + su * v + rise)
-    elif kind in ("spline", SPLINE_SECONDS, SCURVE):  # θ = (a, σ_u, τ, ρ…): b is τ here
+    elif kind in ("spline", SPLINE_SECONDS, LINEAR_SECONDS, SCURVE):  # θ = (a, σ_u, τ, ρ…)
         seen = axis(kind, data)
-        shape = SCurveModel(seen) if kind == SCURVE else SplineModel(seen)
+        shape = SCurveModel(seen) if kind == SCURVE else SplineModel(
+            seen, linear=kind == LINEAR_SECONDS)
         rise = shape.curve(theta, seen.x) - a
         p = expit(a + su * v + np.exp(b * z) * rise)
     else:  # slopes, or seconds: the same model on the wait in seconds
@@ -336,6 +350,15 @@ def _pct(x: float) -> str:
     return f"{x:.0f}" if abs(x) >= 10 else f"{x:.2g}"
 
 
+def _odds_per_second(per_s: float) -> str:
+    """A rise linear in seconds (``per_s`` on the logit per second) in words."""
+    step = 10.0 if abs(math.expm1(per_s)) < 0.05 else 1.0
+    return (f"switching rises steadily with the wait: the odds of switching grow about "
+            f"{_pct(100 * math.expm1(per_s * step))} % with every extra "
+            f"{'10 seconds' if step == 10 else 'second'} of waiting (logistic in the wait in "
+            "seconds, the typical person)")
+
+
 def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
     """The no-threshold finding in words, with its size at the typical person."""
     a, b = float(theta[0]), float(theta[2])
@@ -365,20 +388,20 @@ def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
         return (f"switching rises steadily with the wait: each extra second of waiting adds "
                 f"about {_pct(100 * lam)} % chance of switching (a constant hazard, the typical "
                 f"person; background {_pct(100 * float(expit(a)))} %)")
+    gm = math.exp(float(data.x.mean()))  # the seconds alternatives' unit of wait
     if kind == SECONDS:  # b is per geometric-mean wait
-        per_s = b / math.exp(float(data.x.mean()))
-        step = 10.0 if abs(math.expm1(per_s)) < 0.05 else 1.0
-        return (f"switching rises steadily with the wait: the odds of switching grow about "
-                f"{_pct(100 * math.expm1(per_s * step))} % with every extra "
-                f"{'10 seconds' if step == 10 else 'second'} of waiting (logistic in the wait "
-                "in seconds, the typical person)")
+        return _odds_per_second(b / gm)
+    if kind == LINEAR_SECONDS:  # δ over the waits' range, in geometric-mean waits
+        secs = in_seconds(data).x
+        return _odds_per_second(float(theta[3]) / (float(secs.max() - secs.min()) * gm))
     odds = 2.0 ** b
     return (f"switching rises steadily with the wait: the odds of switching grow about "
             f"{_pct(100 * (odds - 1))} % with every doubling of the wait (logistic in log wait, "
             "the typical person)")
 
 
-__all__ = ["ALPHA", "ALTERNATIVES", "MIN_BEND", "ONSETS", "ONSETS_FROM_CYCLES", "ONSET_FACTOR",
-           "ROUNDED", "SCURVE", "SECONDS", "SPLINE_SECONDS", "TEST_NODES", "ThresholdTest",
-           "describe_alternative", "in_seconds", "includes_onsets", "onsets_tested",
-           "sequential_p", "simulate_alternative", "stop_count", "threshold_test"]
+__all__ = ["ALPHA", "ALTERNATIVES", "LINEAR_SECONDS", "MIN_BEND", "ONSETS",
+           "ONSETS_FROM_CYCLES", "ONSET_FACTOR", "ROUNDED", "SCURVE", "SECONDS",
+           "SPLINE_SECONDS", "TEST_NODES", "ThresholdTest", "describe_alternative",
+           "in_seconds", "includes_onsets", "onsets_tested", "sequential_p",
+           "simulate_alternative", "stop_count", "threshold_test"]

@@ -8,14 +8,15 @@ study, the CLI's default settings):
 
 * truths without a threshold: ``hazard`` (background + constant hazard per second, person
   rates log-normal), ``logit`` (logistic in log wait, people's intercepts and slopes normal),
-  ``logit_lin`` (logistic in the wait in *seconds*, people's slopes log-normal);
+  ``logit_lin`` (logistic in the wait in *seconds*, people's slopes log-normal),
+  ``logit_lin_n`` (the same with people's slopes normal, about one in ten falling);
 * wait designs: ``lognorm`` (median 6 s, log-sd 1), ``uniform`` (0.5–40 s, uniform in
   seconds), ``arms`` (four latency arms 1, 3, 9, 27 s, jittered).
 
 It prints, per (truth, design, size), the studies called a threshold with a Wilson 95 %
 interval and the best alternative's counts.
 
-Usage: python benchmarks/bench_outside_truths.py [--truths hazard,logit,logit_lin]
+Usage: python benchmarks/bench_outside_truths.py [--truths hazard,logit,logit_lin,logit_lin_n]
        [--designs lognorm,uniform,arms] [--sizes 30x80] [--seeds 20] [--first-seed 1]
        [--workers 2] [--jsonl FILE]
 """
@@ -38,7 +39,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from threshold_families import wilson  # noqa: E402  (a sibling script, not the package)
 
-TRUTHS = ("hazard", "logit", "logit_lin")
+TRUTHS = ("hazard", "logit", "logit_lin", "logit_lin_n")
 DESIGNS = ("lognorm", "uniform", "arms")
 
 
@@ -59,6 +60,9 @@ def _p_switch(rng: np.random.Generator, truth: str, w: np.ndarray) -> np.ndarray
     if truth == "logit":
         a, b = rng.normal(-2.5, 0.8), max(0.0, rng.normal(0.9, 0.5))
         return np.asarray(1 / (1 + np.exp(-(a + b * np.log(w)))))
+    if truth == "logit_lin_n":  # slopes normal: some people switch less the longer they wait
+        a, b = rng.normal(-2.5, 0.6), rng.normal(0.05, 0.04)
+        return np.asarray(1 / (1 + np.exp(-(a + b * w))))
     a, b = rng.normal(-2.8, 0.6), 0.06 * np.exp(rng.normal(0, 0.6))
     return np.asarray(1 / (1 + np.exp(-(a + b * w))))
 

@@ -18,11 +18,14 @@ from flowtrial.analysis.scurve_model import LOWER_BEND_UNITS, MIN_WIDTH, SCurveM
 from flowtrial.analysis.spline_model import SplineModel, ispline_basis
 from flowtrial.analysis.threshold_test import (
     IN_SECONDS,
+    LINEAR_SECONDS,
     MIN_BEND,
     ONSET_FACTOR,
     ONSETS_FROM_CYCLES,
     ROUNDED,
     SCURVE,
+    SECONDS,
+    SPLINE_SECONDS,
     alternative_starts,
     best_fit,
     describe_alternative,
@@ -44,7 +47,7 @@ def _data(df) -> CycleData:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("detection", [1.0, 0.7])
-@pytest.mark.parametrize("kind", ["slopes", "hazard", "spline", "scurve"])
+@pytest.mark.parametrize("kind", ["slopes", "hazard", "spline", "linear", "scurve"])
 def test_alternative_gradients_match_finite_differences(kind: str, detection: float) -> None:
     data = _data(simulate_switch_data("hazard", 8, 40, seed=3, intercept_sd=0.5))
     if kind == "hazard":
@@ -54,6 +57,9 @@ def test_alternative_gradients_match_finite_differences(kind: str, detection: fl
     elif kind == "spline":
         model = SplineModel(data, (12, 5), detection=detection)
         theta = np.array([-2.5, 0.4, 0.3, 1.0, 2.0])
+    elif kind == "linear":
+        model = SplineModel(data, (12, 5), detection=detection, linear=True)
+        theta = np.array([-2.5, 0.4, 0.3, 2.0])
     elif kind == "scurve":
         model = SCurveModel(data, (12, 5), detection=detection)
         theta = np.array([-2.5, 0.4, 0.3, 2.0, 1.5, 0.9])
@@ -82,8 +88,8 @@ def test_hazard_likelihood_matches_brute_force_integration() -> None:
     assert -f == pytest.approx(ll, abs=2e-3)
 
 
-@pytest.mark.parametrize("kind", ["slopes", "seconds", "hazard", "spline", "spline_seconds",
-                                  "scurve"])
+@pytest.mark.parametrize("kind", ["slopes", "seconds", "linear_seconds", "hazard", "spline",
+                                  "spline_seconds", "scurve"])
 def test_simulated_alternative_is_recovered(kind: str) -> None:
     """Data drawn from a fitted alternative give back its parameters (the bootstrap's null
     generator and the fit agree on what θ means)."""
@@ -93,6 +99,7 @@ def test_simulated_alternative_is_recovered(kind: str) -> None:
              "spline": np.array([-3.0, 0.5, 0.3, 1.0, 2.0]),
              # in seconds over the geometric-mean wait (`in_seconds`): 0.06 to 17 here
              "seconds": np.array([-2.0, 0.5, 0.3, 1.0, 0.1]),
+             "linear_seconds": np.array([-3.0, 0.5, 0.3, 2.5]),
              "spline_seconds": np.array([-3.0, 0.5, 0.3, 1.0, 2.0]),
              "scurve": np.array([-3.0, 0.5, 0.3, 3.0, 1.5, 0.9])}[kind]
     y = simulate_alternative(kind, theta, base, 1.0, np.random.default_rng(2))
@@ -101,7 +108,7 @@ def test_simulated_alternative_is_recovered(kind: str) -> None:
     fit = best_fit(model, alternative_starts(kind, sim))
     assert fit.theta[0] == pytest.approx(theta[0], abs=0.4)
     assert fit.theta[2] == pytest.approx(theta[2], abs=0.3)
-    if kind in ("spline", "spline_seconds"):  # the whole rise, not each increment, is pinned
+    if kind in ("spline", "spline_seconds", "linear_seconds"):  # the whole rise is pinned
         assert fit.theta[3:].sum() == pytest.approx(theta[3:].sum(), rel=0.25)
     if kind == "scurve":  # the rise and its midpoint
         assert fit.theta[3] == pytest.approx(theta[3], rel=0.25)
@@ -174,13 +181,14 @@ def test_a_rise_linear_in_seconds_is_not_a_threshold() -> None:
     """Logistic in the wait in seconds, people's intercepts and slopes differing: on a
     log-wait axis flat, then ever steeper, so the hinge beats every log-wait alternative by
     far (an outside generator's studies of this kind were called thresholds in 8-16 of 20 at
-    30 × 80); the alternatives in seconds explain it better than the hinge."""
+    30 × 80); the steady rises in seconds, alternatives at every size, explain it better."""
     df = simulate_switch_data("logistic_seconds", 30, 80, seed=1)
-    res = threshold_test(_data(df), 1.0, None, n_boot=3, seed=1, workers=1, onsets=True)
+    res = threshold_test(_data(df), 1.0, None, n_boot=3, seed=1, workers=1)
     ll = res.loglik
+    assert SPLINE_SECONDS not in ll  # 2,400 cycles: not the gradual onsets
     assert min(ll["hinge"] - ll[k] for k in ("slopes", "hazard", "spline")) > 10
-    assert res.best in IN_SECONDS and res.stat < 0 and res.p_value > 0.25
-    assert "without a breakpoint" in res.summary and "in seconds" in res.summary
+    assert res.best in (SECONDS, LINEAR_SECONDS) and res.stat < 0 and res.p_value > 0.25
+    assert "odds of switching grow" in res.summary and "in seconds" in res.summary
 
 
 def test_describe_alternative_in_words() -> None:
@@ -190,6 +198,9 @@ def test_describe_alternative_in_words() -> None:
     assert "11 % with every extra second" in per_s  # e^0.1 − 1
     per_10 = describe_alternative("seconds", np.array([-2.0, 0.3, 0.01 * gm, 1.0, 0.1]), data)
     assert "11 % with every extra 10 seconds" in per_10
+    span = float(np.ptp(np.exp(data.x)))  # the straight rise's δ spans the waits' range
+    linear = describe_alternative(LINEAR_SECONDS, np.array([-2.0, 0.3, 0.2, 0.1 * span]), data)
+    assert "11 % with every extra second" in linear
     text = describe_alternative("slopes", np.array([-2.0, 0.3, 1.0, 0.0, 0.2]), data)
     assert "100 % with every doubling" in text
     flat = describe_alternative("spline", np.array([-2.0, 0.3, 0.2, 0.0, 0.0]), data)
@@ -380,10 +391,11 @@ def test_the_rounded_onset_is_an_alternative_from_a_size_on() -> None:
     assert includes_onsets(True, 10) and not includes_onsets(False, 10**6)
     small = _data(simulate_switch_data("hazard", 10, 40, seed=2, intercept_sd=0.5))
     res = threshold_test(small, 1.0, None, n_boot=1, seed=1, workers=1)
-    steady = {"hinge", "slopes", "hazard", "spline"}
+    steady = {"hinge", "slopes", "hazard", "spline", SECONDS, LINEAR_SECONDS}
     assert ROUNDED not in res.loglik and set(res.loglik) == steady
     both = threshold_test(small, 1.0, None, n_boot=1, seed=1, workers=1, onsets=True)
-    assert set(both.loglik) == steady | {ROUNDED, SCURVE, *IN_SECONDS}
+    assert set(both.loglik) == steady | {ROUNDED, SCURVE, SPLINE_SECONDS}
+    assert set(IN_SECONDS) == {SECONDS, LINEAR_SECONDS, SPLINE_SECONDS}
 
 
 def test_the_s_curves_lower_bend_spans_the_onset_factor() -> None:
@@ -480,14 +492,14 @@ def test_a_found_headline_says_what_the_test_ruled_out() -> None:
     assert line.startswith("Flow threshold found: the median person's threshold is 6.04 s of "
                            "idle wait (95 % CI 5.1–7.2 s). Switching is flat below it")
     assert ("does not tell a sharp threshold from a gradual onset (rounded over up to a factor "
-            "9 of the wait, or a rise steady in seconds); it tests that from 9,600 cycles "
+            "9 of the wait, or a rise ever steeper in seconds); it tests that from 9,600 cycles "
             "on.") in line
     strict = {**found, "alternatives": {"loglik": {
         "hinge": -1.0, ROUNDED: -5.0, SCURVE: -7.0, "seconds": -6.0, "spline_seconds": -6.5}}}
     assert threshold_headline(strict, "idle wait").endswith(
         "Sharper than an onset rounded over a factor 9 of the wait, an S-curve bending as "
-        "gradually or a steady rise in seconds (tested).")
-    # A test without the rises in seconds (an earlier default) did not rule them out.
+        "gradually or a rise ever steeper in seconds (tested).")
+    # A test without the spline in seconds (an earlier default) did not rule it out.
     earlier = {**found, "alternatives": {"loglik": {"hinge": -1.0, ROUNDED: -5.0, SCURVE: -7.0}}}
     assert "does not tell" in threshold_headline(earlier, "idle wait")
 
