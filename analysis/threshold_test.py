@@ -34,7 +34,10 @@ distribution comes from the best-fitting alternative itself, at the study's own 
 same participants, waits and detection share, switches redrawn from the fitted alternative
 (new person effects each time), hinge and that alternative refitted (parametric bootstrap,
 Williams 1970; Cox 1962). The replicate statistic uses only that alternative (ℓ_hinge* − ℓ_A*
-≥ T*), which makes the test conservative, never liberal.
+≥ T*), which makes the test conservative, never liberal. The hinge is fitted alike for the
+data and every replicate (`fit_hinge`): from the main fit's θ, the pooled-grid start and a
+breakpoint screened in another mode — a replicate fitted from fewer modes than the data
+would make the test liberal.
 
 The replicates are drawn sequentially (Besag & Clifford 1991): drawing stops as soon as the
 full test could no longer reject at α — once h = `stop_count` replicates reach T (with 19
@@ -107,6 +110,10 @@ SLOPE_TEST_NODES = (12, 5, 5)
 #: calibrated; at 100 × 200 it moved T* by at most 6e-6 in four `hinge_strong` replicates and
 #: cut their time by a third (numpy's float32 exp and log are 2–3x faster here).
 TEST_DTYPE = np.float32
+#: Where `screened_start` tries the hinge's breakpoint: quantiles of the log waits.
+SCREEN_QUANTILES = np.linspace(0.05, 0.95, 13)
+#: ... at least this far (in log wait, a factor 1.35) from the first start's breakpoint.
+SCREEN_AWAY = 0.3
 #: The level of the threshold test (and of the existence test) in the verdict.
 ALPHA = 0.05
 #: From this many cycles (60 × 160) the gradual onsets are alternatives by default. Of the
@@ -223,6 +230,29 @@ def hinge_starts(data: CycleData, theta: np.ndarray | None) -> list[np.ndarray]:
     return out
 
 
+def screened_start(model: AnyModel, theta: np.ndarray) -> np.ndarray | None:
+    """A start in another mode: θ with its breakpoint c moved to the `SCREEN_QUANTILES`
+    point of the log waits, at least `SCREEN_AWAY` from θ's c, where −ℓ is lowest (the
+    other parameters held); None when there is no such point."""
+    grid = np.quantile(model.d.x, SCREEN_QUANTILES)
+    far = grid[np.abs(grid - float(theta[3])) >= SCREEN_AWAY]
+    if far.size == 0:
+        return None
+    nll = [model.nll(np.r_[theta[:3], c, theta[4:]], need_grad=False)[0] for c in far]
+    return np.r_[theta[:3], float(far[int(np.argmin(nll))]), theta[4:]]
+
+
+def fit_hinge(model: AnyModel, starts: list[np.ndarray], ftol: float = FTOL) -> Fit:
+    """The hinge's best fit from ``starts`` and from the first one's screened breakpoint
+    (`screened_start`). Its likelihood can have a mode per gap between wait levels (a
+    study of a few latency arms); the data's hinge starts from the main fit's optimum, so a
+    replicate refitted from fewer modes than the data would be biased low and the test
+    liberal (an outside logistic in seconds with four arms: 8 of 37 called thresholds before
+    this)."""
+    screened = screened_start(model, np.asarray(starts[0], float))
+    return best_fit(model, starts if screened is None else [*starts, screened], ftol)
+
+
 def simulate_alternative(kind: str, theta: np.ndarray, data: CycleData, detection: float,
                          rng: np.random.Generator) -> np.ndarray:
     """Switch flags drawn from a fitted alternative at the data's own design."""
@@ -256,7 +286,8 @@ def simulate_alternative(kind: str, theta: np.ndarray, data: CycleData, detectio
 def _fit_job(kind: str, data: CycleData, detection: float, nodes: tuple[int, ...],
              starts: list[np.ndarray]) -> Fit:
     """One of the test's fits to the data (runs on a worker process)."""
-    return best_fit(make_model(kind, data, detection, nodes), starts)
+    model = make_model(kind, data, detection, nodes)
+    return fit_hinge(model, starts) if kind == "hinge" else best_fit(model, starts)
 
 
 def _replicate(kind: str, theta_alt: np.ndarray, theta_hinge: np.ndarray, data: CycleData,
@@ -269,8 +300,8 @@ def _replicate(kind: str, theta_alt: np.ndarray, theta_hinge: np.ndarray, data: 
     sim = CycleData(x=data.x, y=y, starts=data.starts, n_participants=data.n_participants)
     alt = best_fit(make_model(kind, sim, detection, alternative_nodes(kind, theta_hinge)),
                    [theta_alt], FTOL_REFIT)
-    hinge = best_fit(make_model("hinge", sim, detection, hinge_nodes(theta_hinge)),
-                     hinge_starts(sim, theta_hinge), FTOL_REFIT)
+    hinge = fit_hinge(make_model("hinge", sim, detection, hinge_nodes(theta_hinge)),
+                      hinge_starts(sim, theta_hinge), FTOL_REFIT)
     return hinge.loglik - alt.loglik
 
 
@@ -401,7 +432,8 @@ def describe_alternative(kind: str, theta: np.ndarray, data: CycleData) -> str:
 
 
 __all__ = ["ALPHA", "ALTERNATIVES", "LINEAR_SECONDS", "MIN_BEND", "ONSETS",
-           "ONSETS_FROM_CYCLES", "ONSET_FACTOR", "ROUNDED", "SCURVE", "SECONDS",
-           "SPLINE_SECONDS", "TEST_NODES", "ThresholdTest", "describe_alternative",
-           "in_seconds", "includes_onsets", "onsets_tested", "sequential_p",
+           "ONSETS_FROM_CYCLES", "ONSET_FACTOR", "ROUNDED", "SCREEN_AWAY",
+           "SCREEN_QUANTILES", "SCURVE", "SECONDS", "SPLINE_SECONDS", "TEST_NODES",
+           "ThresholdTest", "describe_alternative", "fit_hinge", "in_seconds",
+           "includes_onsets", "onsets_tested", "screened_start", "sequential_p",
            "simulate_alternative", "stop_count", "threshold_test"]

@@ -23,15 +23,19 @@ from flowtrial.analysis.threshold_test import (
     ONSET_FACTOR,
     ONSETS_FROM_CYCLES,
     ROUNDED,
+    SCREEN_AWAY,
+    SCREEN_QUANTILES,
     SCURVE,
     SECONDS,
     SPLINE_SECONDS,
     alternative_starts,
     best_fit,
     describe_alternative,
+    fit_hinge,
     hinge_starts,
     includes_onsets,
     make_model,
+    screened_start,
     sequential_p,
     simulate_alternative,
     stop_count,
@@ -316,6 +320,40 @@ def test_a_random_slope_hinge_is_tested_with_its_random_slope() -> None:
     plain = threshold_test(data, 1.0, None, n_boot=1, seed=1, workers=1)
     assert plain.nodes == [12, 5] and len(plain.params["hinge"]) == 5
     assert res.loglik["hinge"] >= plain.loglik["hinge"] - 1e-6  # nested: never worse
+
+
+def _four_arms(seed: int, n_part: int = 15, n_prompts: int = 40) -> CycleData:
+    """Waits at four latency arms (1, 3, 9, 27 s, jittered), switching logistic in seconds."""
+    rng = np.random.default_rng(seed)
+    w = rng.choice([1.0, 3.0, 9.0, 27.0], (n_part, n_prompts)) * np.exp(
+        rng.normal(0, 0.25, (n_part, n_prompts)))
+    a = rng.normal(-2.8, 0.6, (n_part, 1))
+    b = 0.06 * np.exp(rng.normal(0, 0.6, (n_part, 1)))
+    y = rng.random((n_part, n_prompts)) < expit(a + b * w)
+    return CycleData.from_arrays(np.log(w.ravel()), y.ravel().astype(float),
+                                 np.repeat(np.arange(n_part), n_prompts))
+
+
+def test_the_hinge_fit_screens_another_breakpoint() -> None:
+    """With a few latency arms the hinge's likelihood has a mode per gap between them; from
+    one start the optimiser stays in its own (here at 4 s, 2 log-likelihood units below the
+    mode at 13 s). `fit_hinge` adds the screened start, for the data and every replicate
+    alike, so replicates are not fitted worse than the data (which would make the test
+    liberal)."""
+    data = _four_arms(1)
+    model = make_model("hinge", data, 1.0)
+    theta = np.array([-3.0, 0.3, 1.0, math.log(2.0), 0.3])
+    screened = screened_start(model, theta)
+    assert screened is not None and abs(screened[3] - theta[3]) >= SCREEN_AWAY
+    assert np.array_equal(np.delete(screened, 3), np.delete(theta, 3))
+    grid = np.quantile(data.x, SCREEN_QUANTILES)
+    far = grid[np.abs(grid - theta[3]) >= SCREEN_AWAY]
+    nll = [model.nll(np.r_[theta[:3], c, theta[4:]], need_grad=False)[0] for c in far]
+    assert screened[3] == pytest.approx(far[int(np.argmin(nll))])
+    one = maximize(model, theta)
+    both = fit_hinge(model, [theta])
+    assert both.loglik > one.loglik + 1.0
+    assert math.exp(one.theta[3]) < 6.0 < math.exp(both.theta[3])
 
 
 def test_sequential_p_is_besag_clifford() -> None:
