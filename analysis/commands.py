@@ -178,7 +178,8 @@ def threshold(
     people (random-breakpoint hinge logistic of P(switch) on log wait), the existence test,
     and the pooled onset ψ* as a secondary figure (docs/concepts/analysis.md).
 
-    It reports a threshold only if it beats the best no-threshold model (parametric bootstrap)."""
+    It reports a threshold only if it beats the best no-threshold model, and every one that
+    fits almost as well (parametric bootstrap)."""
     import numpy as np
 
     from . import AnalysisInputError
@@ -238,6 +239,9 @@ def _print_threshold(p: Any, test: Any, pooled: Any, found: bool, reason: str | 
     console.print(f"Threshold vs best no-threshold model ({test.label}): "
                   f"p = {test.p_value:.3g} (parametric bootstrap, "
                   f"{replicates_text(test.to_dict())})")
+    if len(test.components) > 1:  # the alternatives near the best, each tested
+        console.print("  each alternative near the best: " + ", ".join(
+            f"{kind} p = {p:.3g}" for kind, p in test.components.items()), highlight=False)
     console.print(f"Existence test: p = {pooled.p_exists:.3g}. "
                   + ("Threshold found." if found else str(reason)))
     if found:

@@ -25,7 +25,7 @@ from .personal_threshold import (
     quadrature_check,
 )
 from .threshold import fit_threshold
-from .threshold_test import ALPHA, ThresholdTest, threshold_test
+from .threshold_test import ALPHA, ALT_LABELS, ThresholdTest, threshold_test
 
 #: Null replicates of the threshold test: with 19, p <= 0.05 needs the data's statistic to
 #: beat every replicate (an exact Monte Carlo test at 5 %).
@@ -40,7 +40,7 @@ def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: 
                      max_ci_decades: float = 1.0) -> tuple[bool, str | None]:
     """Is a personal threshold reported? In order: switching must depend on the wait (the
     pooled existence test), rise above the breakpoint (b > 0), the random-breakpoint hinge
-    must beat the best no-threshold alternative, p <= ``alpha`` (``test``: the parametric
+    must beat every no-threshold alternative near the best, p <= ``alpha`` (``test``: the parametric
     bootstrap of `threshold_test`, an exact Monte Carlo test; without it, no threshold is
     claimed), and the CI of e^c (computed) must span at most ``max_ci_decades`` and stay inside the
     observed waits, and the finer quadrature check (when run) must move it by at most
@@ -57,7 +57,7 @@ def personal_verdict(personal: dict[str, Any], pooled: dict[str, Any], waits_s: 
         return False, "No threshold: the test against no-threshold explanations was not run"
     if test["p_value"] > alpha:
         return False, (f"No threshold: {test['summary']}; a threshold fits no better than "
-                       f"this {test['label']} (p = {_num(test['p_value'])} > {alpha:g}, "
+                       f"{_standing_text(test)} (p = {_num(test['p_value'])} > {alpha:g}, "
                        f"parametric bootstrap, {replicates_text(test)})")
     if ci is None:
         return False, ("No threshold: the 95 % CI of the median personal threshold was not "
@@ -83,6 +83,15 @@ def replicates_text(test: dict[str, Any]) -> str:
     """"19 replicates", or "7 of up to 19 replicates" when the sequential test stopped."""
     n, most = int(test["n_boot"]), int(test.get("n_max", test["n_boot"]))
     return f"{n} replicates" if n >= most else f"{n} of up to {most} replicates"
+
+
+def _standing_text(test: dict[str, Any]) -> str:
+    """"this logistic in …", or, where another alternative within reach of the best is the one
+    the hinge could not beat, that one."""
+    standing = test.get("standing")
+    if standing is None or standing == test.get("best"):
+        return f"this {test['label']}"
+    return f"a {ALT_LABELS[standing]}, which fits almost as well"
 
 
 def _num(x: Any) -> str:

@@ -392,7 +392,8 @@ def test_a_clear_no_threshold_study_stops_early_with_the_full_tests_replicates()
     ones (same seeds)."""
     hazard = _data(simulate_switch_data("hazard", 20, 50, seed=5, intercept_sd=0.5))
     res = threshold_test(hazard, 1.0, None, n_boot=19, seed=1, workers=2)
-    assert res.n_max == 19 and 1 <= res.n_boot < 19
+    # up to 19 for each alternative near the best; it stopped within the first
+    assert res.n_max % 19 == 0 and 1 <= res.n_boot < 19 and list(res.components) == [res.best]
     hits = [t >= res.stat - 1e-9 for t in res.null_stats]
     assert sum(hits) == stop_count(19) == 1 and hits[-1]
     assert res.p_value == pytest.approx(max(1 / res.n_boot, 2 / 20)) and res.p_value > 0.05
