@@ -16,7 +16,7 @@ bootstrap null that is too narrow at the fitted parameters:
   moves much is not pivotal, and a bootstrap at θ̂ carries θ̂'s error into the test's size).
 
 Usage: python benchmarks/bench_bootstrap_null.py --mode own [--seeds 24] [--first-seed 100]
-       [--workers 2] [--jsonl FILE]
+       [--workers 2] [--jsonl FILE] [--fixed-seed]
        python benchmarks/bench_bootstrap_null.py --mode sensitivity --study 150 [--n 39]
 """
 
@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_outside_truths import outside_study  # noqa: E402  (a sibling script)
+from bench_outside_truths import cli_command, outside_study  # noqa: E402  (a sibling)
 from threshold_families import wilson  # noqa: E402
 
 from flowtrial.analysis.personal_threshold import _data  # noqa: E402
@@ -58,17 +58,18 @@ def truth_theta(data: CycleData) -> np.ndarray:
     return np.array([-2.8 + 0.06 * w.min(), 0.6, 0.6, 0.06 * (w.max() - w.min())])
 
 
-def own_study(seed: int, folder: Path, n_part: int, n_prompts: int) -> dict[str, Any]:
+def own_study(seed: int, folder: Path, n_part: int, n_prompts: int,
+              fixed_seed: bool = False) -> dict[str, Any]:
     """One study: the outside design's waits, switches from the test's own alternative at
-    the truth's parameters, through the CLI."""
+    the truth's parameters, through the CLI (`bench_outside_truths.cli_command`)."""
     frame = outside_study(TRUTH, DESIGN, n_part, n_prompts, seed)
     data = _data(frame)
     y = simulate_alternative(LINEAR_SECONDS, truth_theta(data), data, 1.0,
                              np.random.default_rng(10_000 + seed))
     path = folder / f"own_{seed}.csv"
     frame.assign(switched=y.astype(int)).to_csv(path, index=False)
-    cmd = [sys.executable, "-m", "flowtrial", "threshold", str(path), "--json", "--workers", "1"]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = subprocess.run(cli_command(path, None if fixed_seed else seed),
+                          capture_output=True, text=True, check=True)
     out = json.loads(done.stdout)
     test = out.get("alternatives") or {}
     return {"seed": seed, "found": bool(out["found"]), "best": test.get("best"),
@@ -80,7 +81,8 @@ def run_own(args: argparse.Namespace) -> None:
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     rows = []
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.workers) as pool:
-        for row in pool.map(lambda s: own_study(s, Path(tmp), 30, 80), seeds):
+        for row in pool.map(lambda s: own_study(s, Path(tmp), 30, 80, args.fixed_seed),
+                            seeds):
             rows.append(row)
             if args.jsonl:
                 with args.jsonl.open("a") as fh:
@@ -99,9 +101,8 @@ def run_sensitivity(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"outside_{args.study}.csv"
         frame.to_csv(path, index=False)
-        cmd = [sys.executable, "-m", "flowtrial", "threshold", str(path), "--json",
-               "--workers", "1"]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        done = subprocess.run(cli_command(path, None), capture_output=True, text=True,
+                              check=True)
     test = json.loads(done.stdout)["alternatives"]
     kind, stat = test["best"], float(test["stat"])
     theta, hinge = np.array(test["params"][kind]), np.array(test["params"]["hinge"])
@@ -130,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=39, help="replicates per null (sensitivity)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--jsonl", type=Path, help="append one JSON line per study here (own)")
+    ap.add_argument("--fixed-seed", action="store_true",
+                    help="own: the CLI's default seed for every study (the runs of 2026-11-30)")
     args = ap.parse_args(argv)
     (run_own if args.mode == "own" else run_sensitivity)(args)
     return 0

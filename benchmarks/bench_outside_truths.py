@@ -4,7 +4,9 @@
 can share the estimator's blind spots. Here switch data come from a few lines of numpy that
 import nothing of flowtrial, with other parametrisations and other wait designs, and go
 through `flowtrial threshold --json` exactly as a researcher's CSV would (a subprocess per
-study, the CLI's default settings):
+study, the CLI's default settings but ``--seed``: each study's own seed also seeds its
+bootstrap replicates, so their Monte Carlo draws are independent across studies; with
+``--fixed-seed`` every study uses the CLI's default 0, as the runs before 2026-11-30 did):
 
 * truths without a threshold: ``hazard`` (background + constant hazard per second, person
   rates log-normal), ``logit`` (logistic in log wait, people's intercepts and slopes normal),
@@ -18,7 +20,7 @@ interval and the best alternative's counts.
 
 Usage: python benchmarks/bench_outside_truths.py [--truths hazard,logit,logit_lin,logit_lin_n]
        [--designs lognorm,uniform,arms] [--sizes 30x80] [--seeds 20] [--first-seed 1]
-       [--workers 2] [--jsonl FILE]
+       [--workers 2] [--jsonl FILE] [--fixed-seed]
 """
 
 from __future__ import annotations
@@ -80,12 +82,22 @@ def outside_study(truth: str, design: str, n_part: int, n_prompts: int,
     return pd.concat(frames, ignore_index=True)
 
 
-def run_one(job: tuple[str, str, int, int, int], folder: Path) -> dict[str, Any]:
-    """Write one study as CSV and run `flowtrial threshold --json` on it (one worker)."""
+def cli_command(path: Path, seed: int | None) -> list[str]:
+    """`flowtrial threshold --json` on one CSV, one worker; ``seed``: the analysis's seed
+    (its bootstrap replicates), None for the CLI's default (0, the same replicate seeds for
+    every study, as the runs before 2026-11-30 had)."""
+    cmd = [sys.executable, "-m", "flowtrial", "threshold", str(path), "--json", "--workers", "1"]
+    return cmd if seed is None else [*cmd, "--seed", str(seed)]
+
+
+def run_one(job: tuple[str, str, int, int, int], folder: Path,
+            fixed_seed: bool = False) -> dict[str, Any]:
+    """Write one study as CSV and run `flowtrial threshold --json` on it (one worker; the
+    study's seed seeds its replicates too, unless ``fixed_seed``)."""
     truth, design, n_part, n_prompts, seed = job
     path = folder / f"{truth}_{design}_{n_part}x{n_prompts}_{seed}.csv"
     outside_study(truth, design, n_part, n_prompts, seed).to_csv(path, index=False)
-    cmd = [sys.executable, "-m", "flowtrial", "threshold", str(path), "--json", "--workers", "1"]
+    cmd = cli_command(path, None if fixed_seed else seed)
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     row: dict[str, Any] = {"truth": truth, "design": design, "size": f"{n_part}x{n_prompts}",
                            "seed": seed, "exit": done.returncode}
@@ -126,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-seed", type=int, default=1)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--jsonl", type=Path, help="append one JSON line per study here")
+    ap.add_argument("--fixed-seed", action="store_true",
+                    help="the CLI's default seed for every study (the runs before 2026-11-30)")
     args = ap.parse_args(argv)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
     jobs = [(t, d, p, k, s) for p, k in sizes for t in args.truths.split(",")
@@ -133,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             for s in range(args.first_seed, args.first_seed + args.seeds)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.workers) as pool:
-        for row in pool.map(lambda j: run_one(j, Path(tmp)), jobs):
+        for row in pool.map(lambda j: run_one(j, Path(tmp), args.fixed_seed), jobs):
             rows.append(row)
             if args.jsonl:
                 with args.jsonl.open("a") as fh:
