@@ -123,7 +123,7 @@ SCREEN_AWAY = 0.3
 #: claim needs each plausible one rejected (an intersection-union test, Berger 1982; each
 #: component at α keeps the whole at α). The best alone was liberal where two fitted about
 #: equally: a logistic in seconds with normal slopes, misspecified for log-normal ones, drew
-#: a null too low (docs/concepts/analysis.md#steady-in-seconds-flat-then-ever-steeper).
+#: a null too low (docs/concepts/analysis.md, "Four latency arms").
 CONTENDER_GAP = 2.0
 #: The level of the threshold test (and of the existence test) in the verdict.
 ALPHA = 0.05
