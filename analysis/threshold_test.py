@@ -368,16 +368,17 @@ def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | 
     order = contenders({k: f.loglik for k, f in fits.items()}, CONTENDER_GAP)
     best = order[0]
     components: dict[str, float] = {}
-    drawn, nulls = 0, {}
+    drawn, best_null = 0, []
     for i, kind in enumerate(order):  # the best first; stop at the first that stands
         # The best's replicates keep the seeds of the one-alternative test (its verdict at
         # the first component is that test's).
         entropy = seed if i == 0 else [seed, i]
         stat_k = hinge.loglik - fits[kind].loglik
-        nulls[kind] = _component_null(kind, fits[kind].theta, hinge, stat_k, data, detection,
-                                      entropy, n_boot, alpha, workers, progress)
-        drawn += len(nulls[kind])
-        components[kind] = sequential_p(nulls[kind], stat_k, n_boot, stop_count(n_boot, alpha))
+        null = _component_null(kind, fits[kind].theta, hinge, stat_k, data, detection,
+                               entropy, n_boot, alpha, workers, progress)
+        best_null = null if i == 0 else best_null
+        drawn += len(null)
+        components[kind] = sequential_p(null, stat_k, n_boot, stop_count(n_boot, alpha))
         if components[kind] > alpha:
             break
     stat = hinge.loglik - fits[best].loglik
@@ -388,7 +389,7 @@ def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | 
                 **{k: [float(t) for t in f.theta] for k, f in fits.items()}},
         stat=float(stat), p_value=float(max(components.values())), n_boot=drawn,
         n_max=n_boot * len(order), nodes=list(nodes),
-        summary=describe_alternative(best, fits[best].theta, data), null_stats=nulls[best],
+        summary=describe_alternative(best, fits[best].theta, data), null_stats=best_null,
         components=components)
 
 

@@ -67,8 +67,9 @@ def _analysed(tmp: Path, seed: int, truth: str = "hinge") -> Analysed:
     """1,200 cycles with little spread between people and a steep rise: with the hinge truth
     (seed 1) a clear threshold; with the smooth one (seed 2) none, which the threshold test
     must say. (300 cycles were too few once the monotone-curve alternative joined the test:
-    the hinge then beat it at p = 0.1 only; 600 and 900 once every alternative near the best
-    had to be beaten: a logistic in seconds stood, p = 0.25 at 900.)"""
+    the hinge then beat it at p = 0.1 only; 600 once every alternative near the best had to
+    be beaten: the straight rise in seconds, second to the best, stood. At 900 the best
+    alternative alone stood, p = 0.25, as it would have for the best-only test.)"""
     db = _study(tmp, seed, SimParams(truth=truth,  # type: ignore[arg-type]
                                      threshold_logsd=0.1, p_high=0.9), 15, 40)
     with pytest.MonkeyPatch.context() as mp:
