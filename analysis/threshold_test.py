@@ -368,7 +368,8 @@ def threshold_test(data: CycleData, detection: float, hinge_theta: np.ndarray | 
     order = contenders({k: f.loglik for k, f in fits.items()}, CONTENDER_GAP)
     best = order[0]
     components: dict[str, float] = {}
-    drawn, best_null = 0, []
+    drawn = 0
+    best_null: list[float] = []
     for i, kind in enumerate(order):  # the best first; stop at the first that stands
         # The best's replicates keep the seeds of the one-alternative test (its verdict at
         # the first component is that test's).
